@@ -96,8 +96,9 @@ def check_lengths(lengths: Sequence[int], cp_size: int, bucket_size: int) -> np.
             raise ScheduleInputError(
                 f"sample {i} of length {s} cannot fit even when distributed: it needs "
                 f"{shard_tokens(s, cp_size)} tokens per CP rank (padded {padded_length(s, cp_size)}"
-                f" / cp_size {cp_size}) > bucket size {bucket_size}; raise --skrull-bucket-size to "
-                f">= {shard_tokens(s, cp_size)} or --context-parallel-size, or truncate long samples")
+                f" / cp_size {cp_size}) > bucket size {bucket_size}; raise the bucket size "
+                f"(--skrull-bucket-size / --bucket-size) to >= {shard_tokens(s, cp_size)}, raise "
+                "--context-parallel-size, or truncate long samples")
     return arr
 
 
