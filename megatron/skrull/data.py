@@ -17,7 +17,7 @@ import json
 import os
 import struct
 import warnings
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -195,11 +195,12 @@ class SFTDataset(torch.utils.data.Dataset):
         tokens, mask = self[i]
         return SFTExample(tokens[:-1], tokens[1:], mask[1:])
 
-    def check_tokenizer(self, tokenizer: SFTTokenizer, seq_length: Optional[int] = None) -> None:
+    def check_tokenizer(self, tokenizer: Optional[SFTTokenizer],
+                        seq_length: Optional[int] = None) -> None:
         """Fails unless ``tokenizer`` (and ``seq_length``, if given) fit this dataset.
 
         Args:
-            tokenizer: The tokenizer the training run built from its flags.
+            tokenizer: The tokenizer the training run built from its flags (None: skip).
             seq_length: The run's ``--seq-length``; every L must be <= it.
 
         Raises:
@@ -207,7 +208,7 @@ class SFTDataset(torch.utils.data.Dataset):
                 ``seq_length``.
         """
         stored = self.metadata["tokenizer"]
-        mine = tokenizer.describe()
+        mine = stored if tokenizer is None else tokenizer.describe()
         keys = ("type", "vocab_size", "eod", "pad", "bos")
         diff = [k for k in keys if stored.get(k) != mine.get(k)]
         if diff:
@@ -220,6 +221,30 @@ class SFTDataset(torch.utils.data.Dataset):
                 f"{self.path_prefix}: longest sample has {self.max_length} training positions "
                 f"> --seq-length {seq_length}; raise --seq-length or re-run "
                 "tools/preprocess_sft.py with --overlong truncate|drop")
+
+
+def load_sft_dataset(data_path: str | Sequence[str], *, tokenizer: Optional[SFTTokenizer] = None,
+                     seq_length: Optional[int] = None) -> SFTDataset:
+    """Opens ``--data-path`` (one prefix) and checks it against the run's settings.
+
+    Args:
+        data_path: A prefix, or Megatron's ``--data-path`` list holding exactly one prefix
+            (weighted blends are not supported for SFT).
+        tokenizer: If given, must match the tokenizer stored with the dataset.
+        seq_length: If given, every sample's L must be <= it.
+
+    Raises:
+        ValueError: ``data_path`` is empty or a blend.
+        DatasetFormatError: See :class:`SFTDataset` and :meth:`SFTDataset.check_tokenizer`.
+    """
+    paths = [data_path] if isinstance(data_path, str) else list(data_path)
+    if len(paths) != 1:
+        raise ValueError(f"--data-path takes exactly one dataset prefix for SFT, got {paths}; "
+                         "preprocess all data into one prefix")
+    dataset = SFTDataset(paths[0])
+    if tokenizer is not None or seq_length is not None:
+        dataset.check_tokenizer(tokenizer, seq_length)
+    return dataset
 
 
 class GlobalBatchSampler:

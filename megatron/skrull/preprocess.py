@@ -159,7 +159,7 @@ def iter_jsonl(path: str) -> Iterator[tuple[str, Any]]:
         for lineno, raw in enumerate(fh, start=1):
             where = f"{path}:{lineno}"
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as exc:
                 raise InputError(f"{where}: not valid UTF-8 ({exc.reason})") from exc
             if not line.strip():
@@ -167,7 +167,8 @@ def iter_jsonl(path: str) -> Iterator[tuple[str, Any]]:
             try:
                 yield where, json.loads(line)
             except json.JSONDecodeError as exc:
-                raise InputError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})")
+                raise InputError(f"{where}: malformed JSON ({exc.msg} at column {exc.pos + 1})"
+                                 ) from None
 
 
 def _fit_length(tokens: np.ndarray, mask: np.ndarray, seq_length: int, overlong: str,

@@ -11,7 +11,6 @@ Select with :func:`build_tokenizer` (``--tokenizer-type`` / ``--tokenizer-model`
 from __future__ import annotations
 
 import abc
-import json
 import os
 from typing import Any, Iterable, Optional
 
@@ -294,7 +293,3 @@ def tokenizer_from_description(desc: dict[str, Any]) -> SFTTokenizer:
     """Rebuilds a tokenizer from :meth:`SFTTokenizer.describe` output (dataset metadata)."""
     return build_tokenizer(desc.get("type"), desc.get("model"))
 
-
-def describe_json(tokenizer: SFTTokenizer) -> str:
-    """Canonical JSON of a tokenizer's identity (stable key order, for comparisons)."""
-    return json.dumps(tokenizer.describe(), sort_keys=True)
