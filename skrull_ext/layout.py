@@ -136,7 +136,9 @@ class RankLayout:
             fill: Value of the padding rows.
 
         Returns:
-            ``[T, ...]`` tensor; padding rows hold ``fill``.
+            ``[T, ...]`` tensor; padding rows hold ``fill``.  When this rank holds no
+            tokens the result is empty, shaped like the first given tensor (a 1-D
+            float tensor if ``per_sample`` is empty).
         """
         parts = []
         proto = None
