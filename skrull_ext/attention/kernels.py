@@ -16,7 +16,9 @@ Back-ends (none is needed to import the package):
 * ``reference``: explicit softmax in float64, any dtype and device; for tests.
 * ``cpu_flash``: ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (+ its
   ``_backward``), one call per segment; float32/bfloat16/float64 on CPU.
-* ``flash_attn``: ``flash_attn`` varlen kernels on CUDA (fp16/bf16), try-imported.
+* ``flash_attn``: ``flash_attn`` (>= 2.6) varlen kernels on CUDA (fp16/bf16), try-imported.
+  Transformer Engine is not wired in (its fused-attention API has no stable public
+  block-level entry point); on CUDA without flash_attn ``auto`` falls back to ``reference``.
 """
 from __future__ import annotations
 
@@ -185,6 +187,9 @@ class FlashAttnKernel(AttentionKernel):
             return _ReferenceFallback.forward(q, k, v, cu_q, cu_k, causal=causal, scale=scale)
         res = self._fwd_fn(q=q, k=k, v=v, **self._common(q, cu_q, cu_k, causal, scale, self._fwd_params))
         out, lse = (res[0], res[1]) if len(res) == 4 else (res[0], res[5])
+        if lse.dim() != 2:  # flash_attn < 2.6 pads the varlen LSE to [B, H, max_seqlen]
+            raise RuntimeError("flash_attn returned a padded varlen LSE; the ring merge needs "
+                               "the packed [H, T] layout of flash_attn >= 2.6 (upgrade it)")
         return out, lse.float()
 
     def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, *, causal, scale):
