@@ -105,18 +105,21 @@ class ModelSpec:
         per_layer = 12 * h + 4 * kv + (6 if self.swiglu else 4) * f
         return self.num_layers * per_layer + 6 * self.vocab_size
 
-    def static_memory_bytes(self, optimizer_shards: int = 1, grad_bytes: int = 2) -> float:
-        """Weights and optimizer memory per device: bf16 weights + grads + sharded Adam.
+    def static_memory_bytes(self, optimizer_shards: int = 1, grad_bytes: int = 2,
+                            weight_bytes: int = 2) -> float:
+        """Weights and optimizer memory per device: weights + grads + sharded Adam.
 
         Args:
             optimizer_shards: Ranks the fp32 master weights and Adam moments (12 bytes per
                 parameter) are sharded over (ZeRO-2 / Megatron distributed optimizer over
                 the DP x CP group).
-            grad_bytes: Bytes per gradient element kept whole on every device (2 = bf16).
+            grad_bytes: Bytes per gradient element, kept whole on every device (2 = bf16;
+                Megatron keeps a full gradient buffer even when it shards the optimizer).
+            weight_bytes: Bytes per weight element (2 = bf16).
         """
         if optimizer_shards < 1:
             raise ValueError("optimizer_shards must be >= 1")
-        return float(self.param_count()) * (2 + grad_bytes + 12.0 / optimizer_shards)
+        return float(self.param_count()) * (weight_bytes + grad_bytes + 12.0 / optimizer_shards)
 
     def linear_flops(self, lengths) -> np.ndarray:
         """``[K]`` training FLOPs (fwd+bwd) of every matmul outside attention, output layer included."""
