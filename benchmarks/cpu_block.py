@@ -1,4 +1,4 @@
-"""A tiny transformer for CPU micro-runs, shared by ``calibrate_cpu.py`` and ``validate_cpu_sim.py``.
+"""A tiny transformer for CPU micro-runs (``calibrate_cpu.py``, ``validate_cpu_sim.py``).
 
 The model follows a :class:`~skrull_ext.cost.ModelSpec` (pre-norm GQA attention with QKV
 bias, SwiGLU MLP, untied output layer) so that its FLOPs are exactly what the cost model
@@ -29,7 +29,8 @@ class Layer(torch.nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         h, kv, f = spec.hidden_size, spec.kv_hidden_size, spec.ffn_hidden_size
-        self.heads, self.groups, self.dim = spec.num_attention_heads, spec.num_query_groups, spec.head_dim
+        self.heads, self.groups = spec.num_attention_heads, spec.num_query_groups
+        self.dim = spec.head_dim
         self.norm1, self.norm2 = torch.nn.RMSNorm(h), torch.nn.RMSNorm(h)
         self.qkv = torch.nn.Linear(h, h + 2 * kv)
         self.proj = torch.nn.Linear(h, h, bias=False)

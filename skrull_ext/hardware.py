@@ -78,7 +78,8 @@ class Hardware:
 
     def linear_rate(self, tokens):
         """Matmul FLOP/s at ``tokens`` per rank (array-like)."""
-        return self.peak_flops * self.linear_efficiency * tokens / (tokens + self.linear_half_tokens)
+        peak = self.peak_flops * self.linear_efficiency
+        return peak * tokens / (tokens + self.linear_half_tokens)
 
     def attention_rate(self, block_tokens):
         """Attention FLOP/s for blocks of ``block_tokens`` queries (array-like)."""

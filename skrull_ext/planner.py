@@ -18,8 +18,6 @@ import json
 import sys
 from typing import Optional, Sequence
 
-import numpy as np
-
 from skrull_ext.cost import MODEL_PRESETS, MemoryModel, ModelSpec, get_model_spec
 from skrull_ext.evaluate import compare_policies, max_fitting_length
 from skrull_ext.hardware import HARDWARE_PRESETS, Hardware, get_hardware
@@ -167,7 +165,8 @@ def summarize(comp, sampled, mem: dict, limit: int) -> dict:
     return {
         "bucket_size": mem["bucket"], "memory": mem, "longest_that_fits": limit,
         "overflow": {"policy": sampled.policy, "count": sampled.overflow},
-        "skrull": {"mean_iteration_s": sk.mean_time, "local_token_share": float(sk.local_shares.mean()),
+        "skrull": {"mean_iteration_s": sk.mean_time,
+                   "local_token_share": float(sk.local_shares.mean()),
                    "micro_batches_per_dp_rank": float(sk.micro_batches.mean()),
                    "lower_bound_s": float(sk.lower_bounds.mean()),
                    "ratio_to_bound": sk.ratio_to_bound},

@@ -27,7 +27,8 @@ def _dist(idx, n):
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("n", [1, 2, 3, 8])
 def test_uniform_ring_closed_form_matches_recursion(overlap, n):
-    for local, block, comm, ret in [(0.0, 1.0, 0.5, 0.0), (0.3, 0.2, 1.0, 0.4), (2.0, 1.0, 1.0, 0.1)]:
+    cases = [(0.0, 1.0, 0.5, 0.0), (0.3, 0.2, 1.0, 0.4), (2.0, 1.0, 1.0, 0.1)]
+    for local, block, comm, ret in cases:
         rec = ring_finish(np.full(n, local), block, comm, overlap=overlap, ret=ret)
         assert np.allclose(rec, _uniform_ring(local, block, comm, n, overlap, ret))
 
