@@ -144,12 +144,12 @@ def memory_plan(args, model: ModelSpec, hw: Hardware) -> dict:
     return info
 
 
-def sample(args, prof: LengthProfile, limit: int):
+def sample(args, prof: LengthProfile, limit: int, bucket: int):
     """Samples the global batches; enforces ``--overflow``."""
     if args.overflow == "error" and prof.max_length > limit:
         raise PlannerError(
             f"the longest sequence ({prof.max_length} tokens) cannot fit even when fully "
-            f"distributed: --cp-size {args.cp_size} x bucket {limit // max(args.cp_size, 1)} "
+            f"distributed: --cp-size {args.cp_size} x bucket {bucket} "
             f"holds at most {limit} tokens; raise --cp-size or --bucket-size/"
             "--device-memory-gb, or pass --overflow truncate|redraw")
     try:
@@ -226,7 +226,7 @@ def run(args) -> dict:
     prof = _profile(args)
     mem = memory_plan(args, model, hw)
     limit = max_fitting_length(args.cp_size, mem["bucket"])
-    sampled = sample(args, prof, limit)
+    sampled = sample(args, prof, limit, mem["bucket"])
     try:
         SchedulerConfig(dp_size=args.dp_size, cp_size=args.cp_size, bucket_size=mem["bucket"])
         comp = compare_policies(sampled.batches, model, hw, dp_size=args.dp_size,
