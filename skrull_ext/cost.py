@@ -57,6 +57,7 @@ class ModelSpec:
     num_query_groups: int
     vocab_size: int
     swiglu: bool = True
+    tied_embeddings: bool = False
 
     def __post_init__(self):
         for field in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
@@ -81,6 +82,44 @@ class ModelSpec:
         h, kv, f = self.hidden_size, self.kv_hidden_size, self.ffn_hidden_size
         mlp = (3 if self.swiglu else 2) * h * f
         return h * (h + 2 * kv) + h * h + mlp
+
+    def param_count(self) -> int:
+        """Parameters: layer matmuls, QKV biases and norms, embedding (and untied output layer)."""
+        h, kv = self.hidden_size, self.kv_hidden_size
+        per_layer = self.matmul_params_per_layer() + (h + 2 * kv) + 2 * h
+        embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
+        return self.num_layers * per_layer + embeddings + h
+
+    def activation_bytes_per_token(self) -> int:
+        """Estimated bf16 activation bytes kept for backward per token (``alpha``).
+
+        Our count for a GQA + SwiGLU layer with a FlashAttention-style kernel (no S^2
+        term), in the spirit of Korthikanti et al. 2022 ("Reducing Activation
+        Recomputation", 34 s b h per layer with selective recompute for MHA + 4h GeLU
+        MLP): two norm inputs and outputs (8h), Q/K/V (2h + 4 h_kv), attention output
+        (2h), residual input (2h), MLP up/gate outputs and activation output (6 f, or
+        4 f without SwiGLU).  Plus the logits: bf16 logits and fp32 softmax kept by the
+        fused cross-entropy (6 x vocab).  No dropout masks (SFT runs without dropout).
+        """
+        h, kv, f = self.hidden_size, self.kv_hidden_size, self.ffn_hidden_size
+        per_layer = 12 * h + 4 * kv + (6 if self.swiglu else 4) * f
+        return self.num_layers * per_layer + 6 * self.vocab_size
+
+    def static_memory_bytes(self, optimizer_shards: int = 1, grad_bytes: int = 2,
+                            weight_bytes: int = 2) -> float:
+        """Weights and optimizer memory per device: weights + grads + sharded Adam.
+
+        Args:
+            optimizer_shards: Ranks the fp32 master weights and Adam moments (12 bytes per
+                parameter) are sharded over (ZeRO-2 / Megatron distributed optimizer over
+                the DP x CP group).
+            grad_bytes: Bytes per gradient element, kept whole on every device (2 = bf16;
+                Megatron keeps a full gradient buffer even when it shards the optimizer).
+            weight_bytes: Bytes per weight element (2 = bf16).
+        """
+        if optimizer_shards < 1:
+            raise ValueError("optimizer_shards must be >= 1")
+        return float(self.param_count()) * (weight_bytes + grad_bytes + 12.0 / optimizer_shards)
 
     def linear_flops(self, lengths) -> np.ndarray:
         """``[K]`` training FLOPs (fwd+bwd) of every matmul outside attention, output layer included."""
@@ -109,7 +148,7 @@ class ModelSpec:
 MODEL_PRESETS = {
     "qwen2.5-0.5b": ModelSpec(name="qwen2.5-0.5b", num_layers=24, hidden_size=896,
                               ffn_hidden_size=4864, num_attention_heads=14,
-                              num_query_groups=2, vocab_size=151936),
+                              num_query_groups=2, vocab_size=151936, tied_embeddings=True),
     "qwen2.5-7b": ModelSpec(name="qwen2.5-7b", num_layers=28, hidden_size=3584,
                             ffn_hidden_size=18944, num_attention_heads=28,
                             num_query_groups=4, vocab_size=152064),
@@ -259,6 +298,11 @@ class MemoryModel:
             raise ValueError("MemoryModel.fit needs >= 2 distinct token counts")
         alpha, beta = np.polyfit(x, y, 1)
         return cls(alpha=float(alpha), beta=float(beta))
+
+    @classmethod
+    def from_model(cls, model: ModelSpec, beta: float = 0.0) -> "MemoryModel":
+        """Estimate from the model shape: ``alpha = model.activation_bytes_per_token()``."""
+        return cls(alpha=float(model.activation_bytes_per_token()), beta=beta)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

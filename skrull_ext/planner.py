@@ -1,0 +1,272 @@
+"""``skrull-plan`` / ``python -m skrull_ext.planner``: plan a Skrull run before launching it.
+
+Given a length distribution (a bundled profile, a lengths file or a Megatron dataset), a
+model and a parallel layout, it recommends a bucket size from a memory estimate, samples
+global batches, schedules them with Skrull and the baselines, simulates every plan on a
+hardware preset and prints the predicted speedups; ``--plot`` draws a figure.  Every
+impossible setting exits with status 2 and one line naming the flag to change.
+
+Example::
+
+    skrull-plan --profile chatqa2-long-sft --model qwen2.5-0.5b --dp-size 4 --cp-size 8 \\
+        --global-batch-size 256 --hardware h100 --device-memory-gb 80 --plot plan.png
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+from skrull_ext.cost import MODEL_PRESETS, MemoryModel, ModelSpec, get_model_spec
+from skrull_ext.evaluate import compare_policies, max_fitting_length
+from skrull_ext.hardware import HARDWARE_PRESETS, Hardware, get_hardware
+from skrull_ext.profiles import (OVERFLOW_POLICIES, LengthProfile, load_profile,
+                                 profile_from_file, profile_from_megatron, profile_names,
+                                 sample_global_batches)
+from skrull_ext.scheduler import POLICIES, SchedulerConfig
+
+GIB = float(1 << 30)
+DEFAULT_DEVICE_GB = {"h100": 80.0, "cpu": 16.0}
+
+
+class PlannerError(Exception):
+    """An impossible or inconsistent setting; the message names the flag to change."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse prints usage too by default)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="skrull-plan", description=__doc__.split("\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--profile", help=f"bundled length profile: {', '.join(profile_names())}")
+    src.add_argument("--lengths", metavar="FILE",
+                     help="your lengths: JSON list, .npy int array, or one integer per line")
+    src.add_argument("--data-path", metavar="PREFIX",
+                     help="Megatron indexed dataset prefix (reads PREFIX.idx)")
+    mdl = p.add_mutually_exclusive_group()
+    mdl.add_argument("--model", choices=sorted(MODEL_PRESETS), default="qwen2.5-0.5b")
+    mdl.add_argument("--model-config", metavar="FILE", help="JSON with ModelSpec fields")
+    p.add_argument("--dp-size", type=int, default=1)
+    p.add_argument("--cp-size", type=int, default=1, help="--context-parallel-size")
+    p.add_argument("--global-batch-size", type=int, default=None,
+                   help="sequences per global batch (default 64 x --dp-size)")
+    p.add_argument("--hardware", choices=sorted(HARDWARE_PRESETS), default="h100")
+    p.add_argument("--device-memory-gb", type=float, default=None,
+                   help="device memory in GiB (default: 80 for h100, 16 for cpu)")
+    p.add_argument("--memory-margin-gb", type=float, default=None,
+                   help="memory kept free, GiB (default 10%% of --device-memory-gb)")
+    p.add_argument("--activation-bytes-per-token", type=float, default=None,
+                   help="override the model-based activation estimate (alpha)")
+    p.add_argument("--bucket-size", type=int, default=None,
+                   help="tokens per CP rank per micro-batch (default: from the memory model)")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="multiply every length by this (e.g. 0.01 for CPU-sized runs)")
+    p.add_argument("--overflow", choices=OVERFLOW_POLICIES, default="error",
+                   help="sequences longer than what fits: error (default), truncate, redraw")
+    p.add_argument("--num-batches", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policies", default=",".join(POLICIES),
+                   help="comma-separated policies to compare (skrull is always included)")
+    p.add_argument("--backend", choices=("cpp", "python"), default=None)
+    p.add_argument("--plot", metavar="FILE.png", help="write the figure here")
+    p.add_argument("--json", metavar="FILE", help="write the summary as JSON here")
+    return p
+
+
+def _profile(args) -> LengthProfile:
+    try:
+        if args.profile:
+            prof = load_profile(args.profile)
+        elif args.lengths:
+            prof = profile_from_file(args.lengths)
+        else:
+            prof = profile_from_megatron(args.data_path)
+        return prof.scaled(args.scale)
+    except ValueError as exc:
+        flag = ("--scale" if "--scale" in str(exc) else "--profile" if args.profile
+                else "--lengths" if args.lengths else "--data-path")
+        msg = str(exc)
+        raise PlannerError(msg if flag in msg else f"{msg} ({flag})") from None
+
+
+def _model(args) -> ModelSpec:
+    try:
+        return get_model_spec(args.model_config) if args.model_config else MODEL_PRESETS[args.model]
+    except (OSError, ValueError) as exc:
+        raise PlannerError(f"--model-config: {exc}") from None
+
+
+def _check_sizes(args):
+    for flag, value in (("--dp-size", args.dp_size), ("--cp-size", args.cp_size),
+                        ("--global-batch-size", args.global_batch_size),
+                        ("--num-batches", args.num_batches)):
+        if value < 1:
+            raise PlannerError(f"{flag} must be >= 1, got {value}")
+    if args.bucket_size is not None and args.bucket_size < 1:
+        raise PlannerError(f"--bucket-size must be >= 1, got {args.bucket_size}")
+    if args.activation_bytes_per_token is not None and args.activation_bytes_per_token <= 0:
+        raise PlannerError("--activation-bytes-per-token must be > 0")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad:
+        raise PlannerError(f"--policies: unknown {bad}; choose from {', '.join(POLICIES)}")
+    return ["skrull"] + [p for p in policies if p != "skrull"]
+
+
+def memory_plan(args, model: ModelSpec, hw: Hardware) -> dict:
+    """Bucket size from the memory model (or ``--bucket-size``), with the numbers behind it."""
+    device_gb = args.device_memory_gb or DEFAULT_DEVICE_GB[hw.name]
+    if device_gb <= 0:
+        raise PlannerError(f"--device-memory-gb must be > 0, got {device_gb}")
+    margin_gb = 0.1 * device_gb if args.memory_margin_gb is None else args.memory_margin_gb
+    static = model.static_memory_bytes(args.dp_size * args.cp_size, grad_bytes=hw.grad_bytes,
+                                       weight_bytes=hw.activation_bytes)
+    # The model's estimate is for bf16 activations; scale to the preset's element size.
+    alpha = args.activation_bytes_per_token or (
+        model.activation_bytes_per_token() * hw.activation_bytes / 2.0)
+    info = {"device_gib": device_gb, "margin_gib": margin_gb, "static_gib": static / GIB,
+            "activation_bytes_per_token": alpha, "recommended_bucket": None}
+    try:
+        info["recommended_bucket"] = MemoryModel(alpha=alpha).bucket_size(
+            device_gb * GIB, static, margin_gb * GIB)
+    except ValueError as exc:
+        if args.bucket_size is None:
+            raise PlannerError(f"{exc}; or raise --device-memory-gb, lower --memory-margin-gb, "
+                               "or give --bucket-size") from None
+    info["bucket"] = args.bucket_size or info["recommended_bucket"]
+    if args.cp_size > 1 and info["bucket"] < 2 * args.cp_size:
+        raise PlannerError(f"bucket size {info['bucket']} < 2 x --cp-size ({2 * args.cp_size}): "
+                           "raise --bucket-size/--device-memory-gb or lower --cp-size")
+    return info
+
+
+def sample(args, prof: LengthProfile, limit: int, bucket: int):
+    """Samples the global batches; enforces ``--overflow``."""
+    if args.overflow == "error" and prof.max_length > limit:
+        raise PlannerError(
+            f"the longest sequence ({prof.max_length} tokens) cannot fit even when fully "
+            f"distributed: --cp-size {args.cp_size} x bucket {bucket} "
+            f"holds at most {limit} tokens; raise --cp-size or --bucket-size/"
+            "--device-memory-gb, or pass --overflow truncate|redraw")
+    try:
+        return sample_global_batches(prof, num_batches=args.num_batches,
+                                     global_batch_size=args.global_batch_size, seed=args.seed,
+                                     max_length=limit, overflow=args.overflow)
+    except ValueError as exc:  # e.g. redraw with nothing below the limit
+        raise PlannerError(f"{exc} (--overflow / --scale)") from None
+
+
+def summarize(comp, sampled, mem: dict, limit: int) -> dict:
+    sk = comp.stats["skrull"]
+    return {
+        "bucket_size": mem["bucket"], "memory": mem, "longest_that_fits": limit,
+        "overflow": {"policy": sampled.policy, "count": sampled.overflow},
+        "skrull": {"mean_iteration_s": sk.mean_time,
+                   "local_token_share": float(sk.local_shares.mean()),
+                   "micro_batches_per_dp_rank": float(sk.micro_batches.mean()),
+                   "lower_bound_s": float(sk.lower_bounds.mean()),
+                   "ratio_to_bound": sk.ratio_to_bound},
+        "policies": {p: {"mean_iteration_s": st.mean_time, "skrull_speedup": comp.speedup(p),
+                         "ratio_to_bound": st.ratio_to_bound,
+                         "micro_batches_per_dp_rank": float(st.micro_batches.mean()),
+                         "padding_share": float(st.padding_shares.mean())}
+                     for p, st in comp.stats.items()},
+    }
+
+
+def print_report(args, prof, model, hw, summary, out=None):
+    mem = summary["memory"]
+    out = out or sys.stdout
+    w = lambda s="": print(s, file=out)  # noqa: E731
+    w(f"profile   {prof.summary()}")
+    w(f"          source: {prof.source}")
+    w(f"model     {model.name}: {model.param_count() / 1e9:.3f}B parameters, "
+      f"{model.num_layers} layers, h={model.hidden_size}, h_kv={model.kv_hidden_size}")
+    w(f"hardware  {hw.name}: {hw.description}")
+    w(f"layout    DP={args.dp_size} CP={args.cp_size}, global batch {args.global_batch_size}, "
+      f"{args.num_batches} sampled batches (seed {args.seed})")
+    rec = mem["recommended_bucket"]
+    w(f"memory    device {mem['device_gib']:.1f} GiB - static {mem['static_gib']:.2f} GiB "
+      f"(weights + grads + Adam sharded over {args.dp_size * args.cp_size}) - margin "
+      f"{mem['margin_gib']:.1f} GiB, {mem['activation_bytes_per_token'] / 2**20:.3f} MiB/token "
+      f"-> recommended bucket {rec if rec is not None else 'none'} tokens")
+    w(f"bucket    {summary['bucket_size']} tokens per CP rank per micro-batch"
+      f"{' (--bucket-size)' if args.bucket_size else ''}; longest sequence that fits "
+      f"{summary['longest_that_fits']}")
+    ov = summary["overflow"]
+    if ov["count"]:
+        w(f"overflow  {ov['count']} sampled sequences were longer than that ({ov['policy']})")
+    sk = summary["skrull"]
+    w(f"skrull    {sk['micro_batches_per_dp_rank']:.1f} micro-batches per DP rank, "
+      f"{100 * sk['local_token_share']:.1f}% of tokens kept local, iteration "
+      f"{sk['mean_iteration_s'] * 1e3:.1f} ms (lower bound {sk['lower_bound_s'] * 1e3:.1f} ms, "
+      f"x{sk['ratio_to_bound']:.2f})")
+    w()
+    w(f"{'policy':12} {'iteration ms':>12} {'skrull speedup':>14} {'/ bound':>8} "
+      f"{'micro-batches':>13} {'padding %':>9}")
+    for p, st in summary["policies"].items():
+        w(f"{p:12} {st['mean_iteration_s'] * 1e3:12.1f} {st['skrull_speedup']:13.2f}x "
+          f"{st['ratio_to_bound']:8.2f} {st['micro_batches_per_dp_rank']:13.1f} "
+          f"{100 * st['padding_share']:9.2f}")
+
+
+def run(args) -> dict:
+    """Everything after parsing; raises :class:`PlannerError` on impossible settings."""
+    if args.global_batch_size is None:
+        args.global_batch_size = 64 * max(args.dp_size, 1)
+    policies = _check_sizes(args)
+    if not args.scale > 0:
+        raise PlannerError(f"--scale must be > 0, got {args.scale}")
+    hw = get_hardware(args.hardware)
+    model = _model(args)
+    prof = _profile(args)
+    mem = memory_plan(args, model, hw)
+    limit = max_fitting_length(args.cp_size, mem["bucket"])
+    sampled = sample(args, prof, limit, mem["bucket"])
+    try:
+        SchedulerConfig(dp_size=args.dp_size, cp_size=args.cp_size, bucket_size=mem["bucket"])
+        comp = compare_policies(sampled.batches, model, hw, dp_size=args.dp_size,
+                                cp_size=args.cp_size, bucket_size=mem["bucket"],
+                                policies=policies, backend=args.backend)
+    except (ValueError, ImportError) as exc:
+        raise PlannerError(str(exc).splitlines()[0]) from None
+    summary = summarize(comp, sampled, mem, limit)
+    print_report(args, prof, model, hw, summary)
+    if args.plot:
+        from skrull_ext.plotting import plot_planner
+
+        title = (f"{prof.name} | {model.name} | DP={args.dp_size} CP={args.cp_size} | bucket "
+                 f"{mem['bucket']} | {hw.name}")
+        try:
+            plot_planner(args.plot, sampled.batches, comp, comp.example_results["skrull"],
+                         mem["bucket"], limit, title)
+        except (OSError, ValueError) as exc:
+            raise PlannerError(f"--plot {args.plot}: {exc}") from None
+        print(f"\nfigure written to {args.plot}")
+    if args.json:
+        try:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(summary, f, indent=1)
+        except OSError as exc:
+            raise PlannerError(f"--json {args.json}: {exc}") from None
+    return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Console entry point; returns the exit status (0, or 2 for bad settings)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except PlannerError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
