@@ -40,11 +40,11 @@ def test_json_contract_and_summary(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content,name,needle", [
-    ("[5, 0, 7]", "z.json", "sample 1 has length 0"),
-    ("[5, -3]", "n.json", "sample 1 has length -3"),
-    ("[]", "e.json", "empty"),
-    ("[5, 2.5]", "f.json", "entry 1"),
-    ("5\nabc\n", "t.txt", "t.txt:2"),
+    ("[5, 0, 7]", "z.json", "element 1: length 0"),
+    ("[5, -3]", "n.json", "element 1: length -3"),
+    ("[]", "e.json", "no lengths"),
+    ("[5, 2.5]", "f.json", "element 1 is 2.5"),
+    ("5\nabc\n", "t.txt", "line 2: 'abc'"),
     ("[5, 100000]", "big.json", "sample 1 of length 100000 cannot fit"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, content, name, needle):
