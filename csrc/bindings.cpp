@@ -130,117 +130,116 @@ struct BatchArgs {
   }
 };
 
+py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
+                      int dp_size, int cp_size, int64_t bucket_size, int rollback,
+                      double overhead) {
+  BatchArgs args(std::move(lengths), std::move(costs), comm);
+  check_positive(dp_size, "dp_size");
+  check_positive(cp_size, "cp_size");
+  check_positive(bucket_size, "bucket_size");
+  // Keeps every token count (C * N, sums of lengths) far inside int64.
+  if (bucket_size > (int64_t{1} << 40)) throw py::value_error("bucket_size must be <= 2^40");
+  if (cp_size > (1 << 16)) throw py::value_error("cp_size must be <= 65536");
+  const auto policy = to_rollback(rollback, true);
+  std::vector<skrull::RankSplit> splits;
+  {
+    py::gil_scoped_release release;
+    splits = skrull::gds_schedule(args.view, latency, dp_size, cp_size, bucket_size, policy,
+                                  overhead);
+  }
+  py::list out(splits.size());
+  for (size_t d = 0; d < splits.size(); ++d) {
+    py::list rank(splits[d].size());
+    for (size_t m = 0; m < splits[d].size(); ++m) rank[m] = placement_obj(splits[d][m]);
+    out[d] = rank;
+  }
+  return out;
+}
+
+py::object dacp_place(I64Array lengths, F64Array costs, I64Array idx, int cp_size,
+                      int64_t bucket_size, int rollback) {
+  BatchArgs args(std::move(lengths), std::move(costs), py::none());
+  check_positive(cp_size, "cp_size");
+  auto ids = to_indices(idx, args.view.size);
+  const auto policy = to_rollback(rollback, false);
+  std::optional<skrull::Placement> placed;
+  {
+    py::gil_scoped_release release;
+    placed = skrull::dacp_place(args.view, std::move(ids), cp_size, bucket_size, policy);
+  }
+  return placement_obj(placed);
+}
+
+py::object dacp_best(I64Array lengths, F64Array costs, F64Array comm, double latency,
+                     I64Array idx, int cp_size, int64_t bucket_size, int rollback) {
+  BatchArgs args(std::move(lengths), std::move(costs), comm);
+  check_positive(cp_size, "cp_size");
+  auto ids = to_indices(idx, args.view.size);
+  const auto policy = to_rollback(rollback, true);
+  std::optional<skrull::Placement> placed;
+  {
+    py::gil_scoped_release release;
+    placed = skrull::dacp_best(args.view, ids, latency, cp_size, bucket_size, policy);
+  }
+  return placement_obj(placed);
+}
+
+double micro_batch_time(py::object placement, F64Array costs, F64Array comm, double latency,
+                        int cp_size) {
+  check_positive(cp_size, "cp_size");
+  const int64_t k = size_1d(costs, "costs");
+  check_same_size(k, size_1d(comm, "comm"), "comm");
+  auto pair = placement.cast<py::tuple>();
+  if (pair.size() != 2) throw py::value_error("placement must be (distributed, local)");
+  skrull::Placement p;
+  p.distributed = to_indices(pair[0].cast<I64Array>(), k);
+  for (auto rank : pair[1]) p.local.push_back(to_indices(rank.cast<I64Array>(), k));
+  const skrull::Batch view{nullptr, costs.data(), comm.data(), k};
+  return skrull::micro_batch_time(p, view, latency, cp_size);
+}
+
+py::list lpt_partition(F64Array costs, I64Array idx, int bins) {
+  const int64_t k = size_1d(costs, "costs");
+  check_finite(costs.data(), k, "costs");
+  check_positive(bins, "bins");
+  auto ids = to_indices(idx, k);
+  std::vector<std::vector<Index>> out;
+  {
+    py::gil_scoped_release release;
+    out = skrull::lpt_partition(costs.data(), ids, bins);
+  }
+  return nested_list(out);
+}
+
+py::list interleave(I64Array sorted_idx, int64_t m) {
+  check_positive(m, "m");
+  const int64_t n = size_1d(sorted_idx, "sorted_idx");
+  std::vector<Index> ids(sorted_idx.data(), sorted_idx.data() + n);
+  return nested_list(skrull::interleave(ids, m));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, mod) {
   mod.doc() = "C++ core of the Skrull scheduler (DACP + GDS); mirrors scheduler/reference.py";
-
-  mod.def("gds_schedule",
-          [](I64Array lengths, F64Array costs, F64Array comm, double latency, int dp_size,
-             int cp_size, int64_t bucket_size, int rollback, double overhead) {
-            BatchArgs args(std::move(lengths), std::move(costs), comm);
-            check_positive(dp_size, "dp_size");
-            check_positive(cp_size, "cp_size");
-            check_positive(bucket_size, "bucket_size");
-            if (bucket_size > (int64_t{1} << 40)) throw py::value_error("bucket_size > 2^40");
-            const auto policy = to_rollback(rollback, true);
-            std::vector<skrull::RankSplit> splits;
-            {
-              py::gil_scoped_release release;
-              splits = skrull::gds_schedule(args.view, latency, dp_size, cp_size, bucket_size,
-                                            policy, overhead);
-            }
-            py::list out(splits.size());
-            for (size_t d = 0; d < splits.size(); ++d) {
-              py::list rank(splits[d].size());
-              for (size_t m = 0; m < splits[d].size(); ++m) rank[m] = placement_obj(splits[d][m]);
-              out[d] = rank;
-            }
-            return out;
-          },
-          py::arg("lengths"), py::arg("costs"), py::arg("comm"), py::arg("latency"),
-          py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"), py::arg("rollback"),
-          py::arg("overhead") = 0.0,
+  mod.def("gds_schedule", &gds_schedule, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
+          py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"),
+          py::arg("rollback"), py::arg("overhead") = 0.0,
           "GDS over a global batch: list[DP] of list[micro-batch] of (distributed, local).");
-
-  mod.def("dacp_place",
-          [](I64Array lengths, F64Array costs, I64Array idx, int cp_size, int64_t bucket_size,
-             int rollback) {
-            BatchArgs args(std::move(lengths), std::move(costs), py::none());
-            check_positive(cp_size, "cp_size");
-            auto ids = to_indices(idx, args.view.size);
-            const auto policy = to_rollback(rollback, false);
-            std::optional<skrull::Placement> placed;
-            {
-              py::gil_scoped_release release;
-              placed = skrull::dacp_place(args.view, std::move(ids), cp_size, bucket_size, policy);
-            }
-            return placement_obj(placed);
-          },
-          py::arg("lengths"), py::arg("costs"), py::arg("idx"), py::arg("cp_size"),
-          py::arg("bucket_size"), py::arg("rollback") = 0,
+  mod.def("dacp_place", &dacp_place, py::arg("lengths"), py::arg("costs"), py::arg("idx"),
+          py::arg("cp_size"), py::arg("bucket_size"), py::arg("rollback") = 0,
           "DACP of one micro-batch: (distributed, local) or None if infeasible.");
-
-  mod.def("dacp_best",
-          [](I64Array lengths, F64Array costs, F64Array comm, double latency, I64Array idx,
-             int cp_size, int64_t bucket_size, int rollback) {
-            BatchArgs args(std::move(lengths), std::move(costs), comm);
-            check_positive(cp_size, "cp_size");
-            auto ids = to_indices(idx, args.view.size);
-            const auto policy = to_rollback(rollback, true);
-            std::optional<skrull::Placement> placed;
-            {
-              py::gil_scoped_release release;
-              placed = skrull::dacp_best(args.view, ids, latency, cp_size, bucket_size, policy);
-            }
-            return placement_obj(placed);
-          },
-          py::arg("lengths"), py::arg("costs"), py::arg("comm"), py::arg("latency"),
-          py::arg("idx"), py::arg("cp_size"), py::arg("bucket_size"), py::arg("rollback"),
+  mod.def("dacp_best", &dacp_best, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
+          py::arg("latency"), py::arg("idx"), py::arg("cp_size"), py::arg("bucket_size"),
+          py::arg("rollback"),
           "DACP with one roll-back policy or both (auto, keeps the faster placement).");
-
-  mod.def("micro_batch_time",
-          [](py::object placement, F64Array costs, F64Array comm, double latency, int cp_size) {
-            check_positive(cp_size, "cp_size");
-            const int64_t k = size_1d(costs, "costs");
-            check_same_size(k, size_1d(comm, "comm"), "comm");
-            auto pair = placement.cast<py::tuple>();
-            if (pair.size() != 2) throw py::value_error("placement must be (distributed, local)");
-            skrull::Placement p;
-            p.distributed = to_indices(pair[0].cast<I64Array>(), k);
-            for (auto rank : pair[1]) p.local.push_back(to_indices(rank.cast<I64Array>(), k));
-            const skrull::Batch view{nullptr, costs.data(), comm.data(), k};
-            return skrull::micro_batch_time(p, view, latency, cp_size);
-          },
-          py::arg("placement"), py::arg("costs"), py::arg("comm"), py::arg("latency"),
-          py::arg("cp_size"), "Predicted seconds of one placed micro-batch (no overhead).");
-
-  mod.def("lpt_partition",
-          [](F64Array costs, I64Array idx, int bins) {
-            const int64_t k = size_1d(costs, "costs");
-            check_finite(costs.data(), k, "costs");
-            check_positive(bins, "bins");
-            auto ids = to_indices(idx, k);
-            std::vector<std::vector<Index>> out;
-            {
-              py::gil_scoped_release release;
-              out = skrull::lpt_partition(costs.data(), ids, bins);
-            }
-            return nested_list(out);
-          },
-          py::arg("costs"), py::arg("idx"), py::arg("bins"),
+  mod.def("micro_batch_time", &micro_batch_time, py::arg("placement"), py::arg("costs"),
+          py::arg("comm"), py::arg("latency"), py::arg("cp_size"),
+          "Predicted seconds of one placed micro-batch (no overhead).");
+  mod.def("lpt_partition", &lpt_partition, py::arg("costs"), py::arg("idx"), py::arg("bins"),
           "Longest-processing-time bin packing: `bins` lists of sample ids.");
-
-  mod.def("interleave",
-          [](I64Array sorted_idx, int64_t m) {
-            check_positive(m, "m");
-            const int64_t n = size_1d(sorted_idx, "sorted_idx");
-            std::vector<Index> ids(sorted_idx.data(), sorted_idx.data() + n);
-            return nested_list(skrull::interleave(ids, m));
-          },
-          py::arg("sorted_idx"), py::arg("m"),
+  mod.def("interleave", &interleave, py::arg("sorted_idx"), py::arg("m"),
           "Micro-batch j takes sorted_idx[j], sorted_idx[j + m], ...");
-
   mod.def("shard_tokens", &skrull::shard_tokens, py::arg("length"), py::arg("n"),
           "Tokens per rank of a sample zigzag-sharded over n ranks.");
 }
