@@ -71,6 +71,12 @@ std::optional<RankSplit> split_rank(const Batch& batch, const RankSeqs& seqs, in
                                     Rollback policy) {
   const int64_t cap = bucket_size * cp_size;
   const int64_t size = static_cast<int64_t>(seqs.ids.size());
+  // With ascending lengths (>= 1) the group holding the last sample has the largest sum:
+  // it dominates every other group element by element.  Checking it first costs
+  // O(size / m), which keeps the m += 1 search near-linear when many m fail.
+  int64_t last = 0;
+  for (int64_t p = size - 1; p >= 0; p -= m) last += seqs.lengths[p];
+  if (last > cap) return std::nullopt;
   std::vector<int64_t> sums(static_cast<size_t>(m), 0);
   int64_t g = 0;
   for (int64_t s : seqs.lengths) {

@@ -120,7 +120,8 @@ def test_schedule_parity_larger_batches():
 
 @pytest.mark.parametrize("rollback", ROLLBACKS)
 @pytest.mark.parametrize("case", [
-    "one-sample", "equal", "at-limit", "single-tokens", "k-below-dp", "cp1-tight"])
+    "one-sample", "equal", "at-limit", "single-tokens", "k-below-dp", "cp1-tight",
+    "one-per-micro-batch"])
 def test_schedule_parity_edge_cases(case, rollback):
     if case == "one-sample":
         args = (np.array([777]), 4, 8, 26_000)
@@ -132,6 +133,8 @@ def test_schedule_parity_edge_cases(case, rollback):
         args = (np.array([s, 3, s, 999, 1000, 1]), 2, n, 1000)
     elif case == "single-tokens":
         args = (np.ones(300, dtype=np.int64), 2, 4, 8)
+    elif case == "one-per-micro-batch":  # no two fit together: m climbs from K/2 to K
+        args = (np.full(150, 104_001), 1, 8, 26_000)
     elif case == "k-below-dp":
         args = (np.array([5000, 17, 300]), 8, 2, 4096)
     else:
