@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from skrull_ext.plan import shard_tokens
+from skrull_ext.plan import shard_tokens_array
 
 # Backward of FlashAttention-style kernels costs about 2.5x the forward (two extra
 # matmuls plus the recompute of P); linear layers cost 2x their forward in backward.
@@ -344,8 +344,7 @@ class CostModel:
         lengths = np.asarray(lengths, dtype=np.int64)
         if cp_size <= 1:
             return np.zeros(lengths.shape, dtype=np.float64)
-        shard = np.array([shard_tokens(int(s), cp_size) for s in lengths.ravel()],
-                         dtype=np.float64).reshape(lengths.shape)
+        shard = shard_tokens_array(lengths, cp_size).astype(np.float64)
         kv_bytes = 2.0 * shard * self.model.kv_hidden_size * self.bytes_per_element
         _, per_byte = self.comm.linear_fit()
         return self._ring_steps(cp_size) * per_byte * kv_bytes

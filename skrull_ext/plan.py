@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -39,6 +39,15 @@ def padded_length(length: int, n: int) -> int:
 def shard_tokens(length: int, n: int) -> int:
     """Tokens each of ``n`` ranks holds of a sample sharded over them: ``pad(S, n) / n``."""
     return padded_length(length, n) // n
+
+
+def shard_tokens_array(lengths, n: int) -> np.ndarray:
+    """:func:`shard_tokens` of every entry: ``[K]`` lengths (>= 0) -> ``[K]`` int64."""
+    arr = np.asarray(lengths, dtype=np.int64)
+    if n <= 1:
+        return arr.copy()
+    m = 2 * n
+    return (arr + (m - 1)) // m * m // n
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +118,98 @@ class PlanError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class FlatPlan:
+    """Every placement of a plan as flat int64 arrays, for vectorised checks and costs.
+
+    Micro-batches are numbered ``g = 0 .. count - 1`` over DP ranks, then micro-batches;
+    CP rank ``r`` of micro-batch ``g`` is slot ``g * cp_size + r``.  Ids keep placement
+    order, so per-slot sums accumulate in the same order as a walk over the plan.
+
+    Attributes:
+        count: Number of micro-batches ``G`` (all DP ranks).
+        dist_ids: ``[P]`` distributed sample ids; ``dist_mb``: ``[P]`` their micro-batch.
+        local_ids: ``[Q]`` local sample ids; ``local_slot``: ``[Q]`` their slot.
+        grouped: ``(g, sample, first_rank, n_ranks)`` rows of grouped placements.
+    """
+
+    count: int
+    dist_ids: np.ndarray
+    dist_mb: np.ndarray
+    local_ids: np.ndarray
+    local_slot: np.ndarray
+    grouped: list
+
+
+def _int_array(values: list) -> Optional[np.ndarray]:
+    arr = np.asarray(values) if values else np.zeros(0, dtype=np.int64)
+    return arr.astype(np.int64) if arr.ndim == 1 and arr.dtype.kind in "iu" else None
+
+
+def flatten_placements(dp_ranks, cp_size: int) -> Optional[FlatPlan]:
+    """Flattens ``dp_ranks[d][m]`` micro-batches into a :class:`FlatPlan`.
+
+    Returns:
+        ``None`` when a micro-batch is irregular (not ``cp_size`` local lists, or
+        non-integer sample ids); callers then fall back to walking the plan.
+    """
+    dist_ids, dist_mb, local_ids, local_slot, grouped = [], [], [], [], []
+    g = 0
+    for mbs in dp_ranks:
+        for mb in mbs:
+            if len(mb.local) != cp_size:
+                return None
+            if mb.distributed:
+                dist_ids.extend(mb.distributed)
+                dist_mb.extend([g] * len(mb.distributed))
+            for r, rank in enumerate(mb.local):
+                if rank:
+                    local_ids.extend(rank)
+                    local_slot.extend([g * cp_size + r] * len(rank))
+            grouped.extend((g, *item) for item in mb.grouped)
+            g += 1
+    arrays = [_int_array(x) for x in (dist_ids, dist_mb, local_ids, local_slot)]
+    if any(a is None for a in arrays) or not all(isinstance(x[1], (int, np.integer))
+                                                 for x in grouped):
+        return None
+    return FlatPlan(g, *arrays, grouped)
+
+
+def _token_matrix(flat: FlatPlan, lengths: np.ndarray, cp_size: int) -> np.ndarray:
+    """``[G, N]`` tokens per micro-batch and CP rank (indices must be in range)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    dist = np.zeros(flat.count, dtype=np.int64)
+    np.add.at(dist, flat.dist_mb, shard_tokens_array(lengths[flat.dist_ids], cp_size))
+    out = np.zeros(flat.count * cp_size, dtype=np.int64)
+    np.add.at(out, flat.local_slot, lengths[flat.local_ids])
+    out = out.reshape(flat.count, cp_size) + dist[:, None]
+    for g, i, first, size in flat.grouped:
+        out[g, first:first + size] += shard_tokens(int(lengths[i]), size)
+    return out
+
+
+def _placements_valid(plan: "Plan") -> bool:
+    """Vectorised: every sample exactly once, ids and groups in range, buckets respected.
+
+    ``False`` means "look closer": :meth:`Plan.validate` then walks the plan to name the
+    first violation.
+    """
+    n, k = plan.cp_size, len(plan.lengths)
+    flat = flatten_placements(plan.dp_ranks, n)
+    if flat is None:
+        return False
+    if any(size < 1 or first < 0 or first + size > n for _, _, first, size in flat.grouped):
+        return False
+    ids = np.concatenate([flat.dist_ids, flat.local_ids,
+                          np.array([x[1] for x in flat.grouped], dtype=np.int64)])
+    if ids.size and (ids.min() < 0 or ids.max() >= k):
+        return False
+    if not np.array_equal(np.bincount(ids, minlength=k), np.ones(k, dtype=np.int64)):
+        return False
+    tokens = _token_matrix(flat, plan.lengths, n)
+    return tokens.size == 0 or int(tokens.max()) <= plan.bucket_size
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """Schedule of one global batch.
 
@@ -140,6 +241,12 @@ class Plan:
 
     def rank_tokens(self) -> np.ndarray:
         """``[D, M, N]`` tokens held per DP rank, micro-batch and CP rank (padding included)."""
+        flat = flatten_placements(self.dp_ranks, self.cp_size)
+        if (flat is not None and len(self.dp_ranks) == self.dp_size
+                and len({len(mbs) for mbs in self.dp_ranks}) <= 1
+                and all(0 <= f and f + n <= self.cp_size for _, _, f, n in flat.grouped)):
+            shape = (self.dp_size, self.num_micro_batches, self.cp_size)
+            return _token_matrix(flat, self.lengths, self.cp_size).reshape(shape)
         out = np.zeros((self.dp_size, self.num_micro_batches, self.cp_size), dtype=np.int64)
         for d, mbs in enumerate(self.dp_ranks):
             for m, mb in enumerate(mbs):
@@ -167,6 +274,8 @@ class Plan:
         counts = {len(mbs) for mbs in self.dp_ranks}
         if len(counts) > 1:
             raise PlanError(f"DP ranks run different micro-batch counts {sorted(counts)}")
+        if _placements_valid(self):  # fast path; otherwise walk the plan to name the fault
+            return
         seen = np.zeros(k, dtype=np.int64)
         for d, mbs in enumerate(self.dp_ranks):
             for m, mb in enumerate(mbs):

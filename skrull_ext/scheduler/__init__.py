@@ -18,7 +18,8 @@ import numpy as np
 
 from skrull_ext import _backend
 from skrull_ext.cost import CostModel, default_cost_model
-from skrull_ext.plan import MicroBatch, Plan, padded_length, shard_tokens
+from skrull_ext.plan import (FlatPlan, MicroBatch, Plan, flatten_placements, padded_length,
+                             shard_tokens)
 from skrull_ext.scheduler import reference
 from skrull_ext.scheduler.baselines import BASELINES
 
@@ -104,8 +105,8 @@ def check_lengths(lengths: Sequence[int], cp_size: int, bucket_size: int) -> np.
 
 def _to_micro_batch(placement, cp_size: int) -> MicroBatch:
     dist, local = placement
-    return MicroBatch(distributed=tuple(int(i) for i in dist),
-                      local=tuple(tuple(int(i) for i in r) for r in local))
+    return MicroBatch(distributed=tuple(map(int, dist)),
+                      local=tuple(tuple(map(int, r)) for r in local))
 
 
 def _skrull(lengths, costs, comm, latency, cfg: SchedulerConfig, overhead: float, backend: str):
@@ -156,6 +157,19 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
     return dataclasses.replace(plan, predicted=predict(plan, cost_model))
 
 
+def _add_grouped(grouped, t_dist, t_comm, lengths, costs, cost_model: CostModel) -> None:
+    """Adds grouped placements ``(sample, first, size)`` to one micro-batch's ``[N]`` rows."""
+    n = len(t_dist)
+    sizes = sorted({g[2] for g in grouped})
+    for i, first, size in grouped:
+        t_dist[first:first + size] += costs[i] / size
+        t_comm[first:first + size] += float(cost_model.comm_seconds([int(lengths[i])], size)[0])
+    for size in sizes:  # each sub-group ring pays its latency once
+        for first in range(0, n, size):
+            if any(g[2] == size and g[1] == first for g in grouped):
+                t_comm[first:first + size] += cost_model.comm_latency(size)
+
+
 def micro_batch_seconds(mb: MicroBatch, lengths, costs, comm_full, cost_model: CostModel) -> float:
     """Predicted seconds of one micro-batch, grouped placements included (0 when empty)."""
     if mb.is_empty():
@@ -166,15 +180,37 @@ def micro_batch_seconds(mb: MicroBatch, lengths, costs, comm_full, cost_model: C
     t_comm = np.full(n, sum(comm_full[i] for i in mb.distributed), dtype=np.float64)
     if mb.distributed:
         t_comm += cost_model.comm_latency(n)
-    sizes = sorted({g[2] for g in mb.grouped})
-    for i, first, size in mb.grouped:
-        t_dist[first:first + size] += costs[i] / size
-        t_comm[first:first + size] += float(cost_model.comm_seconds([int(lengths[i])], size)[0])
-    for size in sizes:  # each sub-group ring pays its latency once
-        for first in range(0, n, size):
-            if any(g[2] == size and g[1] == first for g in mb.grouped):
-                t_comm[first:first + size] += cost_model.comm_latency(size)
+    _add_grouped(mb.grouped, t_dist, t_comm, lengths, costs, cost_model)
     return float(np.max(np.maximum(t_comm, t_local) + t_dist)) + cost_model.micro_batch_overhead
+
+
+def _micro_batch_times(plan: Plan, flat: FlatPlan, costs, comm, cost_model: CostModel):
+    """:func:`micro_batch_seconds` of every micro-batch at once: ``[G]`` float64.
+
+    ``np.bincount`` adds its weights in input (placement) order starting from 0, the same
+    float operations as the per-micro-batch sums, so the results are bit-identical.
+    """
+    n, g = plan.cp_size, flat.count
+
+    def sums(bins, weights, size):  # float64 even when empty (bincount then gives int64)
+        return np.bincount(bins, weights=weights, minlength=size).astype(np.float64)
+
+    t_local = sums(flat.local_slot, costs[flat.local_ids], g * n).reshape(g, n)
+    dist_cost = sums(flat.dist_mb, costs[flat.dist_ids], g)
+    dist_comm = sums(flat.dist_mb, comm[flat.dist_ids], g)
+    has_dist = np.bincount(flat.dist_mb, minlength=g) > 0
+    t_dist = np.repeat((dist_cost / n)[:, None], n, axis=1)
+    t_comm = np.repeat(dist_comm[:, None], n, axis=1)
+    t_comm[has_dist] += cost_model.comm_latency(n)
+    busy = has_dist | (np.bincount(flat.local_slot // n, minlength=g) > 0)
+    by_mb: dict[int, list] = {}
+    for mb, i, first, size in flat.grouped:
+        by_mb.setdefault(mb, []).append((i, first, size))
+    for mb, grouped in by_mb.items():
+        busy[mb] = True
+        _add_grouped(grouped, t_dist[mb], t_comm[mb], plan.lengths, costs, cost_model)
+    times = np.max(np.maximum(t_comm, t_local) + t_dist, axis=1) + cost_model.micro_batch_overhead
+    return np.where(busy, times, 0.0)
 
 
 def predict(plan: Plan, cost_model: CostModel) -> dict:
@@ -187,8 +223,14 @@ def predict(plan: Plan, cost_model: CostModel) -> dict:
     """
     costs = cost_model.compute_seconds(plan.lengths)
     comm = cost_model.comm_seconds(plan.lengths, plan.cp_size)
-    mb_times = [[micro_batch_seconds(mb, plan.lengths, costs, comm, cost_model) for mb in mbs]
-                for mbs in plan.dp_ranks]
+    flat = flatten_placements(plan.dp_ranks, plan.cp_size)
+    if flat is None or flat.count == 0:
+        mb_times = [[micro_batch_seconds(mb, plan.lengths, costs, comm, cost_model)
+                     for mb in mbs] for mbs in plan.dp_ranks]
+    else:
+        flat_times = _micro_batch_times(plan, flat, costs, comm, cost_model).tolist()
+        ends = np.cumsum([len(mbs) for mbs in plan.dp_ranks]).tolist()
+        mb_times = [flat_times[end - len(mbs):end] for mbs, end in zip(plan.dp_ranks, ends)]
     rank_times = [float(sum(t)) for t in mb_times]
     return {
         "iteration_time": max(rank_times),

@@ -1,0 +1,261 @@
+// pybind11 bindings of the scheduler core as skrull_ext._C.
+//
+// Arrays come in as any array-like (converted to contiguous int64 / float64); the C++
+// work runs with the GIL released; results go out as the plain Python structures the
+// reference returns (lists of ints, tuples of (distributed, local)).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "scheduler.h"
+
+namespace py = pybind11;
+using skrull::Index;
+
+namespace {
+
+using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using F64Array = py::array_t<double, py::array::c_style | py::array::forcecast>;
+
+int64_t size_1d(const py::array& a, const char* name) {
+  if (a.ndim() != 1) {
+    throw py::value_error(std::string(name) + " must be a 1-D array, got " +
+                          std::to_string(a.ndim()) + " dimensions");
+  }
+  return static_cast<int64_t>(a.shape(0));
+}
+
+void check_same_size(int64_t k, int64_t other, const char* name) {
+  if (other != k) {
+    throw py::value_error(std::string(name) + " has " + std::to_string(other) +
+                          " entries but lengths has " + std::to_string(k));
+  }
+}
+
+void check_positive(int64_t value, const char* name) {
+  if (value < 1) throw py::value_error(std::string(name) + " must be >= 1, got " +
+                                       std::to_string(value));
+}
+
+void check_lengths(const int64_t* lengths, int64_t k) {
+  for (int64_t i = 0; i < k; ++i) {
+    if (lengths[i] < 1 || lengths[i] > (int64_t{1} << 40)) {
+      throw py::value_error("sample " + std::to_string(i) + " has length " +
+                            std::to_string(lengths[i]) + ": lengths must be in [1, 2^40]");
+    }
+  }
+}
+
+void check_finite(const double* values, int64_t k, const char* name) {
+  for (int64_t i = 0; i < k; ++i) {
+    if (!std::isfinite(values[i])) {
+      throw py::value_error(std::string(name) + "[" + std::to_string(i) +
+                            "] is not finite: fix the cost model");
+    }
+  }
+}
+
+std::vector<Index> to_indices(const I64Array& idx, int64_t k) {
+  const int64_t n = size_1d(idx, "idx");
+  const int64_t* p = idx.data();
+  std::vector<Index> out(p, p + n);
+  for (Index i : out) {
+    if (i < 0 || i >= k) {
+      throw py::index_error("sample index " + std::to_string(i) + " out of range [0, " +
+                            std::to_string(k) + ")");
+    }
+  }
+  return out;
+}
+
+skrull::Rollback to_rollback(int code, bool allow_auto) {
+  if (code < 0 || code > (allow_auto ? 2 : 1)) {
+    throw py::value_error("rollback code " + std::to_string(code) + " is not one of " +
+                          (allow_auto ? "0 (shortest), 1 (best-fit), 2 (auto)"
+                                      : "0 (shortest), 1 (best-fit); use dacp_best for auto"));
+  }
+  return static_cast<skrull::Rollback>(code);
+}
+
+py::list int_list(const std::vector<Index>& v) {
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(v.size()));
+  if (!list) throw py::error_already_set();
+  for (size_t j = 0; j < v.size(); ++j) {
+    PyObject* item = PyLong_FromLongLong(v[j]);
+    if (!item) {
+      Py_DECREF(list);
+      throw py::error_already_set();
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(j), item);
+  }
+  return py::reinterpret_steal<py::list>(list);
+}
+
+// Pauses Python's cyclic GC while building a large result: the many fresh lists would
+// otherwise trigger repeated full collections (half the conversion time for big plans).
+class GcPause {
+ public:
+  GcPause() : was_enabled_(PyGC_Disable() == 1) {}
+  ~GcPause() {
+    if (was_enabled_) PyGC_Enable();
+  }
+  GcPause(const GcPause&) = delete;
+  GcPause& operator=(const GcPause&) = delete;
+
+ private:
+  bool was_enabled_;
+};
+
+py::list nested_list(const std::vector<std::vector<Index>>& v) {
+  py::list out(v.size());
+  for (size_t j = 0; j < v.size(); ++j) out[j] = int_list(v[j]);
+  return out;
+}
+
+py::object placement_obj(const std::optional<skrull::Placement>& p) {
+  if (!p) return py::none();
+  return py::make_tuple(int_list(p->distributed), nested_list(p->local));
+}
+
+// Owns the converted arrays of a global batch and checks their shapes and values.
+struct BatchArgs {
+  I64Array lengths;
+  F64Array costs;
+  F64Array comm;
+  skrull::Batch view;
+
+  BatchArgs(I64Array l, F64Array c, py::object m)
+      : lengths(std::move(l)), costs(std::move(c)) {
+    view.size = size_1d(lengths, "lengths");
+    check_same_size(view.size, size_1d(costs, "costs"), "costs");
+    view.lengths = lengths.data();
+    view.costs = costs.data();
+    check_lengths(view.lengths, view.size);
+    check_finite(view.costs, view.size, "costs");
+    if (!m.is_none()) {
+      comm = m.cast<F64Array>();
+      check_same_size(view.size, size_1d(comm, "comm"), "comm");
+      view.comm = comm.data();
+      check_finite(view.comm, view.size, "comm");
+    }
+  }
+};
+
+py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
+                      int dp_size, int cp_size, int64_t bucket_size, int rollback,
+                      double overhead) {
+  BatchArgs args(std::move(lengths), std::move(costs), comm);
+  check_positive(dp_size, "dp_size");
+  check_positive(cp_size, "cp_size");
+  check_positive(bucket_size, "bucket_size");
+  // Keeps every token count (C * N, sums of lengths) far inside int64.
+  if (bucket_size > (int64_t{1} << 40)) throw py::value_error("bucket_size must be <= 2^40");
+  if (cp_size > (1 << 16)) throw py::value_error("cp_size must be <= 65536");
+  const auto policy = to_rollback(rollback, true);
+  std::vector<skrull::RankSplit> splits;
+  {
+    py::gil_scoped_release release;
+    splits = skrull::gds_schedule(args.view, latency, dp_size, cp_size, bucket_size, policy,
+                                  overhead);
+  }
+  GcPause pause;
+  py::list out(splits.size());
+  for (size_t d = 0; d < splits.size(); ++d) {
+    py::list rank(splits[d].size());
+    for (size_t m = 0; m < splits[d].size(); ++m) rank[m] = placement_obj(splits[d][m]);
+    out[d] = rank;
+  }
+  return out;
+}
+
+py::object dacp_place(I64Array lengths, F64Array costs, I64Array idx, int cp_size,
+                      int64_t bucket_size, int rollback) {
+  BatchArgs args(std::move(lengths), std::move(costs), py::none());
+  check_positive(cp_size, "cp_size");
+  auto ids = to_indices(idx, args.view.size);
+  const auto policy = to_rollback(rollback, false);
+  std::optional<skrull::Placement> placed;
+  {
+    py::gil_scoped_release release;
+    placed = skrull::dacp_place(args.view, std::move(ids), cp_size, bucket_size, policy);
+  }
+  return placement_obj(placed);
+}
+
+py::object dacp_best(I64Array lengths, F64Array costs, F64Array comm, double latency,
+                     I64Array idx, int cp_size, int64_t bucket_size, int rollback) {
+  BatchArgs args(std::move(lengths), std::move(costs), comm);
+  check_positive(cp_size, "cp_size");
+  auto ids = to_indices(idx, args.view.size);
+  const auto policy = to_rollback(rollback, true);
+  std::optional<skrull::Placement> placed;
+  {
+    py::gil_scoped_release release;
+    placed = skrull::dacp_best(args.view, ids, latency, cp_size, bucket_size, policy);
+  }
+  return placement_obj(placed);
+}
+
+double micro_batch_time(py::object placement, F64Array costs, F64Array comm, double latency,
+                        int cp_size) {
+  check_positive(cp_size, "cp_size");
+  const int64_t k = size_1d(costs, "costs");
+  check_same_size(k, size_1d(comm, "comm"), "comm");
+  auto pair = placement.cast<py::tuple>();
+  if (pair.size() != 2) throw py::value_error("placement must be (distributed, local)");
+  skrull::Placement p;
+  p.distributed = to_indices(pair[0].cast<I64Array>(), k);
+  for (auto rank : pair[1]) p.local.push_back(to_indices(rank.cast<I64Array>(), k));
+  const skrull::Batch view{nullptr, costs.data(), comm.data(), k};
+  return skrull::micro_batch_time(p, view, latency, cp_size);
+}
+
+py::list lpt_partition(F64Array costs, I64Array idx, int bins) {
+  const int64_t k = size_1d(costs, "costs");
+  check_finite(costs.data(), k, "costs");
+  check_positive(bins, "bins");
+  auto ids = to_indices(idx, k);
+  std::vector<std::vector<Index>> out;
+  {
+    py::gil_scoped_release release;
+    out = skrull::lpt_partition(costs.data(), ids, bins);
+  }
+  return nested_list(out);
+}
+
+py::list interleave(I64Array sorted_idx, int64_t m) {
+  check_positive(m, "m");
+  const int64_t n = size_1d(sorted_idx, "sorted_idx");
+  std::vector<Index> ids(sorted_idx.data(), sorted_idx.data() + n);
+  return nested_list(skrull::interleave(ids, m));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, mod) {
+  mod.doc() = "C++ core of the Skrull scheduler (DACP + GDS); mirrors scheduler/reference.py";
+  mod.def("gds_schedule", &gds_schedule, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
+          py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"),
+          py::arg("rollback"), py::arg("overhead") = 0.0,
+          "GDS over a global batch: list[DP] of list[micro-batch] of (distributed, local).");
+  mod.def("dacp_place", &dacp_place, py::arg("lengths"), py::arg("costs"), py::arg("idx"),
+          py::arg("cp_size"), py::arg("bucket_size"), py::arg("rollback") = 0,
+          "DACP of one micro-batch: (distributed, local) or None if infeasible.");
+  mod.def("dacp_best", &dacp_best, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
+          py::arg("latency"), py::arg("idx"), py::arg("cp_size"), py::arg("bucket_size"),
+          py::arg("rollback"),
+          "DACP with one roll-back policy or both (auto, keeps the faster placement).");
+  mod.def("micro_batch_time", &micro_batch_time, py::arg("placement"), py::arg("costs"),
+          py::arg("comm"), py::arg("latency"), py::arg("cp_size"),
+          "Predicted seconds of one placed micro-batch (no overhead).");
+  mod.def("lpt_partition", &lpt_partition, py::arg("costs"), py::arg("idx"), py::arg("bins"),
+          "Longest-processing-time bin packing: `bins` lists of sample ids.");
+  mod.def("interleave", &interleave, py::arg("sorted_idx"), py::arg("m"),
+          "Micro-batch j takes sorted_idx[j], sorted_idx[j + m], ...");
+  mod.def("shard_tokens", &skrull::shard_tokens, py::arg("length"), py::arg("n"),
+          "Tokens per rank of a sample zigzag-sharded over n ranks.");
+}

@@ -1,0 +1,193 @@
+// DACP (SKRULL.md section 3): local-first placement of one micro-batch with roll-back.
+// Mirrors dacp_place / _choose_victim / micro_batch_time / dacp_best of
+// skrull_ext/scheduler/reference.py line for line; see scheduler.h.
+#include <algorithm>
+#include <cstddef>
+
+#include "scheduler.h"
+
+namespace skrull {
+namespace {
+
+// First index of the smallest / largest value (the reference's _argmin / _argmax).
+template <typename T>
+int argmin(const std::vector<T>& v) {
+  int best = 0;
+  for (int j = 1; j < static_cast<int>(v.size()); ++j) {
+    if (v[j] < v[best]) best = j;
+  }
+  return best;
+}
+
+template <typename T>
+int argmax(const std::vector<T>& v) {
+  int best = 0;
+  for (int j = 1; j < static_cast<int>(v.size()); ++j) {
+    if (v[j] > v[best]) best = j;
+  }
+  return best;
+}
+
+// Ascending (length, index): the order DACP places a micro-batch in.
+void sort_by_length(std::vector<Index>& idx, const int64_t* lengths) {
+  auto less = [lengths](Index a, Index b) {
+    return lengths[a] < lengths[b] || (lengths[a] == lengths[b] && a < b);
+  };
+  // GDS hands over interleaved slices of an already sorted list: skip the sort then.
+  if (!std::is_sorted(idx.begin(), idx.end(), less)) std::sort(idx.begin(), idx.end(), less);
+}
+
+// Position in local_r of the local sequence to demote (reference _choose_victim).
+// best-fit: the shortest one whose demotion lets a sequence of `need` tokens be placed by
+// steps a-c (the shortest overall when none does).  Ties: earliest placed.
+size_t choose_victim(const std::vector<Index>& local_r, const int64_t* lengths,
+                     const std::vector<int64_t>& rem, int r, int64_t need, int n,
+                     Rollback policy) {
+  size_t shortest = 0;
+  for (size_t p = 1; p < local_r.size(); ++p) {
+    if (lengths[local_r[p]] < lengths[local_r[shortest]]) shortest = p;
+  }
+  if (policy == Rollback::kShortest) return shortest;
+  // The trial budgets are rem - sv everywhere plus lv back on rank r: their min / max
+  // follow from the min / max over the other ranks (exact integer arithmetic).
+  int64_t min_other = INT64_MAX, max_other = INT64_MIN;
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    min_other = std::min(min_other, rem[j]);
+    max_other = std::max(max_other, rem[j]);
+  }
+  const int64_t need_shard = shard_tokens(need, n);
+  long best = -1;
+  for (size_t p = 0; p < local_r.size(); ++p) {
+    const int64_t lv = lengths[local_r[p]];
+    const int64_t sv = shard_tokens(lv, n);
+    const int64_t on_r = rem[r] - sv + lv;
+    const int64_t lo = std::min(min_other - sv, on_r);
+    const int64_t hi = std::max(max_other - sv, on_r);
+    if (lo < 0 || !(hi >= need || lo >= need_shard)) continue;
+    if (best < 0 || lv < lengths[local_r[best]]) best = static_cast<long>(p);
+  }
+  return best < 0 ? shortest : static_cast<size_t>(best);
+}
+
+}  // namespace
+
+bool Placement::empty() const {
+  if (!distributed.empty()) return false;
+  for (const auto& r : local) {
+    if (!r.empty()) return false;
+  }
+  return true;
+}
+
+int64_t shard_tokens(int64_t length, int64_t n) {
+  if (n <= 1) return length;
+  const int64_t m = 2 * n;
+  return (length + m - 1) / m * m / n;  // lengths are >= 0, so this is the ceiling
+}
+
+namespace {
+
+// dacp_place; sets *chose_victim when a roll-back had to choose a victim (the only step
+// where the two policies can differ).
+std::optional<Placement> place(const Batch& batch, std::vector<Index> idx, int cp_size,
+                               int64_t bucket_size, Rollback policy, bool* chose_victim) {
+  const int n = cp_size;
+  const int64_t* lengths = batch.lengths;
+  const double* costs = batch.costs;
+  sort_by_length(idx, lengths);
+  std::vector<int64_t> rem(n, bucket_size);
+  std::vector<double> load(n, 0.0);
+  Placement out;
+  out.local.resize(n);
+  auto& local = out.local;
+  auto& dist = out.distributed;
+  for (Index i : idx) {
+    const int64_t s = lengths[i];
+    while (true) {
+      int r = argmin(load);
+      if (rem[r] < s) r = argmax(rem);
+      if (rem[r] >= s) {  // steps a and b: local on the least loaded / emptiest rank
+        local[r].push_back(i);
+        rem[r] -= s;
+        load[r] += costs[i];
+        break;
+      }
+      const int64_t sh = shard_tokens(s, n);
+      if (*std::min_element(rem.begin(), rem.end()) >= sh) {  // step c: distributed
+        dist.push_back(i);
+        for (int j = 0; j < n; ++j) {
+          rem[j] -= sh;
+          load[j] += costs[i] / n;
+        }
+        break;
+      }
+      // Step d, roll back: demote a local sequence of the fullest rank to distributed.
+      r = argmin(rem);
+      if (n == 1 || local[r].empty()) return std::nullopt;
+      *chose_victim = true;
+      const size_t p = choose_victim(local[r], lengths, rem, r, s, n, policy);
+      const Index v = local[r][p];
+      const int64_t lv = lengths[v];
+      const int64_t sv = shard_tokens(lv, n);
+      if (rem[r] + lv < sv) return std::nullopt;
+      for (int j = 0; j < n; ++j) {
+        if (j != r && rem[j] < sv) return std::nullopt;  // the demoted one would overflow
+      }
+      local[r].erase(local[r].begin() + static_cast<std::ptrdiff_t>(p));
+      rem[r] += lv;
+      load[r] -= costs[v];
+      for (int j = 0; j < n; ++j) {
+        rem[j] -= sv;
+        load[j] += costs[v] / n;
+      }
+      dist.push_back(v);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<Placement> dacp_place(const Batch& batch, std::vector<Index> idx, int cp_size,
+                                    int64_t bucket_size, Rollback policy) {
+  bool chose_victim = false;
+  return place(batch, std::move(idx), cp_size, bucket_size, policy, &chose_victim);
+}
+
+double micro_batch_time(const Placement& placement, const Batch& batch, double latency,
+                        int cp_size) {
+  double t_comm = 0.0;
+  double t_dist = 0.0;
+  for (Index i : placement.distributed) {
+    t_comm += batch.comm[i];
+    t_dist += batch.costs[i] / cp_size;
+  }
+  if (!placement.distributed.empty()) t_comm += latency;
+  double worst = 0.0;
+  for (const auto& rank : placement.local) {
+    double t_local = 0.0;
+    for (Index i : rank) t_local += batch.costs[i];
+    const double t = std::max(t_comm, t_local) + t_dist;
+    if (t > worst) worst = t;
+  }
+  return worst;
+}
+
+std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>& idx,
+                                   double latency, int cp_size, int64_t bucket_size,
+                                   Rollback policy) {
+  if (policy != Rollback::kAuto) return dacp_place(batch, idx, cp_size, bucket_size, policy);
+  bool chose_victim = false;
+  auto a = place(batch, idx, cp_size, bucket_size, Rollback::kShortest, &chose_victim);
+  // Without a victim choice best-fit walks the very same steps: same placement (or the
+  // same failure), equal times, and the reference keeps `a` on ties.
+  if (!chose_victim) return a;
+  auto b = dacp_place(batch, idx, cp_size, bucket_size, Rollback::kBestFit);
+  if (!a || !b) return b ? std::move(b) : std::move(a);
+  const double ta = micro_batch_time(*a, batch, latency, cp_size);
+  const double tb = micro_batch_time(*b, batch, latency, cp_size);
+  return tb < ta ? std::move(b) : std::move(a);
+}
+
+}  // namespace skrull

@@ -1,0 +1,72 @@
+// C++17 core of the Skrull scheduler: DACP placement (SKRULL.md section 3) and the GDS
+// split of a global batch (section 4).
+//
+// This is a step-for-step port of skrull_ext/scheduler/reference.py (the specification):
+// same iteration orders, same tie-breaking (lowest rank / sample index), same float
+// accumulation order (built with -ffp-contract=off), so both return identical plans.
+// No Python headers here; csrc/bindings.cpp exposes it as skrull_ext._C.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace skrull {
+
+using Index = int64_t;
+
+// DACP roll-back victim choice; the codes match _ROLLBACK_CODES in scheduler/__init__.py.
+enum class Rollback : int { kShortest = 0, kBestFit = 1, kAuto = 2 };
+
+// Non-owning view of one global batch: [size] token lengths, compute seconds of each
+// whole sequence and ring bandwidth seconds of each distributed sequence.  `comm` may be
+// null for functions that never read it (dacp_place, lpt_partition).
+struct Batch {
+  const int64_t* lengths = nullptr;
+  const double* costs = nullptr;
+  const double* comm = nullptr;
+  int64_t size = 0;
+};
+
+// One micro-batch on one CP group: `distributed` sample ids in placement order and
+// `local[r]` the ids held whole by CP rank r, in placement order.
+struct Placement {
+  std::vector<Index> distributed;
+  std::vector<std::vector<Index>> local;
+
+  bool empty() const;
+};
+
+using RankSplit = std::vector<Placement>;  // the micro-batches of one DP rank
+
+// Tokens each of n ranks holds of a sample zigzag-sharded over them: pad(S, 2n) / n.
+int64_t shard_tokens(int64_t length, int64_t n);
+
+// DACP for one micro-batch with one victim policy (kShortest or kBestFit; kAuto acts as
+// kBestFit, like the reference's dacp_place).  nullopt when the micro-batch is infeasible.
+std::optional<Placement> dacp_place(const Batch& batch, std::vector<Index> idx, int cp_size,
+                                    int64_t bucket_size, Rollback policy);
+
+// DACP with one policy, or both (kAuto) keeping the faster placement.
+std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>& idx,
+                                   double latency, int cp_size, int64_t bucket_size,
+                                   Rollback policy);
+
+// Predicted seconds of one placed micro-batch (no fixed overhead).
+double micro_batch_time(const Placement& placement, const Batch& batch, double latency,
+                        int cp_size);
+
+// Longest-processing-time bin packing of `idx` by cost onto `bins` bins.
+std::vector<std::vector<Index>> lpt_partition(const double* costs,
+                                              const std::vector<Index>& idx, int bins);
+
+// Micro-batch j takes sorted_idx[j], sorted_idx[j + m], ...  (m >= 1).
+std::vector<std::vector<Index>> interleave(const std::vector<Index>& sorted_idx, int64_t m);
+
+// GDS: dp_size lists of equally many placements (empty placements pad).  Every sample
+// must fit alone (shard_tokens(S, N) <= bucket_size); throws std::invalid_argument if not.
+std::vector<RankSplit> gds_schedule(const Batch& batch, double latency, int dp_size,
+                                    int cp_size, int64_t bucket_size, Rollback policy,
+                                    double overhead);
+
+}  // namespace skrull

@@ -1,0 +1,72 @@
+"""The vectorised plan checks and predictions agree with walking the plan one micro-batch
+at a time (same errors, same token counts, bit-identical predicted seconds)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from skrull_ext.cost import default_cost_model
+from skrull_ext.plan import MicroBatch, Plan, PlanError, shard_tokens, shard_tokens_array
+from skrull_ext.scheduler import POLICIES, SchedulerConfig, micro_batch_seconds, schedule
+
+
+def _plans():
+    rng = np.random.default_rng(4)
+    for policy in POLICIES:
+        for cp in (1, 3, 4):
+            lengths = np.minimum((rng.pareto(1.1, 120) + 1) * 150, 20_000).astype(np.int64)
+            bucket = max(max(shard_tokens(int(s), cp) for s in lengths), 2 * cp) + 3000
+            yield schedule(lengths, SchedulerConfig(dp_size=3, cp_size=cp, bucket_size=bucket,
+                                                    policy=policy))
+
+
+def test_shard_tokens_array_matches_scalar():
+    lengths = np.arange(0, 500)
+    for n in (1, 2, 3, 8, 16):
+        want = [shard_tokens(int(s), n) for s in lengths]
+        assert shard_tokens_array(lengths, n).tolist() == want
+    assert shard_tokens_array(np.array([[5, 9]]), 2).tolist() == [[4, 6]]
+
+
+def test_rank_tokens_and_predictions_match_the_per_micro_batch_walk():
+    cost_model = default_cost_model()
+    for plan in _plans():
+        walked = np.array([[mb.rank_tokens(plan.lengths) for mb in mbs] for mbs in plan.dp_ranks])
+        assert np.array_equal(plan.rank_tokens(), walked)
+        costs = cost_model.compute_seconds(plan.lengths)
+        comm = cost_model.comm_seconds(plan.lengths, plan.cp_size)
+        times = [[micro_batch_seconds(mb, plan.lengths, costs, comm, cost_model) for mb in mbs]
+                 for mbs in plan.dp_ranks]
+        assert plan.predicted["micro_batch_times"] == times  # exact float equality
+        assert plan.predicted["dp_rank_times"] == [float(sum(t)) for t in times]
+
+
+def _corrupt(plan: Plan, d: int, m: int, mb: MicroBatch) -> Plan:
+    ranks = [list(r) for r in plan.dp_ranks]
+    ranks[d][m] = mb
+    return dataclasses.replace(plan, dp_ranks=tuple(tuple(r) for r in ranks))
+
+
+def test_validate_still_names_the_first_violation():
+    lengths = np.array([100, 200, 300, 400])
+    mb0 = MicroBatch(distributed=(3,), local=((0,), (1,)))
+    mb1 = MicroBatch(distributed=(), local=((2,), ()))
+    plan = Plan(lengths=lengths, dp_size=1, cp_size=2, bucket_size=500, policy="test",
+                dp_ranks=((mb0, mb1),))
+    plan.validate()
+    cases = [
+        (MicroBatch(distributed=(), local=((2,), (2,))), "scheduled more than once: \\[2\\]"),
+        (MicroBatch(distributed=(), local=((), ())), "never scheduled: \\[2\\]"),
+        (MicroBatch(distributed=(), local=((2, 7), ())), "dp 0 mb 1: sample index 7 out of range"),
+        (MicroBatch(distributed=(), local=((2,),)), "dp 0 mb 1: 1 local lists, cp_size 2"),
+        (MicroBatch(distributed=(), local=((), ()), grouped=((2, 1, 2),)),
+         "dp 0 mb 1: group \\(1, 2\\) outside CP group"),
+    ]
+    for mb, message in cases:
+        with pytest.raises(PlanError, match=message):
+            _corrupt(plan, 0, 1, mb).validate()
+    tight = dataclasses.replace(plan, bucket_size=300)
+    with pytest.raises(PlanError, match="dp 0 mb 0: CP rank 1 holds 400 tokens > bucket size 300"):
+        tight.validate()
