@@ -81,6 +81,14 @@ skrull::Rollback to_rollback(int code, bool allow_auto) {
   return static_cast<skrull::Rollback>(code);
 }
 
+skrull::Variant to_variant(int code) {
+  if (code < 0 || code > 2) {
+    throw py::value_error("variant code " + std::to_string(code) +
+                          " is not one of 0 (paper), 1 (balanced), 2 (auto)");
+  }
+  return static_cast<skrull::Variant>(code);
+}
+
 py::list int_list(const std::vector<Index>& v) {
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(v.size()));
   if (!list) throw py::error_already_set();
@@ -147,7 +155,7 @@ struct BatchArgs {
 
 py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
                       int dp_size, int cp_size, int64_t bucket_size, int rollback,
-                      double overhead) {
+                      double overhead, int variant) {
   BatchArgs args(std::move(lengths), std::move(costs), comm);
   check_positive(dp_size, "dp_size");
   check_positive(cp_size, "cp_size");
@@ -156,11 +164,12 @@ py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double la
   if (bucket_size > (int64_t{1} << 40)) throw py::value_error("bucket_size must be <= 2^40");
   if (cp_size > (1 << 16)) throw py::value_error("cp_size must be <= 65536");
   const auto policy = to_rollback(rollback, true);
+  const auto var = to_variant(variant);
   std::vector<skrull::RankSplit> splits;
   {
     py::gil_scoped_release release;
     splits = skrull::gds_schedule(args.view, latency, dp_size, cp_size, bucket_size, policy,
-                                  overhead);
+                                  overhead, var);
   }
   GcPause pause;
   py::list out(splits.size());
@@ -187,15 +196,17 @@ py::object dacp_place(I64Array lengths, F64Array costs, I64Array idx, int cp_siz
 }
 
 py::object dacp_best(I64Array lengths, F64Array costs, F64Array comm, double latency,
-                     I64Array idx, int cp_size, int64_t bucket_size, int rollback) {
+                     I64Array idx, int cp_size, int64_t bucket_size, int rollback,
+                     int variant) {
   BatchArgs args(std::move(lengths), std::move(costs), comm);
   check_positive(cp_size, "cp_size");
   auto ids = to_indices(idx, args.view.size);
   const auto policy = to_rollback(rollback, true);
+  const auto var = to_variant(variant);
   std::optional<skrull::Placement> placed;
   {
     py::gil_scoped_release release;
-    placed = skrull::dacp_best(args.view, ids, latency, cp_size, bucket_size, policy);
+    placed = skrull::dacp_best(args.view, ids, latency, cp_size, bucket_size, policy, var);
   }
   return placement_obj(placed);
 }
@@ -240,15 +251,15 @@ PYBIND11_MODULE(_C, mod) {
   mod.doc() = "C++ core of the Skrull scheduler (DACP + GDS); mirrors scheduler/reference.py";
   mod.def("gds_schedule", &gds_schedule, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
           py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"),
-          py::arg("rollback"), py::arg("overhead") = 0.0,
+          py::arg("rollback"), py::arg("overhead") = 0.0, py::arg("variant") = 2,
           "GDS over a global batch: list[DP] of list[micro-batch] of (distributed, local).");
   mod.def("dacp_place", &dacp_place, py::arg("lengths"), py::arg("costs"), py::arg("idx"),
           py::arg("cp_size"), py::arg("bucket_size"), py::arg("rollback") = 0,
           "DACP of one micro-batch: (distributed, local) or None if infeasible.");
   mod.def("dacp_best", &dacp_best, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
           py::arg("latency"), py::arg("idx"), py::arg("cp_size"), py::arg("bucket_size"),
-          py::arg("rollback"),
-          "DACP with one roll-back policy or both (auto, keeps the faster placement).");
+          py::arg("rollback"), py::arg("variant") = 0,
+          "DACP with a roll-back policy and variant (paper/balanced); auto keeps the fastest.");
   mod.def("micro_batch_time", &micro_batch_time, py::arg("placement"), py::arg("costs"),
           py::arg("comm"), py::arg("latency"), py::arg("cp_size"),
           "Predicted seconds of one placed micro-batch (no overhead).");

@@ -174,20 +174,130 @@ double micro_batch_time(const Placement& placement, const Batch& batch, double l
   return worst;
 }
 
+namespace {
+
+// max_j(max(t_comm, local_j) + t_dist), with `extra` added to rank r (reference _objective).
+double objective(const std::vector<double>& local_load, double t_comm, double t_dist,
+                 int r = -1, double extra = 0.0) {
+  double worst = 0.0;
+  for (int j = 0; j < static_cast<int>(local_load.size()); ++j) {
+    double x = local_load[j];
+    if (j == r) x = x + extra;
+    const double t = std::max(t_comm, x) + t_dist;
+    if (t > worst) worst = t;
+  }
+  return worst;
+}
+
+std::optional<Placement> place_balanced(const Batch& batch, std::vector<Index> idx,
+                                        double latency, int cp_size, int64_t bucket_size,
+                                        Rollback policy, bool* chose_victim) {
+  const int n = cp_size;
+  const int64_t* lengths = batch.lengths;
+  const double* costs = batch.costs;
+  const double* comm = batch.comm;
+  sort_by_length(idx, lengths);
+  std::vector<int64_t> rem(n, bucket_size);
+  std::vector<double> local_load(n, 0.0);
+  double comm_sum = 0.0;
+  double dist_load = 0.0;
+  Placement out;
+  out.local.resize(n);
+  auto& local = out.local;
+  auto& dist = out.distributed;
+  for (Index i : idx) {
+    const int64_t s = lengths[i];
+    const int64_t sh = shard_tokens(s, n);
+    while (true) {
+      int r = argmin(local_load);
+      if (rem[r] < s) r = argmax(rem);
+      bool can_dist = n > 1 && *std::min_element(rem.begin(), rem.end()) >= sh;
+      if (rem[r] >= s) {
+        if (can_dist) {  // distribute only when that lowers the micro-batch objective
+          const double t_comm = dist.empty() ? 0.0 : comm_sum + latency;
+          const double keep = objective(local_load, t_comm, dist_load, r, costs[i]);
+          const double move = objective(local_load, comm_sum + comm[i] + latency,
+                                        dist_load + costs[i] / n);
+          can_dist = move < keep;
+        }
+        if (!can_dist) {
+          local[r].push_back(i);
+          rem[r] -= s;
+          local_load[r] += costs[i];
+          break;
+        }
+      }
+      if (can_dist) {
+        dist.push_back(i);
+        for (int j = 0; j < n; ++j) rem[j] -= sh;
+        comm_sum += comm[i];
+        dist_load += costs[i] / n;
+        break;
+      }
+      r = argmin(rem);
+      if (n == 1 || local[r].empty()) return std::nullopt;
+      *chose_victim = true;
+      const size_t p = choose_victim(local[r], lengths, rem, r, s, n, policy);
+      const Index v = local[r][p];
+      const int64_t lv = lengths[v];
+      const int64_t sv = shard_tokens(lv, n);
+      if (rem[r] + lv < sv) return std::nullopt;
+      for (int j = 0; j < n; ++j) {
+        if (j != r && rem[j] < sv) return std::nullopt;
+      }
+      local[r].erase(local[r].begin() + static_cast<std::ptrdiff_t>(p));
+      rem[r] += lv;
+      local_load[r] -= costs[v];
+      for (int j = 0; j < n; ++j) rem[j] -= sv;
+      comm_sum += comm[v];
+      dist_load += costs[v] / n;
+      dist.push_back(v);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<Placement> dacp_place_balanced(const Batch& batch, std::vector<Index> idx,
+                                             double latency, int cp_size, int64_t bucket_size,
+                                             Rollback policy) {
+  bool chose_victim = false;
+  return place_balanced(batch, std::move(idx), latency, cp_size, bucket_size, policy,
+                        &chose_victim);
+}
+
 std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>& idx,
                                    double latency, int cp_size, int64_t bucket_size,
-                                   Rollback policy) {
-  if (policy != Rollback::kAuto) return dacp_place(batch, idx, cp_size, bucket_size, policy);
-  bool chose_victim = false;
-  auto a = place(batch, idx, cp_size, bucket_size, Rollback::kShortest, &chose_victim);
-  // Without a victim choice best-fit walks the very same steps: same placement (or the
-  // same failure), equal times, and the reference keeps `a` on ties.
-  if (!chose_victim) return a;
-  auto b = dacp_place(batch, idx, cp_size, bucket_size, Rollback::kBestFit);
-  if (!a || !b) return b ? std::move(b) : std::move(a);
-  const double ta = micro_batch_time(*a, batch, latency, cp_size);
-  const double tb = micro_batch_time(*b, batch, latency, cp_size);
-  return tb < ta ? std::move(b) : std::move(a);
+                                   Rollback policy, Variant variant) {
+  std::optional<Placement> best;
+  double best_t = 0.0;
+  auto consider = [&](std::optional<Placement> cand) {
+    if (!cand) return;
+    const double t = micro_batch_time(*cand, batch, latency, cp_size);
+    if (!best || t < best_t) {
+      best = std::move(cand);
+      best_t = t;
+    }
+  };
+  for (Variant var : {Variant::kPaper, Variant::kBalanced}) {
+    if (variant != Variant::kAuto && variant != var) continue;
+    auto run = [&](Rollback rb, bool* chose) {
+      return var == Variant::kPaper
+                 ? place(batch, idx, cp_size, bucket_size, rb, chose)
+                 : place_balanced(batch, idx, latency, cp_size, bucket_size, rb, chose);
+    };
+    bool chose_victim = false;
+    if (policy == Rollback::kBestFit) {
+      consider(run(Rollback::kBestFit, &chose_victim));
+      continue;
+    }
+    consider(run(Rollback::kShortest, &chose_victim));
+    // Without a victim choice best-fit walks the very same steps: same placement (or the
+    // same failure) and an equal time, which the reference's strict "<" never keeps.
+    if (policy == Rollback::kAuto && chose_victim) consider(run(Rollback::kBestFit, &chose_victim));
+  }
+  return best;
 }
 
 }  // namespace skrull

@@ -68,7 +68,7 @@ struct RankSeqs {
 // fail), which makes the m += 1 search cheap for large batches.
 std::optional<RankSplit> split_rank(const Batch& batch, const RankSeqs& seqs, int64_t m,
                                     double latency, int cp_size, int64_t bucket_size,
-                                    Rollback policy) {
+                                    Rollback policy, Variant variant) {
   const int64_t cap = bucket_size * cp_size;
   const int64_t size = static_cast<int64_t>(seqs.ids.size());
   // With ascending lengths (>= 1) the group holding the last sample has the largest sum:
@@ -96,7 +96,7 @@ std::optional<RankSplit> split_rank(const Batch& batch, const RankSeqs& seqs, in
   for (int64_t j : visit) {
     group.clear();
     for (int64_t p = j; p < size; p += m) group.push_back(seqs.ids[p]);
-    auto placed = dacp_best(batch, group, latency, cp_size, bucket_size, policy);
+    auto placed = dacp_best(batch, group, latency, cp_size, bucket_size, policy, variant);
     if (!placed) return std::nullopt;
     out[j] = std::move(*placed);
   }
@@ -140,14 +140,14 @@ std::vector<RankSeqs> sort_bins(const std::vector<std::vector<Index>>& bins,
 // Fewest micro-batches (from ceil(tokens / (C N)) up) for which every one is feasible.
 RankSplit first_feasible_split(const Batch& batch, const RankSeqs& seqs,
                                double latency, int cp_size, int64_t bucket_size,
-                               Rollback policy) {
+                               Rollback policy, Variant variant) {
   const int64_t cap = bucket_size * cp_size;
   int64_t total = 0;
   for (int64_t s : seqs.lengths) total += s;
   int64_t m = std::max<int64_t>(1, (total + cap - 1) / cap);
   const int64_t count = static_cast<int64_t>(seqs.ids.size());
   while (true) {
-    auto split = split_rank(batch, seqs, m, latency, cp_size, bucket_size, policy);
+    auto split = split_rank(batch, seqs, m, latency, cp_size, bucket_size, policy, variant);
     if (split) return std::move(*split);
     if (m >= count) throw std::logic_error("one sample per micro-batch must be feasible");
     ++m;
@@ -221,7 +221,7 @@ std::vector<std::vector<Index>> interleave(const std::vector<Index>& sorted_idx,
 
 std::vector<RankSplit> gds_schedule(const Batch& batch, double latency, int dp_size,
                                     int cp_size, int64_t bucket_size, Rollback policy,
-                                    double overhead) {
+                                    double overhead, Variant variant) {
   check_fits(batch, cp_size, bucket_size);
   std::vector<Index> all(static_cast<size_t>(batch.size));
   std::iota(all.begin(), all.end(), 0);
@@ -231,7 +231,7 @@ std::vector<RankSplit> gds_schedule(const Batch& batch, double latency, int dp_s
   for (const auto& seqs : sorted_bins) {
     splits.push_back(seqs.ids.empty() ? RankSplit{}
                                       : first_feasible_split(batch, seqs, latency, cp_size,
-                                                             bucket_size, policy));
+                                                             bucket_size, policy, variant));
   }
   size_t m_max = 0;
   for (const auto& s : splits) m_max = std::max(m_max, s.size());
@@ -240,7 +240,7 @@ std::vector<RankSplit> gds_schedule(const Batch& batch, double latency, int dp_s
     if (!seqs.ids.empty() && splits[d].size() < m_max) {
       // (ours) Re-split into m_max micro-batches when that lowers this rank's time.
       auto alt = split_rank(batch, seqs, static_cast<int64_t>(m_max), latency, cp_size,
-                            bucket_size, policy);
+                            bucket_size, policy, variant);
       if (alt && rank_time(*alt, batch, latency, cp_size, overhead) <
                      rank_time(splits[d], batch, latency, cp_size, overhead)) {
         splits[d] = std::move(*alt);

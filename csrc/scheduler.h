@@ -18,6 +18,10 @@ using Index = int64_t;
 // DACP roll-back victim choice; the codes match _ROLLBACK_CODES in scheduler/__init__.py.
 enum class Rollback : int { kShortest = 0, kBestFit = 1, kAuto = 2 };
 
+// DACP step a: the paper's local-first rule, ours (distribute when that lowers the
+// micro-batch objective), or both keeping the faster; codes match _VARIANT_CODES.
+enum class Variant : int { kPaper = 0, kBalanced = 1, kAuto = 2 };
+
 // Non-owning view of one global batch: [size] token lengths, compute seconds of each
 // whole sequence and ring bandwidth seconds of each distributed sequence.  `comm` may be
 // null for functions that never read it (dacp_place, lpt_partition).
@@ -47,10 +51,17 @@ int64_t shard_tokens(int64_t length, int64_t n);
 std::optional<Placement> dacp_place(const Batch& batch, std::vector<Index> idx, int cp_size,
                                     int64_t bucket_size, Rollback policy);
 
-// DACP with one policy, or both (kAuto) keeping the faster placement.
+// (ours) DACP whose step a distributes a sequence when that lowers the objective
+// (reference dacp_place_balanced); needs batch.comm.
+std::optional<Placement> dacp_place_balanced(const Batch& batch, std::vector<Index> idx,
+                                             double latency, int cp_size, int64_t bucket_size,
+                                             Rollback policy);
+
+// DACP with the chosen policy and variant; kAuto tries each and keeps the fastest
+// (candidates paper/shortest, paper/best-fit, balanced/shortest, balanced/best-fit).
 std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>& idx,
                                    double latency, int cp_size, int64_t bucket_size,
-                                   Rollback policy);
+                                   Rollback policy, Variant variant = Variant::kPaper);
 
 // Predicted seconds of one placed micro-batch (no fixed overhead).
 double micro_batch_time(const Placement& placement, const Batch& batch, double latency,
@@ -67,6 +78,6 @@ std::vector<std::vector<Index>> interleave(const std::vector<Index>& sorted_idx,
 // must fit alone (shard_tokens(S, N) <= bucket_size); throws std::invalid_argument if not.
 std::vector<RankSplit> gds_schedule(const Batch& batch, double latency, int dp_size,
                                     int cp_size, int64_t bucket_size, Rollback policy,
-                                    double overhead);
+                                    double overhead, Variant variant = Variant::kAuto);
 
 }  // namespace skrull

@@ -19,6 +19,7 @@ _C = pytest.importorskip("skrull_ext._C", reason="C++ extension not built")
 
 ROLLBACKS = ("shortest", "best-fit", "auto")
 CODES = {"shortest": 0, "best-fit": 1, "auto": 2}
+VARIANTS = {"paper": 0, "balanced": 1, "auto": 2}
 CP_SIZES = (1, 2, 3, 4, 5, 8, 16)
 
 
@@ -61,12 +62,14 @@ def random_batch(rng: np.random.Generator):
     return lengths, int(rng.integers(1, 9)), cp, random_bucket(rng, lengths, cp)
 
 
-def assert_same_plan(lengths, dp, cp, bucket, rollback):
-    cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, rollback=rollback)
-    py = schedule(lengths, cfg, backend="python")
-    cpp = schedule(lengths, cfg, backend="cpp")
-    assert cpp.dp_ranks == py.dp_ranks, (lengths.tolist(), dp, cp, bucket, rollback)
-    return py
+def assert_same_plan(lengths, dp, cp, bucket, rollback, dacps=("auto", "balanced", "paper")):
+    for dacp in dacps:
+        cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, rollback=rollback,
+                              dacp=dacp)
+        py = schedule(lengths, cfg, backend="python")
+        cpp = schedule(lengths, cfg, backend="cpp")
+        assert cpp.dp_ranks == py.dp_ranks, (lengths.tolist(), dp, cp, bucket, rollback, dacp)
+    return py  # the paper variant's plan: the counters below look at its roll-backs
 
 
 class _Counters:
@@ -163,11 +166,14 @@ def test_dacp_place_and_best_parity():
             assert _C.dacp_place(lengths, costs, idx, cp, bucket, CODES[rb]) == want
             out[rb] = want
         for rb in ROLLBACKS:
-            want = reference.dacp_best(lengths, costs, comm, lat, idx.tolist(), cp, bucket, rb)
-            assert _C.dacp_best(lengths, costs, comm, lat, idx, cp, bucket, CODES[rb]) == want
-            if want is not None:
-                assert (_C.micro_batch_time(want, costs, comm, lat, cp)
-                        == reference.micro_batch_time(want, costs, comm, lat, cp))
+            for var, code in VARIANTS.items():
+                want = reference.dacp_best(lengths, costs, comm, lat, idx.tolist(), cp, bucket,
+                                           rb, var)
+                got = _C.dacp_best(lengths, costs, comm, lat, idx, cp, bucket, CODES[rb], code)
+                assert got == want, (lengths.tolist(), idx.tolist(), cp, bucket, rb, var)
+                if want is not None:
+                    assert (_C.micro_batch_time(want, costs, comm, lat, cp)
+                            == reference.micro_batch_time(want, costs, comm, lat, cp))
         seen["none"] += out["shortest"] is None
         seen["differ"] += out["shortest"] != out["best-fit"]
     print("dacp:", seen)
@@ -214,8 +220,11 @@ def test_core_gds_parity_with_overhead():
         lat = cost_model.comm_latency(cp)
         overhead = float(rng.choice([0.0, 1e-4, 2e-3, 1.0]))
         rb = str(rng.choice(ROLLBACKS))
-        want = reference.gds_schedule(lengths, costs, comm, lat, dp, cp, bucket, rb, overhead)
-        got = _C.gds_schedule(lengths, costs, comm, lat, dp, cp, bucket, CODES[rb], overhead)
+        var = str(rng.choice(list(VARIANTS)))
+        want = reference.gds_schedule(lengths, costs, comm, lat, dp, cp, bucket, rb, overhead,
+                                      var)
+        got = _C.gds_schedule(lengths, costs, comm, lat, dp, cp, bucket, CODES[rb], overhead,
+                              VARIANTS[var])
         assert got == want
 
 

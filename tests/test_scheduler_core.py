@@ -105,7 +105,7 @@ def test_gds_needs_a_second_round():
     # interleave sorted [2, 0, 1] -> [2, 1] and [0].
     lengths, costs = batch(7, 7, 6)
     assert reference.dacp_place(lengths, costs, [0, 1, 2], 2, 10) is None
-    plan = reference.gds_schedule(lengths, costs, np.zeros(3), 0.0, 1, 2, 10)
+    plan = reference.gds_schedule(lengths, costs, np.zeros(3), 0.0, 1, 2, 10, variant="paper")
     assert plan == [[([], [[2], [1]]), ([], [[0], []])]]
 
 
@@ -121,7 +121,8 @@ def test_gds_pads_or_resplits_to_equal_micro_batch_counts():
     resplit = [([], [[0], []]), ([], [[1], []]), ([], [[2], []]), ([], [[], []])]
     kept = [([2], [[0], [1]])] + [([], [[], []])] * 3
     for overhead, want in ((0.0, resplit), (350.0, resplit), (500.0, kept)):
-        plan = reference.gds_schedule(lengths, costs, comm, 0.0, 2, 2, 100, "auto", overhead)
+        plan = reference.gds_schedule(lengths, costs, comm, 0.0, 2, 2, 100, "auto", overhead,
+                                      variant="paper")
         assert plan[0] == want, overhead
         assert plan[1] == [([i], [[], []]) for i in (3, 4, 5, 6)]
 

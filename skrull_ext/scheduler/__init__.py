@@ -25,6 +25,7 @@ from skrull_ext.scheduler.baselines import BASELINES
 
 POLICIES = ("skrull",) + tuple(BASELINES)
 _ROLLBACK_CODES = {"shortest": 0, "best-fit": 1, "auto": 2}
+_VARIANT_CODES = {"paper": 0, "balanced": 1, "auto": 2}
 
 
 class ScheduleInputError(ValueError):
@@ -42,6 +43,9 @@ class SchedulerConfig:
         policy: ``skrull`` or a baseline name (see ``POLICIES``).
         rollback: DACP roll-back victim choice: ``shortest`` (the paper), ``best-fit``
             (ours) or ``auto`` (both, keep the faster micro-batch).
+        dacp: DACP step a: ``paper`` (keep every sequence that fits local), ``balanced``
+            (ours: distribute when that lowers the micro-batch objective) or ``auto``
+            (both, keep the faster micro-batch).
     """
 
     dp_size: int
@@ -49,6 +53,7 @@ class SchedulerConfig:
     bucket_size: int
     policy: str = "skrull"
     rollback: str = "auto"
+    dacp: str = "auto"
 
     def __post_init__(self):
         for name, flag in (("dp_size", "--dp-size"), ("cp_size", "--cp-size / --context-parallel-size"),
@@ -61,6 +66,9 @@ class SchedulerConfig:
         if self.rollback not in _ROLLBACK_CODES:
             raise ScheduleInputError(
                 f"unknown rollback {self.rollback!r}: choose one of {tuple(_ROLLBACK_CODES)}")
+        if self.dacp not in _VARIANT_CODES:
+            raise ScheduleInputError(
+                f"unknown dacp variant {self.dacp!r}: choose one of {tuple(_VARIANT_CODES)}")
         if self.bucket_size < 2 * self.cp_size and self.cp_size > 1:
             raise ScheduleInputError(
                 f"bucket size {self.bucket_size} is smaller than one padded token pair per rank "
@@ -113,9 +121,9 @@ def _skrull(lengths, costs, comm, latency, cfg: SchedulerConfig, overhead: float
     if backend == "cpp":
         return _backend.CPP.gds_schedule(
             lengths, costs, comm, float(latency), cfg.dp_size, cfg.cp_size, cfg.bucket_size,
-            _ROLLBACK_CODES[cfg.rollback], float(overhead))
+            _ROLLBACK_CODES[cfg.rollback], float(overhead), _VARIANT_CODES[cfg.dacp])
     return reference.gds_schedule(lengths, costs, comm, latency, cfg.dp_size, cfg.cp_size,
-                                  cfg.bucket_size, cfg.rollback, overhead)
+                                  cfg.bucket_size, cfg.rollback, overhead, cfg.dacp)
 
 
 def schedule(lengths: Sequence[int], config: SchedulerConfig,

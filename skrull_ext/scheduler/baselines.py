@@ -47,10 +47,17 @@ def all_cp(lengths, costs, dp_size, cp_size, bucket_size):
 
 
 def sorted_batching(lengths, costs, dp_size, cp_size, bucket_size):
-    """LongAlign sorted batching: sort by length, pack consecutive groups, deal round-robin."""
+    """LongAlign sorted batching: sorted lengths dealt round-robin, consecutive packs, all-CP.
+
+    Dealing the sorted batch one sequence at a time gives every DP rank the same length
+    spectrum (so no rank gets all the long ones, and none sits idle when the whole batch
+    would fit one pack); each rank then packs its sorted run next-fit into micro-batches
+    of similar lengths.
+    """
     order = sorted(range(len(lengths)), key=lambda i: (int(lengths[i]), i))
-    groups = _next_fit(lengths, order, cp_size, bucket_size)
-    return [[_all_cp(g, cp_size) for g in groups[d::dp_size]] for d in range(dp_size)]
+    return [[_all_cp(g, cp_size) for g in _next_fit(lengths, order[d::dp_size], cp_size,
+                                                    bucket_size)]
+            for d in range(dp_size)]
 
 
 def hybrid_cp_size(length: int, cp_size: int, bucket_size: int) -> int:

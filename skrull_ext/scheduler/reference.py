@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 from skrull_ext.plan import shard_tokens
 
 ROLLBACK_POLICIES = ("shortest", "best-fit", "auto")
+DACP_VARIANTS = ("paper", "balanced", "auto")
 
 Placement = tuple[list[int], list[list[int]]]  # (distributed, local per CP rank)
 
@@ -159,17 +160,108 @@ def micro_batch_time(placement: Placement, costs, comm, latency: float, cp_size:
     return worst
 
 
-def dacp_best(lengths, costs, comm, latency, idx, cp_size, bucket_size, rollback):
-    """DACP with one roll-back policy, or with both (``auto``) keeping the faster plan."""
-    if rollback != "auto":
-        return dacp_place(lengths, costs, idx, cp_size, bucket_size, rollback)
-    a = dacp_place(lengths, costs, idx, cp_size, bucket_size, "shortest")
-    b = dacp_place(lengths, costs, idx, cp_size, bucket_size, "best-fit")
-    if a is None or b is None:
-        return a if b is None else b
-    ta = micro_batch_time(a, costs, comm, latency, cp_size)
-    tb = micro_batch_time(b, costs, comm, latency, cp_size)
-    return b if tb < ta else a
+def _objective(local_load, t_comm: float, t_dist: float, r: int = -1, extra: float = 0.0
+               ) -> float:
+    """``max_j(max(t_comm, local_j) + t_dist)`` with ``extra`` added to rank ``r``'s local load."""
+    worst = 0.0
+    for j, x in enumerate(local_load):
+        if j == r:
+            x = x + extra
+        t = max(t_comm, x) + t_dist
+        if t > worst:
+            worst = t
+    return worst
+
+
+def dacp_place_balanced(lengths, costs, comm, latency: float, idx: Sequence[int], cp_size: int,
+                        bucket_size: int, rollback: str = "shortest") -> Optional[Placement]:
+    """(ours) DACP that distributes a sequence when that lowers the micro-batch objective.
+
+    The paper's step a keeps every sequence that fits local, so the longest sequences of a
+    micro-batch land whole on one rank and its compute dominates.  Here step a compares
+    the objective of :func:`micro_batch_time` after placing the sequence local on the
+    least-loaded rank with the objective after distributing it, and distributes when that
+    is strictly lower (and every rank has room for its shard).  Order, memory steps b-c
+    and the roll-back are the paper's.  Returns ``None`` when infeasible.
+    """
+    n = cp_size
+    order = sorted(idx, key=lambda i: (int(lengths[i]), i))
+    rem = [int(bucket_size)] * n
+    local_load = [0.0] * n
+    comm_sum = 0.0
+    dist_load = 0.0
+    local: list[list[int]] = [[] for _ in range(n)]
+    dist: list[int] = []
+    for i in order:
+        s = int(lengths[i])
+        sh = shard_tokens(s, n)
+        while True:
+            r = _argmin(local_load)
+            if rem[r] < s:
+                r = _argmax(rem)
+            can_dist = n > 1 and min(rem) >= sh
+            if rem[r] >= s:
+                if can_dist:
+                    t_comm = comm_sum + latency if dist else 0.0
+                    keep = _objective(local_load, t_comm, dist_load, r, costs[i])
+                    move = _objective(local_load, comm_sum + comm[i] + latency,
+                                      dist_load + costs[i] / n)
+                    can_dist = move < keep
+                if not can_dist:
+                    local[r].append(i)
+                    rem[r] -= s
+                    local_load[r] += costs[i]
+                    break
+            if can_dist:
+                dist.append(i)
+                for j in range(n):
+                    rem[j] -= sh
+                comm_sum += comm[i]
+                dist_load += costs[i] / n
+                break
+            r = _argmin(rem)
+            if n == 1 or not local[r]:
+                return None
+            p = _choose_victim(local[r], lengths, rem, r, s, n, rollback)
+            v = local[r][p]
+            lv = int(lengths[v])
+            sv = shard_tokens(lv, n)
+            if rem[r] + lv < sv or any(rem[j] < sv for j in range(n) if j != r):
+                return None
+            del local[r][p]
+            rem[r] += lv
+            local_load[r] -= costs[v]
+            for j in range(n):
+                rem[j] -= sv
+            comm_sum += comm[v]
+            dist_load += costs[v] / n
+            dist.append(v)
+    return dist, local
+
+
+def dacp_best(lengths, costs, comm, latency, idx, cp_size, bucket_size, rollback,
+              variant: str = "paper"):
+    """DACP with the chosen roll-back and variant; ``auto`` tries each, keeps the fastest.
+
+    Candidates in order (ties keep the earlier): paper/shortest, paper/best-fit,
+    balanced/shortest, balanced/best-fit, restricted to the requested settings.
+    """
+    rollbacks = ("shortest", "best-fit") if rollback == "auto" else (rollback,)
+    variants = ("paper", "balanced") if variant == "auto" else (variant,)
+    best, best_t = None, 0.0
+    for var in variants:
+        for rb in rollbacks:
+            if var == "paper":
+                cand = dacp_place(lengths, costs, idx, cp_size, bucket_size, rb)
+            else:
+                cand = dacp_place_balanced(lengths, costs, comm, latency, idx, cp_size,
+                                           bucket_size, rb)
+            if cand is None:
+                continue
+            t = micro_batch_time(cand, costs, comm, latency, cp_size)
+            if best is None or t < best_t:
+                best, best_t = cand, t
+    return best
 
 
 def lpt_partition(costs, idx: Sequence[int], bins: int) -> list[list[int]]:
@@ -193,7 +285,8 @@ def interleave(sorted_idx: Sequence[int], m: int) -> list[list[int]]:
     return [list(sorted_idx[j::m]) for j in range(m)]
 
 
-def _split_rank(lengths, costs, comm, latency, seqs, m, cp_size, bucket_size, rollback):
+def _split_rank(lengths, costs, comm, latency, seqs, m, cp_size, bucket_size, rollback,
+                variant):
     """Interleave into ``m`` micro-batches and place each; ``None`` if any is infeasible."""
     cap = bucket_size * cp_size
     groups = interleave(seqs, m)
@@ -201,7 +294,8 @@ def _split_rank(lengths, costs, comm, latency, seqs, m, cp_size, bucket_size, ro
     for g in groups:
         if sum(int(lengths[i]) for i in g) > cap:
             return None
-        placed = dacp_best(lengths, costs, comm, latency, g, cp_size, bucket_size, rollback)
+        placed = dacp_best(lengths, costs, comm, latency, g, cp_size, bucket_size, rollback,
+                           variant)
         if placed is None:
             return None
         out.append(placed)
@@ -217,8 +311,8 @@ def _rank_time(split, costs, comm, latency, cp_size, overhead) -> float:
 
 
 def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: int,
-                 bucket_size: int, rollback: str = "auto", overhead: float = 0.0
-                 ) -> list[list[Placement]]:
+                 bucket_size: int, rollback: str = "auto", overhead: float = 0.0,
+                 variant: str = "auto") -> list[list[Placement]]:
     """GDS (SKRULL.md section 4): split a global batch over DP ranks and micro-batches.
 
     Returns ``dp_size`` lists of equally many placements (empty placements pad ranks that
@@ -239,7 +333,7 @@ def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: in
         m = max(1, -(-total // cap))
         while True:
             split = _split_rank(lengths, costs, comm, latency, seqs, m, cp_size, bucket_size,
-                                rollback)
+                                rollback, variant)
             if split is not None:
                 break
             if m >= len(seqs):
@@ -251,7 +345,7 @@ def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: in
         if seqs and len(splits[d]) < m_max:
             # (ours) Re-split into m_max micro-batches when that lowers this rank's time.
             alt = _split_rank(lengths, costs, comm, latency, seqs, m_max, cp_size, bucket_size,
-                              rollback)
+                              rollback, variant)
             if alt is not None and (
                     _rank_time(alt, costs, comm, latency, cp_size, overhead)
                     < _rank_time(splits[d], costs, comm, latency, cp_size, overhead)):
