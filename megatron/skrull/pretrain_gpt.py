@@ -1,0 +1,188 @@
+"""Launcher: ``torchrun --nproc-per-node N -m megatron.skrull.pretrain_gpt <Megatron flags>``.
+
+Also runs as a single process without torchrun (world size 1, a file store in a temporary
+directory, no port).  Invalid flags print one ``error:`` line per problem and exit 2.
+
+Steps: parse flags -> CPU shims (CPU only) -> ``torch.distributed`` (gloo on CPU, NCCL on
+GPU) -> ``parallel_state.initialize_model_parallel(TP, CP)`` -> seeds -> data source, model,
+AdamW, LR schedule, sampler, planner -> optional ``--load`` -> train (log, TensorBoard,
+``--save`` every ``--save-interval`` and at the end).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import tempfile
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from megatron.skrull.arguments import ConfigError, RunConfig, parse_args
+from megatron.skrull.cpu_compat import apply_cpu_compat, resolve_device
+
+logger = logging.getLogger("megatron.skrull")
+
+
+def init_distributed(device: torch.device, init_method: Optional[str] = None) -> None:
+    """Initialises the default process group from torchrun's env (or a world of 1)."""
+    if dist.is_initialized():
+        return
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if init_method is None:
+        if "MASTER_ADDR" in os.environ:
+            init_method = "env://"
+        elif world == 1:
+            init_method = f"file://{tempfile.mkdtemp(prefix='skrull-store-')}/store"
+        else:
+            raise RuntimeError(f"WORLD_SIZE={world} without MASTER_ADDR: launch with torchrun")
+    if device.type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            init_method=init_method, rank=rank, world_size=world)
+
+
+def init_model_parallel(cfg: RunConfig, device: torch.device) -> None:
+    """mcore parallel state and seeds (same init on every rank; TP ranks get own streams)."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=cfg.parallel.tensor_model_parallel_size,
+        context_parallel_size=cfg.parallel.context_parallel_size,
+        create_gloo_process_groups=device.type == "cpu")
+    torch.manual_seed(cfg.optim.seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(cfg.optim.seed)
+
+
+def build_sample_source(cfg: RunConfig):
+    """``--mock-data`` synthetic task, or the preprocessed ``--data-path`` datasets."""
+    from megatron.skrull import samples
+
+    if cfg.data.use_mock:
+        return samples.SyntheticSFTSource(cfg.data.mock_num_samples, cfg.seq_length,
+                                          vocab_size=cfg.model.vocab_size or 64,
+                                          seed=cfg.optim.seed)
+    try:
+        from megatron.skrull.data import SFTDataset
+    except ImportError as exc:  # INTEGRATION: the data branch provides this module
+        raise RuntimeError("--data-path needs megatron.skrull.data (SFTDataset)") from exc
+    datasets = [SFTDataset(prefix) for prefix in cfg.data.data_path]
+    for ds in datasets:
+        if ds.max_length > cfg.seq_length:
+            raise ValueError(f"{ds.path_prefix}: longest sample {ds.max_length} > --seq-length "
+                             f"{cfg.seq_length}; raise --seq-length or re-preprocess")
+    parts = [samples.DatasetSource(ds) for ds in datasets]
+    return parts[0] if len(parts) == 1 else samples.ConcatSource(parts)
+
+
+def source_vocab_size(cfg: RunConfig, source: Any) -> int:
+    """``--vocab-size`` or the vocabulary the data was tokenized with."""
+    if cfg.model.vocab_size is not None:
+        return cfg.model.vocab_size
+    if hasattr(source, "vocab_size"):
+        return int(source.vocab_size)
+    first = source.sources[0] if hasattr(source, "sources") else source
+    return int(first.dataset.tokenizer_description["vocab_size"])
+
+
+def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
+                  planner: Optional[Callable] = None, attention_fn: Optional[Callable] = None):
+    """Model, optimizer, schedule, sampler and planner on an initialised parallel state.
+
+    Args:
+        cfg: The run.
+        device: Training device.
+        source: Sample source (default: :func:`build_sample_source`).
+        planner: ``lengths -> Plan`` (default: :func:`megatron.skrull.planning.make_planner`).
+        attention_fn: Override of ``dacp_attention`` (tests).
+
+    Returns:
+        A :class:`megatron.skrull.training.Trainer` at iteration 0.
+    """
+    from megatron.skrull import model as model_lib
+    from megatron.skrull.optimizer import LRSchedule, build_optimizer, sync_parameters
+    from megatron.skrull.planning import make_planner
+    from megatron.skrull.samples import GlobalBatchSampler
+    from megatron.skrull.training import ParallelGroups, Trainer
+
+    source = source if source is not None else build_sample_source(cfg)
+    tp = cfg.parallel.tensor_model_parallel_size
+    vocab = cfg.model.padded_vocab_size(source_vocab_size(cfg, source), tp)
+    dtype = torch.float64 if cfg.fp64 else torch.float32
+    _, build_layout = model_lib.resolve_attention()
+    model = model_lib.build_model(cfg.model, vocab_size=vocab, tp_size=tp,
+                                  cp_size=cfg.parallel.context_parallel_size, dtype=dtype,
+                                  device=device, attention_fn=attention_fn)
+    groups = ParallelGroups.from_parallel_state()
+    sync_parameters(model, groups.grad_group)
+    return Trainer(
+        model=model, optimizer=build_optimizer(model, cfg.optim),
+        schedule=LRSchedule.from_args(cfg.optim), source=source,
+        sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
+        planner=planner or make_planner(cfg), groups=groups, build_layout=build_layout,
+        device=device, clip_grad=cfg.optim.clip_grad, float64_loss=cfg.fp64 and tp == 1,
+        autocast_dtype=torch.bfloat16 if device.type == "cuda" else None)
+
+
+def run(cfg: RunConfig, *, init_method: Optional[str] = None,
+        printer: Callable[[str], None] = print) -> list:
+    """Everything after flag parsing; returns the iteration stats (tests use them)."""
+    from megatron.skrull import checkpointing as ckpt
+    from megatron.skrull.training import MetricsLogger, train
+
+    device = resolve_device(cfg.device)
+    apply_cpu_compat(device)
+    init_distributed(device, init_method)
+    init_model_parallel(cfg, device)
+    trainer = build_trainer(cfg, device)
+    meta = ckpt.CheckpointMeta.from_parallel_state()
+    description = dataclasses.asdict(cfg)
+    if cfg.checkpoint.load:
+        ckpt.load_checkpoint(cfg.checkpoint.load, trainer, meta, description)
+    save_fn = None
+    if cfg.checkpoint.save:
+        save_fn = lambda t: ckpt.save_checkpoint(cfg.checkpoint.save, t, meta, description)  # noqa: E731
+    metrics = MetricsLogger(log_interval=cfg.logging.log_interval,
+                            train_iters=cfg.optim.train_iters, enabled=meta.rank == 0,
+                            tensorboard_dir=cfg.logging.tensorboard_dir, printer=printer)
+    if meta.rank == 0:
+        printer(f" skrull: world {cfg.parallel.world_size} = DP {cfg.parallel.dp_size} x CP "
+                f"{cfg.parallel.context_parallel_size} x TP "
+                f"{cfg.parallel.tensor_model_parallel_size} on {device.type}, "
+                f"{sum(p.numel() for p in trainer.params)} parameters per rank, "
+                f"starting at iteration {trainer.iteration}")
+    try:
+        return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
+                     save_interval=cfg.checkpoint.save_interval, save_fn=save_fn)
+    finally:
+        metrics.close()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Console entry point (``skrull-pretrain-gpt``); returns the exit status."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        cfg = parse_args(argv, world_size=world)
+        resolve_device(cfg.device)
+    except (ConfigError, ValueError) as exc:
+        for line in getattr(exc, "problems", [str(exc)]):
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    logging.basicConfig(level=logging.INFO if rank0 else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    logging.getLogger("megatron.core").setLevel(logging.WARNING)
+    printer = (lambda s: print(s, flush=True)) if rank0 else (lambda s: None)
+    try:
+        run(cfg, printer=printer)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
