@@ -214,4 +214,5 @@ def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: 
         vocab_size=vocab_size, max_sequence_length=args.max_position_embeddings,
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
         position_embedding_type="rope", rotary_base=args.rotary_base, parallel_output=True)
-    return model.to(device)
+    # mcore's torch norms ignore params_dtype; cast everything to one dtype.
+    return model.to(device=device, dtype=dtype)
