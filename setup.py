@@ -18,7 +18,7 @@ try:
 
     sources = sorted(
         os.path.join("csrc", f) for f in os.listdir("csrc") if f.endswith(".cpp")
-    )
+    ) if os.path.isdir("csrc") else []
     if sources:
         ext_modules.append(
             Pybind11Extension(

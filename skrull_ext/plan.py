@@ -229,3 +229,11 @@ class Plan:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json())
+
+
+if __name__ == "__main__":  # ``python -m skrull_ext.plan``: the planning CLI contract
+    import sys
+
+    from skrull_ext.plan_cli import main
+
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""SFT dataset reader and the global-batch sampler of the training loop.
+
+:class:`SFTDataset` reads what ``tools/preprocess_sft.py`` writes (docs/data.md): a token
+``IndexedDataset`` at ``<prefix>``, a loss-mask ``IndexedDataset`` at ``<prefix>_lossmask``
+and ``<prefix>.json`` metadata.  It validates the files up front (sizes, headers, matching
+lengths) so a truncated or mismatched dataset fails at start-up with the file named, not
+mid-run with a garbled sample.
+
+Causal-LM convention (fixed here, used by everything downstream): a stored sample of S
+tokens gives L = S - 1 training positions, ``input_ids = tokens[:-1]``,
+``labels = tokens[1:]``, ``loss_mask = mask[1:]`` (the mask of the *label* token).
+:attr:`SFTDataset.lengths` reports L, the length the Skrull scheduler packs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import warnings
+from typing import Any, NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from megatron.skrull.preprocess import FORMAT_VERSION, LOSSMASK_SUFFIX, dataset_paths
+from megatron.skrull.tokenizer import SFTTokenizer
+
+with warnings.catch_warnings():  # megatron.core warns about missing TE/Apex at import
+    warnings.simplefilter("ignore")
+    from megatron.core.datasets.indexed_dataset import DType, IndexedDataset
+
+_IDX_MAGIC = b"MMIDIDX\x00\x00"
+_IDX_HEADER_BYTES = 34  # magic 9 + version 8 + dtype code 1 + sequence count 8 + doc count 8
+_FIX = "re-run tools/preprocess_sft.py to rebuild the dataset"
+
+
+class DatasetFormatError(ValueError):
+    """A preprocessed dataset is incomplete, corrupt or inconsistent."""
+
+
+class SFTExample(NamedTuple):
+    """One training sample; every field has shape ``[L]``.
+
+    Attributes:
+        input_ids: int64 tokens ``0 .. L-1`` of the stored sample.
+        labels: int64 tokens ``1 .. L`` (next-token targets).
+        loss_mask: float32, 1.0 where the label is trained.
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+
+
+class _IdxInfo(NamedTuple):
+    dtype: type
+    lengths: np.ndarray  # int32 [n] stored tokens per sequence
+
+
+def _read_idx(idx_path: str, bin_path: str) -> _IdxInfo:
+    """Checks one ``.idx``/``.bin`` pair against Megatron's layout; returns dtype and lengths."""
+    for path in (idx_path, bin_path):
+        if not os.path.isfile(path):
+            raise DatasetFormatError(f"{path}: missing; {_FIX}")
+    size = os.path.getsize(idx_path)
+    with open(idx_path, "rb") as fh:
+        head = fh.read(_IDX_HEADER_BYTES)
+    if len(head) < _IDX_HEADER_BYTES or head[:9] != _IDX_MAGIC:
+        raise DatasetFormatError(f"{idx_path}: not a Megatron index file (bad header); {_FIX}")
+    version, code, n, docs = struct.unpack("<QBQQ", head[9:])
+    if version != 1:
+        raise DatasetFormatError(f"{idx_path}: index version {version} != 1; {_FIX}")
+    try:
+        dtype = DType.dtype_from_code(code)
+    except ValueError:
+        raise DatasetFormatError(f"{idx_path}: unknown dtype code {code}; {_FIX}") from None
+    expected = _IDX_HEADER_BYTES + n * 4 + n * 8 + docs * 8
+    if size != expected:
+        raise DatasetFormatError(f"{idx_path}: {size} bytes, expected {expected} for {n} "
+                                 f"sequences and {docs} document boundaries; {_FIX}")
+    lengths = np.fromfile(idx_path, dtype=np.int32, count=n, offset=_IDX_HEADER_BYTES)
+    pointers = np.fromfile(idx_path, dtype=np.int64, count=n,
+                           offset=_IDX_HEADER_BYTES + 4 * n)
+    doc_idx = np.fromfile(idx_path, dtype=np.int64, count=docs,
+                          offset=_IDX_HEADER_BYTES + 12 * n)
+    itemsize = np.dtype(dtype).itemsize
+    starts = np.concatenate([[0], np.cumsum(lengths.astype(np.int64))[:-1]]) * itemsize
+    if (lengths < 0).any() or not np.array_equal(pointers, starts[:n]):
+        raise DatasetFormatError(f"{idx_path}: sequence lengths and pointers disagree; {_FIX}")
+    if docs == 0 or doc_idx[-1] != n:
+        raise DatasetFormatError(f"{idx_path}: document index does not end at sequence {n}; "
+                                 f"{_FIX}")
+    bin_size = os.path.getsize(bin_path)
+    if bin_size != int(lengths.sum(dtype=np.int64)) * itemsize:
+        raise DatasetFormatError(f"{bin_path}: {bin_size} bytes but {idx_path} indexes "
+                                 f"{int(lengths.sum(dtype=np.int64)) * itemsize}; {_FIX}")
+    return _IdxInfo(dtype, lengths)
+
+
+def _read_meta(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise DatasetFormatError(f"{path}: missing (written last by preprocessing, so the "
+                                 f"dataset is incomplete); {_FIX}")
+    try:
+        with open(path) as fh:
+            meta = json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DatasetFormatError(f"{path}: not valid JSON ({exc}); {_FIX}") from None
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        raise DatasetFormatError(f"{path}: format_version is not {FORMAT_VERSION}; {_FIX}")
+    return meta
+
+
+class SFTDataset(torch.utils.data.Dataset):
+    """Preprocessed SFT samples (tokens + loss mask), memory-mapped.
+
+    Args:
+        path_prefix: The ``--output-prefix`` given to ``tools/preprocess_sft.py`` (one
+            ``--data-path`` entry).
+        verify_tokens: Also scan every token for ids outside the stored vocabulary (reads the
+            whole ``.bin``; off by default).
+
+    Raises:
+        DatasetFormatError: A file is missing, corrupt, or the token and mask datasets or the
+            metadata disagree; the message names the file and the fix.
+    """
+
+    def __init__(self, path_prefix: str, *, verify_tokens: bool = False) -> None:
+        self.path_prefix = path_prefix
+        paths = dataset_paths(path_prefix)
+        self.metadata = _read_meta(paths["meta"])
+        tok = _read_idx(paths["tokens_idx"], paths["tokens_bin"])
+        mask = _read_idx(paths["mask_idx"], paths["mask_bin"])
+        if np.dtype(mask.dtype) != np.uint8:
+            raise DatasetFormatError(f"{paths['mask_idx']}: loss mask dtype is "
+                                     f"{np.dtype(mask.dtype).name}, expected uint8; {_FIX}")
+        if not np.array_equal(tok.lengths, mask.lengths):
+            raise DatasetFormatError(f"{paths['mask_idx']}: loss-mask lengths do not match "
+                                     f"{paths['tokens_idx']}; {_FIX}")
+        n = len(tok.lengths)
+        if self.metadata.get("num_samples") != n:
+            raise DatasetFormatError(f"{paths['meta']}: num_samples "
+                                     f"{self.metadata.get('num_samples')} but the index holds "
+                                     f"{n}; {_FIX}")
+        if n and tok.lengths.min() < 2:
+            raise DatasetFormatError(f"{paths['tokens_idx']}: a sample has fewer than 2 tokens "
+                                     f"(no training position); {_FIX}")
+        # L = S - 1: the training length the scheduler packs (see module docstring).
+        self.lengths: np.ndarray = tok.lengths.astype(np.int64) - 1
+        self.lengths.flags.writeable = False
+        self._tokens = IndexedDataset(path_prefix)
+        self._mask = IndexedDataset(path_prefix + LOSSMASK_SUFFIX)
+        if verify_tokens:
+            self._verify_tokens()
+
+    def _verify_tokens(self) -> None:
+        vocab = int(self.metadata["tokenizer"]["vocab_size"])
+        top = max((int(self._tokens[i].max()) for i in range(len(self))), default=-1)
+        if top >= vocab:
+            raise DatasetFormatError(f"{self.path_prefix}.bin: token id {top} >= vocab_size "
+                                     f"{vocab}; {_FIX}")
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def max_length(self) -> int:
+        """Longest training length L in the dataset (0 when empty)."""
+        return int(self.lengths.max()) if len(self.lengths) else 0
+
+    @property
+    def tokenizer_description(self) -> dict[str, Any]:
+        """The tokenizer identity stored at preprocessing time."""
+        return dict(self.metadata["tokenizer"])
+
+    def _check_index(self, i: int) -> int:
+        n = len(self.lengths)
+        if not -n <= i < n:
+            raise IndexError(f"sample {i} out of range for {n} samples")
+        return i % n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored sample: ``(tokens int64 [S], loss_mask float32 [S])``, S = L + 1."""
+        i = self._check_index(int(i))
+        tokens = torch.from_numpy(self._tokens[i].astype(np.int64))
+        mask = torch.from_numpy(self._mask[i].astype(np.float32))
+        return tokens, mask
+
+    def get_example(self, i: int) -> SFTExample:
+        """The causal-LM view of sample ``i``: input_ids, labels, loss_mask, each ``[L]``."""
+        tokens, mask = self[i]
+        return SFTExample(tokens[:-1], tokens[1:], mask[1:])
+
+    def check_tokenizer(self, tokenizer: Optional[SFTTokenizer],
+                        seq_length: Optional[int] = None) -> None:
+        """Fails unless ``tokenizer`` (and ``seq_length``, if given) fit this dataset.
+
+        Args:
+            tokenizer: The tokenizer the training run built from its flags (None: skip).
+            seq_length: The run's ``--seq-length``; every L must be <= it.
+
+        Raises:
+            DatasetFormatError: Different tokenizer identity or samples longer than
+                ``seq_length``.
+        """
+        stored = self.metadata["tokenizer"]
+        mine = stored if tokenizer is None else tokenizer.describe()
+        keys = ("type", "vocab_size", "eod", "pad", "bos")
+        diff = [k for k in keys if stored.get(k) != mine.get(k)]
+        if diff:
+            raise DatasetFormatError(
+                f"{self.path_prefix}.json: dataset was tokenized with {stored} but the run uses "
+                f"{mine} (differs in {', '.join(diff)}); pass the same --tokenizer-type/"
+                "--tokenizer-model or re-run tools/preprocess_sft.py")
+        if seq_length is not None and self.max_length > seq_length:
+            raise DatasetFormatError(
+                f"{self.path_prefix}: longest sample has {self.max_length} training positions "
+                f"> --seq-length {seq_length}; raise --seq-length or re-run "
+                "tools/preprocess_sft.py with --overlong truncate|drop")
+
+
+def load_sft_dataset(data_path: str | Sequence[str], *, tokenizer: Optional[SFTTokenizer] = None,
+                     seq_length: Optional[int] = None) -> SFTDataset:
+    """Opens ``--data-path`` (one prefix) and checks it against the run's settings.
+
+    Args:
+        data_path: A prefix, or Megatron's ``--data-path`` list holding exactly one prefix
+            (weighted blends are not supported for SFT).
+        tokenizer: If given, must match the tokenizer stored with the dataset.
+        seq_length: If given, every sample's L must be <= it.
+
+    Raises:
+        ValueError: ``data_path`` is empty or a blend.
+        DatasetFormatError: See :class:`SFTDataset` and :meth:`SFTDataset.check_tokenizer`.
+    """
+    paths = [data_path] if isinstance(data_path, str) else list(data_path)
+    if len(paths) != 1:
+        raise ValueError(f"--data-path takes exactly one dataset prefix for SFT, got {paths}; "
+                         "preprocess all data into one prefix")
+    dataset = SFTDataset(paths[0])
+    if tokenizer is not None or seq_length is not None:
+        dataset.check_tokenizer(tokenizer, seq_length)
+    return dataset
+
+
+class GlobalBatchSampler:
+    """Deterministic, epoch-aware global batches of sample indices.
+
+    Iteration ``it`` belongs to epoch ``it // batches_per_epoch``; each epoch is a fresh
+    permutation of ``range(num_samples)`` drawn from ``PCG64(SeedSequence([seed, epoch]))``
+    (keying on the pair rather than ``seed + epoch`` keeps runs with neighbouring seeds from
+    sharing epochs).  Each epoch is cut into ``num_samples // global_batch_size`` batches and
+    its leftover (< one batch) is dropped, so every batch holds distinct samples and epochs
+    stay aligned with iterations.  The batch of an iteration is a pure function of
+    ``(num_samples, global_batch_size, seed, shuffle, iteration)``: every rank computes the
+    same batches with no communication, and resuming at an iteration is exact.
+
+    Args:
+        num_samples: Dataset size (>= global_batch_size).
+        global_batch_size: Samples per iteration (``--global-batch-size``).
+        seed: Data-order seed (``--seed``).
+        start_iteration: First iteration to yield (e.g. the checkpoint's iteration).
+        shuffle: Permute each epoch; False keeps dataset order (useful for debugging).
+
+    Iterating yields ``list[int]`` batches forever, advancing :attr:`iteration`; the training
+    loop stops it at ``--train-iters``.
+    """
+
+    def __init__(self, num_samples: int, global_batch_size: int, seed: int,
+                 start_iteration: int = 0, *, shuffle: bool = True) -> None:
+        if global_batch_size < 1:
+            raise ValueError(f"--global-batch-size must be >= 1, got {global_batch_size}")
+        if num_samples < global_batch_size:
+            raise ValueError(f"dataset has {num_samples} samples, fewer than "
+                             f"--global-batch-size {global_batch_size}; use a larger dataset "
+                             "or a smaller global batch")
+        if start_iteration < 0:
+            raise ValueError(f"start_iteration must be >= 0, got {start_iteration}")
+        self.num_samples = int(num_samples)
+        self.global_batch_size = int(global_batch_size)
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.iteration = int(start_iteration)
+        self._cached_epoch: Optional[int] = None
+        self._cached_perm: Optional[np.ndarray] = None
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.num_samples // self.global_batch_size
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next batch."""
+        return self.iteration // self.batches_per_epoch
+
+    @property
+    def consumed_samples(self) -> int:
+        """Samples handed out so far (Megatron's ``consumed_train_samples``)."""
+        return self.iteration * self.global_batch_size
+
+    def epoch_permutation(self, epoch: int) -> np.ndarray:
+        """Sample order of ``epoch``: int64 ``[num_samples]``."""
+        if self._cached_epoch != epoch:
+            if self.shuffle:
+                rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(
+                    [self.seed, epoch])))
+                perm = rng.permutation(self.num_samples)
+            else:
+                perm = np.arange(self.num_samples, dtype=np.int64)
+            self._cached_epoch, self._cached_perm = epoch, perm
+        return self._cached_perm
+
+    def batch(self, iteration: int) -> list[int]:
+        """Sample indices of ``iteration`` (``global_batch_size`` distinct ints)."""
+        if iteration < 0:
+            raise ValueError(f"iteration must be >= 0, got {iteration}")
+        epoch, pos = divmod(iteration, self.batches_per_epoch)
+        start = pos * self.global_batch_size
+        perm = self.epoch_permutation(epoch)
+        return [int(i) for i in perm[start:start + self.global_batch_size]]
+
+    def __iter__(self) -> "GlobalBatchSampler":
+        return self
+
+    def __next__(self) -> list[int]:
+        out = self.batch(self.iteration)
+        self.iteration += 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Resume state: the next iteration plus the settings that define the order."""
+        return {"iteration": self.iteration, "consumed_samples": self.consumed_samples,
+                "num_samples": self.num_samples, "global_batch_size": self.global_batch_size,
+                "seed": self.seed, "shuffle": self.shuffle}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resumes from :meth:`state_dict` output.
+
+        Raises:
+            ValueError: The state was saved with a different dataset size, global batch,
+                seed or shuffle setting (the data order would silently change).
+        """
+        for key in ("num_samples", "global_batch_size", "seed", "shuffle"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(f"sampler state has {key}={state[key]!r} but this run has "
+                                 f"{getattr(self, key)!r}; resume with the same --data-path, "
+                                 "--global-batch-size and --seed")
+        if "iteration" in state:
+            iteration = int(state["iteration"])
+        else:
+            consumed = int(state["consumed_samples"])
+            if consumed % self.global_batch_size:
+                raise ValueError(f"consumed_samples {consumed} is not a multiple of "
+                                 f"--global-batch-size {self.global_batch_size}")
+            iteration = consumed // self.global_batch_size
+        if iteration < 0:
+            raise ValueError(f"iteration must be >= 0, got {iteration}")
+        self.iteration = iteration

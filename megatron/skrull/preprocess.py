@@ -1,0 +1,386 @@
+"""SFT preprocessing: chat JSONL -> Megatron indexed datasets (tokens + loss mask).
+
+On-disk format for ``--output-prefix P`` (see docs/data.md):
+
+- ``P.bin`` / ``P.idx``: Megatron ``IndexedDataset`` of token ids, one sequence (and one
+  document) per sample, dtype ``uint16`` when the vocabulary fits, else ``int32``.  It is a
+  standard GPT dataset, so stock Megatron tools read it.
+- ``P_lossmask.bin`` / ``P_lossmask.idx``: a second ``IndexedDataset`` (``uint8``), with
+  exactly the same sequence lengths, holding 1 on every token that is trained.
+- ``P.json``: metadata (format version, tokenizer identity, ``seq_length``, counts).  It is
+  written last, after the four files above are complete, so its presence marks a finished
+  dataset.
+
+Sample layout: ``[BOS] (role_prefix content turn_end turn_sep)*`` (BOS only when the
+tokenizer has one).  The mask is 1 on assistant content and on the ``turn_end`` that closes
+an assistant turn (the model learns to stop), 0 elsewhere.  A stored sample of S tokens gives
+S - 1 training positions (input ``tokens[:-1]``, labels ``tokens[1:]``); ``--seq-length`` bounds
+S - 1.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import warnings
+from typing import Any, Iterable, Iterator, Optional
+
+import numpy as np
+
+from megatron.skrull.corpus import CorpusConfig, generate_records
+from megatron.skrull.tokenizer import (DEFAULT_TOKENIZER_TYPE, ROLES, TOKENIZER_TYPES,
+                                       SFTTokenizer, build_tokenizer)
+
+FORMAT_VERSION = 1
+LOSSMASK_SUFFIX = "_lossmask"
+OVERLONG_POLICIES = ("error", "truncate", "drop")
+
+
+class InputError(ValueError):
+    """Bad preprocessing input (malformed record, overlong or empty sample)."""
+
+
+@dataclasses.dataclass
+class PreprocessStats:
+    """Counts reported after preprocessing.
+
+    Attributes:
+        read: Records read from the input.
+        written: Samples written.
+        truncated: Samples cut to ``seq_length + 1`` tokens (``--overlong truncate``).
+        dropped: Overlong samples left out (``--overlong drop``).
+        skipped_empty: Samples without trainable tokens left out (``--skip-empty``).
+        tokens: Tokens written (sum of S).
+        loss_tokens: Trained label positions written.
+        max_length: Longest training length written (max of S - 1).
+    """
+
+    read: int = 0
+    written: int = 0
+    truncated: int = 0
+    dropped: int = 0
+    skipped_empty: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+    max_length: int = 0
+
+    def summary(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in dataclasses.asdict(self).items())
+
+
+def dataset_paths(prefix: str) -> dict[str, str]:
+    """The five files of a preprocessed dataset, keyed by role."""
+    return {"tokens_bin": prefix + ".bin", "tokens_idx": prefix + ".idx",
+            "mask_bin": prefix + LOSSMASK_SUFFIX + ".bin",
+            "mask_idx": prefix + LOSSMASK_SUFFIX + ".idx", "meta": prefix + ".json"}
+
+
+def record_to_messages(record: Any, where: str) -> list[dict[str, str]]:
+    """Validates one JSON record and returns its messages.
+
+    Args:
+        record: Parsed JSON: ``{"messages": [{"role", "content"}, ...]}`` or
+            ``{"prompt", "response"}`` (optional ``"system"``).
+        where: Location for error messages (e.g. ``"data.jsonl:12"``).
+
+    Raises:
+        InputError: The record has neither format, a bad role or a non-string content.
+    """
+    if not isinstance(record, dict):
+        raise InputError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if "messages" in record:
+        messages = record["messages"]
+        if not isinstance(messages, list):
+            raise InputError(f"{where}: 'messages' must be a list of {{role, content}} objects")
+    elif "prompt" in record or "response" in record:
+        for key in ("prompt", "response"):
+            if key not in record:
+                raise InputError(f"{where}: missing key {key!r} (prompt/response format "
+                                 "needs both)")
+        messages = [{"role": "user", "content": record["prompt"]},
+                    {"role": "assistant", "content": record["response"]}]
+        if "system" in record:
+            messages.insert(0, {"role": "system", "content": record["system"]})
+    else:
+        raise InputError(f"{where}: record needs 'messages' or 'prompt'+'response' keys, "
+                         f"got {sorted(record)}")
+    for j, msg in enumerate(messages):
+        if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+            raise InputError(f"{where}: message {j} needs 'role' and 'content' keys")
+        if msg["role"] not in ROLES:
+            raise InputError(f"{where}: message {j} has role {msg['role']!r}; expected one of "
+                             f"{', '.join(ROLES)}")
+        if not isinstance(msg["content"], str):
+            raise InputError(f"{where}: message {j} content must be a string")
+    return messages
+
+
+def tokenize_conversation(tokenizer: SFTTokenizer,
+                          messages: list[dict[str, str]]) -> tuple[np.ndarray, np.ndarray]:
+    """Applies the chat template.
+
+    Args:
+        tokenizer: Any :class:`SFTTokenizer`.
+        messages: Validated messages (see :func:`record_to_messages`).
+
+    Returns:
+        ``(tokens, mask)``: int64 ``[S]`` and uint8 ``[S]``; ``mask[t] == 1`` where token t
+        is trained as a label.
+    """
+    tokens: list[int] = [] if tokenizer.bos is None else [tokenizer.bos]
+    mask: list[int] = [0] * len(tokens)
+    end, sep = tokenizer.turn_end, tokenizer.turn_sep
+    for msg in messages:
+        prefix = tokenizer.role_prefix(msg["role"])
+        content = tokenizer.encode(msg["content"])
+        trained = 1 if msg["role"] == "assistant" else 0
+        tokens += prefix + content + end + sep
+        mask += [0] * len(prefix) + [trained] * (len(content) + len(end)) + [0] * len(sep)
+    return np.asarray(tokens, dtype=np.int64), np.asarray(mask, dtype=np.uint8)
+
+
+def has_response(tokenizer: SFTTokenizer, messages: list[dict[str, str]]) -> bool:
+    """Whether any assistant message has non-empty content after tokenization."""
+    return any(m["role"] == "assistant" and tokenizer.encode(m["content"]) for m in messages)
+
+
+def iter_jsonl(path: str) -> Iterator[tuple[str, Any]]:
+    """Yields ``(where, record)`` per non-blank line; malformed JSON names the line.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        InputError: A line is not valid JSON (or not UTF-8).
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--input {path!r} does not exist")
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{where}: not valid UTF-8 ({exc.reason})") from exc
+            if not line.strip():
+                continue
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{where}: malformed JSON ({exc.msg} at column {exc.pos + 1})"
+                                 ) from None
+
+
+def _fit_length(tokens: np.ndarray, mask: np.ndarray, seq_length: int, overlong: str,
+                where: str, stats: PreprocessStats) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """Applies the overlong policy; None when the sample is dropped."""
+    if len(tokens) - 1 <= seq_length:
+        return tokens, mask
+    if overlong == "drop":
+        stats.dropped += 1
+        return None
+    if overlong == "truncate":
+        stats.truncated += 1
+        return tokens[:seq_length + 1], mask[:seq_length + 1]
+    raise InputError(f"{where}: sample has {len(tokens) - 1} training positions > "
+                     f"--seq-length {seq_length}; raise --seq-length or pass "
+                     "--overlong truncate|drop")
+
+
+def process_records(records: Iterable[tuple[str, Any]], tokenizer: SFTTokenizer, *,
+                    seq_length: int, overlong: str = "error", skip_empty: bool = False,
+                    stats: Optional[PreprocessStats] = None,
+                    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Validates, tokenizes and length-checks records.
+
+    Args:
+        records: ``(where, record)`` pairs (see :func:`iter_jsonl`).
+        tokenizer: Tokenizer applying the chat template.
+        seq_length: Most training positions per sample (S - 1 <= seq_length).
+        overlong: ``"error"``, ``"truncate"`` or ``"drop"`` for longer samples.
+        skip_empty: Count and skip samples with no trainable label instead of failing.
+        stats: Counters updated in place (read, truncated, dropped, ...), if given.
+
+    Yields:
+        ``(tokens int64 [S], mask uint8 [S])`` per kept sample.
+
+    Raises:
+        InputError: Malformed record, overlong sample under ``"error"``, or a sample with no
+            trainable label without ``skip_empty``.
+    """
+    if overlong not in OVERLONG_POLICIES:
+        raise ValueError(f"--overlong must be one of {', '.join(OVERLONG_POLICIES)}")
+    if seq_length < 1:
+        raise ValueError(f"--seq-length must be >= 1, got {seq_length}")
+    stats = PreprocessStats() if stats is None else stats
+    for where, record in records:
+        stats.read += 1
+        messages = record_to_messages(record, where)
+        tokens, mask = tokenize_conversation(tokenizer, messages)
+        fitted = _fit_length(tokens, mask, seq_length, overlong, where, stats)
+        if fitted is None:
+            continue
+        tokens, mask = fitted
+        # mask[0] can never be a label (nothing precedes it), so count labels from 1.
+        if len(tokens) < 2 or not mask[1:].any() or not has_response(tokenizer, messages):
+            if skip_empty:
+                stats.skipped_empty += 1
+                continue
+            raise InputError(f"{where}: sample has no assistant/response tokens to train on "
+                             "(after truncation, if any); fix the data or pass --skip-empty")
+        stats.written += 1
+        stats.tokens += len(tokens)
+        stats.loss_tokens += int(mask[1:].sum())
+        stats.max_length = max(stats.max_length, len(tokens) - 1)
+        yield tokens, mask
+
+
+def _import_indexed_dataset():
+    # megatron.core warns at import about missing Transformer Engine/Apex; irrelevant here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets import indexed_dataset
+    return indexed_dataset
+
+
+def write_dataset(samples: Iterable[tuple[np.ndarray, np.ndarray]], output_prefix: str,
+                  tokenizer: SFTTokenizer, *, seq_length: int, stats: PreprocessStats,
+                  extra_meta: Optional[dict[str, Any]] = None) -> None:
+    """Writes ``<prefix>.bin/.idx``, ``<prefix>_lossmask.bin/.idx`` and ``<prefix>.json``.
+
+    Files are built under temporary names and renamed only when every sample is written, so
+    a failure leaves no half-written dataset behind.  An older dataset at the prefix loses
+    its metadata first, so a crash mid-rename never pairs old metadata with new data.
+
+    Args:
+        samples: ``(tokens [S], mask [S])`` pairs, e.g. from :func:`process_records`.
+        output_prefix: Path prefix of the dataset.
+        tokenizer: The tokenizer that produced the samples (stored in the metadata).
+        seq_length: The ``--seq-length`` bound (stored in the metadata).
+        stats: The counters ``samples`` updates (stored in the metadata).
+        extra_meta: More JSON-able metadata (e.g. the synthetic corpus config).
+
+    Raises:
+        InputError: No sample survived.
+    """
+    import torch  # the builder's add_item takes tensors
+
+    idx_mod = _import_indexed_dataset()
+    token_dtype = idx_mod.DType.optimal_dtype(tokenizer.vocab_size)
+    paths = dataset_paths(output_prefix)
+    tmp = {k: f"{v}.tmp{os.getpid()}" for k, v in paths.items()}
+    os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
+    builders = []
+    try:
+        tok_builder = idx_mod.IndexedDatasetBuilder(tmp["tokens_bin"], dtype=token_dtype)
+        builders.append(tok_builder)
+        mask_builder = idx_mod.IndexedDatasetBuilder(tmp["mask_bin"], dtype=np.uint8)
+        builders.append(mask_builder)
+        for tokens, mask in samples:
+            tok_builder.add_item(torch.from_numpy(tokens))
+            tok_builder.end_document()
+            mask_builder.add_item(torch.from_numpy(mask))
+            mask_builder.end_document()
+        tok_builder.finalize(tmp["tokens_idx"])
+        mask_builder.finalize(tmp["mask_idx"])
+        if stats.written == 0:
+            raise InputError("no sample left to write (all dropped or skipped); check the "
+                             "input, --seq-length and --overlong")
+        meta = {"format_version": FORMAT_VERSION, "tokenizer": tokenizer.describe(),
+                "seq_length": seq_length, "num_samples": stats.written,
+                "token_dtype": np.dtype(token_dtype).name, "stats": dataclasses.asdict(stats)}
+        meta.update(extra_meta or {})
+        with open(tmp["meta"], "w") as fh:
+            json.dump(meta, fh, indent=1, sort_keys=True)
+        if os.path.exists(paths["meta"]):
+            os.remove(paths["meta"])
+        for key in ("tokens_bin", "tokens_idx", "mask_bin", "mask_idx", "meta"):
+            os.replace(tmp[key], paths[key])
+    finally:
+        for builder in builders:  # finalize() closes them; an error path may not have
+            builder.data_file.close()
+        for path in tmp.values():
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def preprocess(records: Iterable[tuple[str, Any]], output_prefix: str,
+               tokenizer: SFTTokenizer, *, seq_length: int, overlong: str = "error",
+               skip_empty: bool = False,
+               extra_meta: Optional[dict[str, Any]] = None) -> PreprocessStats:
+    """Records -> dataset files in one call (:func:`process_records` + :func:`write_dataset`).
+
+    Returns:
+        The final counts (also stored in ``<prefix>.json``).
+    """
+    stats = PreprocessStats()
+    samples = process_records(records, tokenizer, seq_length=seq_length, overlong=overlong,
+                              skip_empty=skip_empty, stats=stats)
+    write_dataset(samples, output_prefix, tokenizer, seq_length=seq_length, stats=stats,
+                  extra_meta=extra_meta)
+    return stats
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Parser of ``tools/preprocess_sft.py`` (Megatron flag names)."""
+    p = argparse.ArgumentParser(
+        prog="preprocess_sft.py",
+        description="Tokenize chat JSONL (or the built-in synthetic corpus) into Megatron "
+                    "indexed datasets: <prefix>.bin/.idx tokens, <prefix>_lossmask.bin/.idx "
+                    "loss mask, <prefix>.json metadata.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input", metavar="FILE.jsonl",
+                     help='one record per line: {"messages": [{"role", "content"}...]} or '
+                          '{"prompt", "response"} (optional "system")')
+    src.add_argument("--synthetic", type=int, metavar="N",
+                     help="generate N records of the built-in learnable corpus instead")
+    p.add_argument("--output-prefix", required=True, help="path prefix of the output files")
+    p.add_argument("--tokenizer-type", default=DEFAULT_TOKENIZER_TYPE, choices=TOKENIZER_TYPES)
+    p.add_argument("--tokenizer-model", default=None,
+                   help="tokenizer.json path (HFTokenizer only)")
+    p.add_argument("--seq-length", type=int, default=16384,
+                   help="most training positions per sample (stored tokens - 1)")
+    p.add_argument("--overlong", choices=OVERLONG_POLICIES, default="error",
+                   help="what to do with samples longer than --seq-length")
+    p.add_argument("--skip-empty", action="store_true",
+                   help="count and skip samples with no assistant tokens instead of failing")
+    p.add_argument("--seed", type=int, default=1234, help="seed of --synthetic")
+    p.add_argument("--synthetic-max-tokens", type=int, default=None,
+                   help="longest synthetic sample in byte-level tokens "
+                        "(default: --seq-length + 1)")
+    p.add_argument("--save-jsonl", default=None, metavar="PATH",
+                   help="with --synthetic: also write the generated records as JSONL")
+    return p
+
+
+def _synthetic_records(args: argparse.Namespace) -> tuple[list[tuple[str, Any]], dict]:
+    max_tokens = args.synthetic_max_tokens or args.seq_length + 1
+    config = CorpusConfig(num_samples=args.synthetic, seed=args.seed, max_tokens=max_tokens)
+    records = list(generate_records(config))
+    if args.save_jsonl:
+        with open(args.save_jsonl, "w") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec) + "\n")
+    meta = {"synthetic": dataclasses.asdict(config)}
+    return [(f"synthetic:{i}", rec) for i, rec in enumerate(records)], meta
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """CLI entry point; returns the exit status (2 with one error line on bad input)."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.save_jsonl and args.synthetic is None:
+            raise ValueError("--save-jsonl only applies to --synthetic")
+        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+        if args.synthetic is not None:
+            records, extra = _synthetic_records(args)
+        else:
+            records, extra = iter_jsonl(args.input), {"source": os.path.abspath(args.input)}
+        stats = preprocess(records, args.output_prefix, tokenizer, seq_length=args.seq_length,
+                           overlong=args.overlong, skip_empty=args.skip_empty,
+                           extra_meta=extra)
+    except (ValueError, OSError) as exc:  # InputError is a ValueError
+        print(f"preprocess_sft.py: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output_prefix}: {stats.summary()}")
+    return 0

@@ -1,0 +1,27 @@
+"""DACP attention (Skrull spec section 5): local sequences per document, distributed
+sequences by zigzag ring attention over the CP group, overlapped.
+
+Public API:
+    dacp_attention(q, k, v, layout, cp_group, ...) -> out   (autograd-aware)
+    RingComm(cp_group)                                     (replaceable communicator)
+    get_kernel(name, device, dtype), AttentionKernel        (kernel back-ends)
+"""
+from skrull_ext.attention.comm import RingComm
+from skrull_ext.attention.function import dacp_attention
+from skrull_ext.attention.kernels import (
+    AttentionKernel,
+    CpuFlashKernel,
+    ReferenceKernel,
+    flash_attn_available,
+    get_kernel,
+)
+
+__all__ = [
+    "AttentionKernel",
+    "CpuFlashKernel",
+    "ReferenceKernel",
+    "RingComm",
+    "dacp_attention",
+    "flash_attn_available",
+    "get_kernel",
+]

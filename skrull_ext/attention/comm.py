@@ -1,0 +1,84 @@
+"""Ring point-to-point communication over a CP group.
+
+Each exchange sends one tensor to the next rank of the ring and receives a tensor of the
+same shape and dtype from the previous one (``torch.distributed.batch_isend_irecv``).
+Exchanges are grouped in *channels* (forward K/V, backward K/V, backward dK/dV); each
+channel has its own message tag and pending requests, and the backward channels may use
+a separate process group, so forward and backward messages can never be matched with
+each other.  The object is replaceable: anything with :meth:`send_recv_async`,
+:meth:`wait`, ``rank`` and ``size`` works (tests use a recording wrapper).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+#: Channel names used by the DACP attention and their tag offsets.
+CHANNELS = {"fwd_kv": 0, "bwd_kv": 1, "bwd_dkv": 2}
+
+
+class RingComm:
+    """Send-to-next / receive-from-previous exchanges on a CP process group.
+
+    Args:
+        group: The CP process group (ranks in group order form the ring).
+        bwd_group: Optional separate group for the backward channels (e.g. a second
+            NCCL communicator so backward traffic runs on its own stream).
+        tag_base: Added to the channel tags (to separate several concurrent users).
+
+    Attributes:
+        rank: This rank's index in ``group``.
+        size: Group size.
+        bytes_sent: Bytes this rank has sent so far (all channels).
+        messages_sent: Number of messages sent so far.
+    """
+
+    def __init__(self, group, *, bwd_group=None, tag_base: int = 0):
+        self.group = group
+        self.bwd_group = bwd_group if bwd_group is not None else group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        if bwd_group is not None and dist.get_world_size(bwd_group) != self.size:
+            raise ValueError("bwd_group must contain the same ranks as group")
+        self.tag_base = int(tag_base)
+        self.bytes_sent = 0
+        self.messages_sent = 0
+        self._pending: dict[str, list] = {}
+
+    def _peer(self, group, offset: int) -> int:
+        return dist.get_global_rank(group, (self.rank + offset) % self.size)
+
+    def send_recv_async(self, send: torch.Tensor, *, channel: str = "fwd_kv") -> torch.Tensor:
+        """Posts sending ``send`` to the next rank and receiving from the previous one.
+
+        Args:
+            send: Tensor to send (made contiguous; kept alive until :meth:`wait`).
+            channel: One of :data:`CHANNELS`; at most one exchange pending per channel.
+
+        Returns:
+            The receive buffer (same shape/dtype as ``send``); valid after :meth:`wait`.
+        """
+        if channel not in CHANNELS:
+            raise ValueError(f"unknown channel {channel!r}; use one of {list(CHANNELS)}")
+        if self._pending.get(channel):
+            raise RuntimeError(f"channel {channel!r} already has an exchange in flight; wait() first")
+        send = send.contiguous()
+        recv = torch.empty_like(send)
+        group = self.group if channel == "fwd_kv" else self.bwd_group
+        tag = self.tag_base + CHANNELS[channel]
+        ops = [
+            dist.P2POp(dist.isend, send, self._peer(group, 1), group, tag),
+            dist.P2POp(dist.irecv, recv, self._peer(group, -1), group, tag),
+        ]
+        reqs = dist.batch_isend_irecv(ops)
+        self._pending[channel] = [reqs, send, recv]
+        self.bytes_sent += send.numel() * send.element_size()
+        self.messages_sent += 1
+        return recv
+
+    def wait(self, channel: str = "fwd_kv") -> None:
+        """Blocks until the pending exchange of ``channel`` has completed (no-op if none)."""
+        entry = self._pending.pop(channel, None)
+        if entry:
+            for req in entry[0]:
+                req.wait()

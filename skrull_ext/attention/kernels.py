@@ -1,0 +1,252 @@
+"""Attention kernel back-ends behind one small interface.
+
+Every back-end computes attention of a *varlen block*: packed queries ``q [Tq, H, D]``
+against packed keys/values ``k, v [Tk, Hkv, D]`` split into segments by ``cu_q`` and
+``cu_k`` (python int offsets, same number of segments; segment ``i`` of q only sees
+segment ``i`` of k).  ``H`` must be a multiple of ``Hkv`` (GQA).  With ``causal=True``
+every segment must be square and is masked causally; otherwise it is attended fully.
+
+``forward`` returns ``(out [Tq, H, D], lse [H, Tq])`` (``lse`` = natural-log
+sum-exp of the scaled scores, float32, or float64 for float64 inputs); ``backward``
+takes the *final* (merged) ``out`` and ``lse`` of those queries, which makes the block
+gradients of a ring-merged attention exact (the standard flash-attention identity).
+
+Back-ends (none is needed to import the package):
+
+* ``reference``: explicit softmax in float64, any dtype and device; for tests.
+* ``cpu_flash``: ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (+ its
+  ``_backward``), one call per segment; float32/bfloat16/float64 on CPU.
+* ``flash_attn``: ``flash_attn`` (>= 2.6) varlen kernels on CUDA (fp16/bf16), try-imported.
+  Transformer Engine is not wired in (its fused-attention API has no stable public
+  block-level entry point); on CUDA without flash_attn ``auto`` falls back to ``reference``.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Sequence
+
+import torch
+
+Cu = Sequence[int]
+
+
+class AttentionKernel:
+    """Interface of a varlen block attention back-end (see module docstring)."""
+
+    name = "abstract"
+
+    def forward(self, q, k, v, cu_q: Cu, cu_k: Cu, *, causal: bool, scale: float):
+        """Returns ``(out [Tq, H, D] in q.dtype, lse [H, Tq])``."""
+        raise NotImplementedError
+
+    def backward(self, dout, q, k, v, out, lse, cu_q: Cu, cu_k: Cu, *, causal: bool, scale: float):
+        """Returns ``(dq [Tq, H, D], dk [Tk, Hkv, D], dv [Tk, Hkv, D])`` in the input dtype."""
+        raise NotImplementedError
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Dtype of log-sum-exp values and of the ring's accumulators for inputs of ``dtype``."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_block(q, k, v, cu_q, cu_k, causal):
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(f"expected q [T, H, D] and k, v [T, Hkv, D]; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} KV heads")
+    if len(cu_q) != len(cu_k) or cu_q[-1] != q.shape[0] or cu_k[-1] != k.shape[0]:
+        raise ValueError(f"cu_seqlens {tuple(cu_q)}/{tuple(cu_k)} do not match "
+                         f"{q.shape[0]} queries / {k.shape[0]} keys")
+    if causal and tuple(cu_q) != tuple(cu_k):
+        raise ValueError("causal blocks must have square segments (cu_q == cu_k)")
+
+
+def _segments(cu_q, cu_k):
+    for i in range(len(cu_q) - 1):
+        yield cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]
+
+
+class _SegmentLoopKernel(AttentionKernel):
+    """Runs a dense per-segment kernel in a loop; handles empty segments."""
+
+    def forward(self, q, k, v, cu_q, cu_k, *, causal, scale):
+        _check_block(q, k, v, cu_q, cu_k, causal)
+        out = torch.zeros_like(q)
+        lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=lse_dtype(q.dtype), device=q.device)
+        for a, b, c, d in _segments(cu_q, cu_k):
+            if b == a or d == c:  # no queries, or nothing to attend: out 0, lse -inf
+                continue
+            o, l = self._fwd(q[a:b], k[c:d], v[c:d], causal, scale)
+            out[a:b] = o
+            lse[:, a:b] = l
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, *, causal, scale):
+        _check_block(q, k, v, cu_q, cu_k, causal)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for a, b, c, d in _segments(cu_q, cu_k):
+            if b == a or d == c:
+                continue
+            g = self._bwd(dout[a:b], q[a:b], k[c:d], v[c:d], out[a:b], lse[:, a:b], causal, scale)
+            dq[a:b], dk[c:d], dv[c:d] = g
+        return dq, dk, dv
+
+
+class ReferenceKernel(_SegmentLoopKernel):
+    """Explicit-softmax attention computed in float64 (slow, exact; any device/dtype)."""
+
+    name = "reference"
+
+    @staticmethod
+    def _scores(q, k, causal, scale):
+        group = q.shape[1] // k.shape[1]
+        kk = k.double().repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q.double(), kk) * scale
+        if causal:
+            mask = torch.ones(s.shape[1], s.shape[2], dtype=torch.bool, device=q.device).triu(1)
+            s = s.masked_fill(mask, -math.inf)
+        return s, group
+
+    def _fwd(self, q, k, v, causal, scale):
+        s, group = self._scores(q, k, causal, scale)
+        lse = torch.logsumexp(s, dim=-1)  # [H, s_q]
+        p = torch.exp(s - lse[..., None])
+        out = torch.einsum("hqk,khd->qhd", p, v.double().repeat_interleave(group, dim=1))
+        return out.to(q.dtype), lse.to(lse_dtype(q.dtype))
+
+    def _bwd(self, dout, q, k, v, out, lse, causal, scale):
+        s, group = self._scores(q, k, causal, scale)
+        p = torch.exp(s - lse.double()[..., None])  # probabilities under the *final* lse
+        do = dout.double()
+        vv = v.double().repeat_interleave(group, dim=1)
+        dp = torch.einsum("qhd,khd->hqk", do, vv)
+        delta = (do * out.double()).sum(-1).transpose(0, 1)  # [H, s_q]
+        ds = p * (dp - delta[..., None]) * scale
+        dq = torch.einsum("hqk,khd->qhd", ds, k.double().repeat_interleave(group, dim=1))
+        dk = torch.einsum("hqk,qhd->khd", ds, q.double())
+        dv = torch.einsum("hqk,qhd->khd", p, do)
+        hk = k.shape[1]
+        dk = dk.reshape(dk.shape[0], hk, group, -1).sum(2)  # GQA: sum over the query group
+        dv = dv.reshape(dv.shape[0], hk, group, -1).sum(2)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class CpuFlashKernel(_SegmentLoopKernel):
+    """ATen's CPU flash attention (``[B, H, S, D]`` views of the ``[S, H, D]`` segments)."""
+
+    name = "cpu_flash"
+
+    def _fwd(self, q, k, v, causal, scale):
+        o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            _bhsd(q), _bhsd(k), _bhsd(v), 0.0, causal, scale=scale)
+        return o[0].transpose(0, 1), l[0].to(lse_dtype(q.dtype))
+
+    def _bwd(self, dout, q, k, v, out, lse, causal, scale):
+        # The kernel wants lse in its own dtype: float32 except for float64 inputs.
+        want = torch.float64 if q.dtype == torch.float64 else torch.float32
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out), lse.to(want)[None],
+            0.0, causal, scale=scale)
+        return dq[0].transpose(0, 1), dk[0].transpose(0, 1), dv[0].transpose(0, 1)
+
+
+def _bhsd(x):
+    """``[S, H, D]`` -> ``[1, H, S, D]`` view (no copy)."""
+    return x.transpose(0, 1).unsqueeze(0)
+
+
+class FlashAttnKernel(AttentionKernel):
+    """``flash_attn`` (2.x) varlen kernels on CUDA; one call per block."""
+
+    name = "flash_attn"
+
+    def __init__(self):
+        from flash_attn import flash_attn_interface as fai  # noqa: optional dependency
+
+        self._fwd_fn = fai._flash_attn_varlen_forward
+        self._bwd_fn = fai._flash_attn_varlen_backward
+        self._fwd_params = set(inspect.signature(self._fwd_fn).parameters)
+        self._bwd_params = set(inspect.signature(self._bwd_fn).parameters)
+
+    def _common(self, q, cu_q, cu_k, causal, scale, params):
+        # Keyword names differ across flash_attn 2.x releases: pass only those it takes.
+        cq = torch.tensor(cu_q, dtype=torch.int32, device=q.device)
+        ck = torch.tensor(cu_k, dtype=torch.int32, device=q.device)
+        kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck,
+                  max_seqlen_q=max(_diffs(cu_q), default=0), max_seqlen_k=max(_diffs(cu_k), default=0),
+                  dropout_p=0.0, softmax_scale=scale, causal=causal, window_size=(-1, -1),
+                  window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
+                  return_softmax=False, deterministic=False, rng_state=None)
+        return {key: val for key, val in kw.items() if key in params}
+
+    def forward(self, q, k, v, cu_q, cu_k, *, causal, scale):
+        _check_block(q, k, v, cu_q, cu_k, causal)
+        if q.shape[0] == 0 or k.shape[0] == 0:
+            return _ReferenceFallback.forward(q, k, v, cu_q, cu_k, causal=causal, scale=scale)
+        res = self._fwd_fn(q=q, k=k, v=v, **self._common(q, cu_q, cu_k, causal, scale, self._fwd_params))
+        out, lse = (res[0], res[1]) if len(res) == 4 else (res[0], res[5])
+        if lse.dim() != 2:  # flash_attn < 2.6 pads the varlen LSE to [B, H, max_seqlen]
+            raise RuntimeError("flash_attn returned a padded varlen LSE; the ring merge needs "
+                               "the packed [H, T] layout of flash_attn >= 2.6 (upgrade it)")
+        return out, lse.float()
+
+    def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, *, causal, scale):
+        _check_block(q, k, v, cu_q, cu_k, causal)
+        if q.shape[0] == 0 or k.shape[0] == 0:
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        self._bwd_fn(dout=dout.contiguous(), q=q, k=k, v=v, out=out.contiguous(),
+                     softmax_lse=lse.float().contiguous(), dq=dq, dk=dk, dv=dv,
+                     **self._common(q, cu_q, cu_k, causal, scale, self._bwd_params))
+        return dq, dk, dv
+
+
+def _diffs(cu):
+    return [b - a for a, b in zip(cu[:-1], cu[1:])]
+
+
+_ReferenceFallback = ReferenceKernel()  # empty blocks: no kernel launch needed, any device
+
+_BY_NAME = {"reference": ReferenceKernel, "cpu_flash": CpuFlashKernel, "flash_attn": FlashAttnKernel}
+_CACHE: dict[str, AttentionKernel] = {}
+
+
+def flash_attn_available() -> bool:
+    """True when the optional ``flash_attn`` package imports."""
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:  # ImportError, or a broken CUDA build raising at import
+        return False
+    return True
+
+
+def get_kernel(backend, device: torch.device, dtype: torch.dtype) -> AttentionKernel:
+    """Resolves a back-end name (or instance) for tensors on ``device`` of ``dtype``.
+
+    ``"auto"``: CPU -> ``cpu_flash``; CUDA -> ``flash_attn`` for fp16/bf16 when installed,
+    else ``reference``.
+
+    Raises:
+        ValueError: Unknown name, or a back-end that cannot run on ``device``.
+    """
+    if isinstance(backend, AttentionKernel):
+        return backend
+    if backend == "auto":
+        if device.type == "cpu":
+            backend = "cpu_flash"
+        elif dtype in (torch.float16, torch.bfloat16) and flash_attn_available():
+            backend = "flash_attn"
+        else:
+            backend = "reference"
+    if backend not in _BY_NAME:
+        raise ValueError(f"unknown attention backend {backend!r}; use one of "
+                         f"{['auto', *_BY_NAME]} or an AttentionKernel instance")
+    if backend == "cpu_flash" and device.type != "cpu":
+        raise ValueError(f"backend 'cpu_flash' needs CPU tensors, got {device}; use 'auto'")
+    if backend == "flash_attn" and not flash_attn_available():
+        raise ValueError("backend 'flash_attn' requested but flash_attn is not installed; use 'auto'")
+    if backend not in _CACHE:
+        _CACHE[backend] = _BY_NAME[backend]()
+    return _CACHE[backend]

@@ -1,0 +1,185 @@
+"""Zigzag ring attention over the distributed part of a rank's stream.
+
+Every rank holds, per distributed sequence, chunks ``r`` and ``2N-1-r`` (``c`` tokens
+each), and all ranks hold the same shard sizes, so the K/V of the whole distributed part
+is one fixed-shape message ``[2, Td, Hkv, D]``.  At ring step ``s`` rank ``r`` holds the
+K/V of rank ``src = (r - s) mod N`` and computes only the needed blocks:
+
+* ``src == r`` (step 0): both own chunks against both own chunks, causal;
+* ``src < r``: both query chunks against the *first* received chunk (chunk ``src``
+  precedes both query chunks; chunk ``2N-1-src`` follows both), full;
+* ``src > r``: only the *second* query chunk (``2N-1-r``) against both received chunks
+  (both precede it; both follow chunk ``r``), full.
+
+Partial results are merged with the log-sum-exp update.  The backward pass replays the
+same schedule with the final ``out``/``lse`` and sends a dK/dV accumulator along with the
+K/V, so after ``N`` dK/dV hops every rank gets its own K/V's complete gradients back.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import torch
+
+from skrull_ext.attention.kernels import AttentionKernel, lse_dtype
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ZigzagBlocks:
+    """Segment offsets and chunk indices of the distributed part (same on every rank).
+
+    Attributes:
+        cu_full: Shard offsets (``2 c_i`` per sequence), relative to the part's start.
+        cu_half: Offsets of one chunk per sequence (``c_i``).
+        first: ``[Td / 2]`` indices of the first chunk (chunk ``r``) tokens.
+        second: ``[Td / 2]`` indices of the second chunk (chunk ``2N-1-r``) tokens.
+    """
+
+    cu_full: tuple[int, ...]
+    cu_half: tuple[int, ...]
+    first: torch.Tensor
+    second: torch.Tensor
+
+
+def zigzag_blocks(layout, device) -> ZigzagBlocks:
+    """Builds :class:`ZigzagBlocks` from a :class:`~skrull_ext.layout.RankLayout`."""
+    cu_half, first, second = [0], [], []
+    for doc, start in zip(layout.distributed, layout.dist_cu_seqlens):
+        c = doc.chunk_size
+        cu_half.append(cu_half[-1] + c)
+        first.append(torch.arange(start, start + c))
+        second.append(torch.arange(start + c, start + 2 * c))
+    cat = (lambda xs: torch.cat(xs).to(device)) if first else (lambda xs: torch.zeros(0, dtype=torch.long, device=device))
+    return ZigzagBlocks(cu_full=tuple(layout.dist_cu_seqlens), cu_half=tuple(cu_half),
+                        first=cat(first), second=cat(second))
+
+
+def _fwd_block(kernel, q, k, v, src, rank, zz, scale):
+    """Returns ``(out, lse, rows)``; ``rows`` None means all queries."""
+    if src == rank:
+        return (*kernel.forward(q, k, v, zz.cu_full, zz.cu_full, causal=True, scale=scale), None)
+    if src < rank:
+        kf, vf = k.index_select(0, zz.first), v.index_select(0, zz.first)
+        return (*kernel.forward(q, kf, vf, zz.cu_full, zz.cu_half, causal=False, scale=scale), None)
+    q2 = q.index_select(0, zz.second)
+    return (*kernel.forward(q2, k, v, zz.cu_half, zz.cu_full, causal=False, scale=scale), zz.second)
+
+
+def _merge(acc_out, acc_lse, out, lse, rows):
+    """Numerically stable log-sum-exp merge of a block result into the accumulators."""
+    ao = acc_out if rows is None else acc_out.index_select(0, rows)
+    al = acc_lse if rows is None else acc_lse.index_select(1, rows)
+    lse = lse.to(al.dtype)
+    new = torch.logaddexp(al, lse)  # [H, n]
+    w_old = torch.exp(al - new).transpose(0, 1).unsqueeze(-1)
+    w_new = torch.exp(lse - new).transpose(0, 1).unsqueeze(-1)
+    merged = ao * w_old + out.to(ao.dtype) * w_new
+    if rows is None:
+        acc_out.copy_(merged)
+        acc_lse.copy_(new)
+    else:
+        acc_out.index_copy_(0, rows, merged)
+        acc_lse.index_copy_(1, rows, new)
+
+
+def ring_forward(q, k, v, zz: ZigzagBlocks, comm, kernel: AttentionKernel, scale: float,
+                 during_first_exchange: Optional[Callable[[], None]] = None):
+    """Zigzag ring attention forward of the distributed part.
+
+    Args:
+        q: ``[Td, H, D]`` queries of the distributed part.
+        k, v: ``[Td, Hkv, D]``.
+        zz: Block structure (:func:`zigzag_blocks`).
+        comm: Ring communicator (``rank``, ``size``, ``send_recv_async``, ``wait``).
+        kernel: Block attention back-end.
+        scale: Softmax scale.
+        during_first_exchange: Called right after the first K/V exchange is posted (the
+            local part's attention runs here, overlapping the transfer).
+
+    Returns:
+        ``(out [Td, H, D] in q.dtype, lse [H, Td] float32/float64)``.
+    """
+    rank, size = comm.rank, comm.size
+    acc = lse_dtype(q.dtype)
+    acc_out = torch.zeros(q.shape, dtype=acc, device=q.device)
+    acc_lse = torch.full((q.shape[1], q.shape[0]), -torch.inf, dtype=acc, device=q.device)
+    cur = torch.stack([k, v])  # one message per step: K and V of every shard together
+    for step in range(size):
+        nxt = comm.send_recv_async(cur, channel="fwd_kv") if step + 1 < size else None
+        if step == 0 and during_first_exchange is not None:
+            during_first_exchange()
+        src = (rank - step) % size
+        out, lse, rows = _fwd_block(kernel, q, cur[0], cur[1], src, rank, zz, scale)
+        _merge(acc_out, acc_lse, out, lse, rows)
+        if nxt is not None:
+            comm.wait("fwd_kv")
+            cur = nxt
+    return acc_out.to(q.dtype), acc_lse
+
+
+def _bwd_block(kernel, dout, q, k, v, out, lse, src, rank, zz, scale):
+    """Returns ``(dq, q_rows, dk, dv, k_rows)``; rows None means all."""
+    if src == rank:
+        dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, zz.cu_full, zz.cu_full,
+                                     causal=True, scale=scale)
+        return dq, None, dk, dv, None
+    if src < rank:
+        kf, vf = k.index_select(0, zz.first), v.index_select(0, zz.first)
+        dq, dk, dv = kernel.backward(dout, q, kf, vf, out, lse, zz.cu_full, zz.cu_half,
+                                     causal=False, scale=scale)
+        return dq, None, dk, dv, zz.first
+    s = zz.second
+    dq, dk, dv = kernel.backward(dout.index_select(0, s), q.index_select(0, s), k, v,
+                                 out.index_select(0, s), lse.index_select(1, s),
+                                 zz.cu_half, zz.cu_full, causal=False, scale=scale)
+    return dq, s, dk, dv, None
+
+
+def _add_rows(dst, src, rows):
+    if rows is None:
+        dst.add_(src.to(dst.dtype))
+    else:
+        dst.index_add_(0, rows, src.to(dst.dtype))
+
+
+def ring_backward(dout, q, k, v, out, lse, zz: ZigzagBlocks, comm, kernel: AttentionKernel,
+                  scale: float, during_first_exchange: Optional[Callable[[], None]] = None):
+    """Zigzag ring attention backward of the distributed part.
+
+    Args:
+        dout: ``[Td, H, D]`` gradient of the output.
+        q, k, v: Forward inputs of the distributed part.
+        out, lse: Forward results (:func:`ring_forward`).
+        zz, comm, kernel, scale: As in :func:`ring_forward`.
+        during_first_exchange: Called right after the first K/V exchange is posted.
+
+    Returns:
+        ``(dq [Td, H, D], dk [Td, Hkv, D], dv [Td, Hkv, D])`` in the input dtype.
+    """
+    rank, size = comm.rank, comm.size
+    acc = lse_dtype(q.dtype)
+    dq_acc = torch.zeros(q.shape, dtype=acc, device=q.device)
+    cur = torch.stack([k, v])
+    dkv_in = None
+    for step in range(size):
+        nxt = comm.send_recv_async(cur, channel="bwd_kv") if step + 1 < size else None
+        if step == 0 and during_first_exchange is not None:
+            during_first_exchange()
+        src = (rank - step) % size
+        dq, q_rows, dk, dv, k_rows = _bwd_block(kernel, dout, q, cur[0], cur[1], out, lse,
+                                                src, rank, zz, scale)
+        _add_rows(dq_acc, dq, q_rows)
+        if step == 0:
+            dkv = torch.zeros((2,) + tuple(k.shape), dtype=acc, device=k.device)
+        else:  # the accumulator of the K/V we now hold travelled with it from rank - 1
+            comm.wait("bwd_dkv")
+            dkv = dkv_in
+        _add_rows(dkv[0], dk, k_rows)
+        _add_rows(dkv[1], dv, k_rows)
+        dkv_in = comm.send_recv_async(dkv, channel="bwd_dkv")
+        if nxt is not None:
+            comm.wait("bwd_kv")
+            cur = nxt
+    comm.wait("bwd_dkv")  # the N-th hop brings our own K/V's gradients home
+    return dq_acc.to(q.dtype), dkv_in[0].to(k.dtype), dkv_in[1].to(v.dtype)

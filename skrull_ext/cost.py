@@ -1,0 +1,329 @@
+"""Cost and memory models (SKRULL.md section 2).
+
+Three layers, each usable alone:
+
+* FLOP counts: the paper's proxy :func:`paper_flops` and a fuller per-model count from a
+  :class:`ModelSpec` (separate linear and attention terms, forward + backward).
+* :class:`TimeModel`: seconds = ``c_linear * linear_flops + c_attention * attention_flops``
+  per sequence, plus a constant per micro-batch; :meth:`TimeModel.calibrate` fits the
+  coefficients to measured step times by least squares.
+* :class:`CommModel`: piecewise-linear collective time in message bytes (flat below the
+  first point), and :class:`MemoryModel`: ``bytes = alpha * tokens + beta`` -> bucket size.
+
+:class:`CostModel` bundles them into what the scheduler consumes: per-sequence compute
+seconds and per-sequence ring-communication seconds as float64 arrays.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from skrull_ext.plan import shard_tokens
+
+# Backward of FlashAttention-style kernels costs about 2.5x the forward (two extra
+# matmuls plus the recompute of P); linear layers cost 2x their forward in backward.
+ATTENTION_TRAIN_FACTOR = 3.5
+LINEAR_TRAIN_FACTOR = 3.0
+
+
+def paper_flops(lengths, hidden_size: int, kv_hidden_size: int) -> np.ndarray:
+    """The paper's per-layer proxy: ``(20 h^2 + 4 h h_kv) S + 4 h S^2``.
+
+    Args:
+        lengths: ``[K]`` sequence lengths.
+        hidden_size: ``h``.
+        kv_hidden_size: ``h_kv`` (KV heads x head dim).
+
+    Returns:
+        ``[K]`` float64 FLOPs per layer.
+    """
+    s = np.asarray(lengths, dtype=np.float64)
+    h, hkv = float(hidden_size), float(kv_hidden_size)
+    return (20.0 * h * h + 4.0 * h * hkv) * s + 4.0 * h * s * s
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Transformer shape, in Megatron's vocabulary."""
+
+    name: str = "custom"
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    vocab_size: int
+    swiglu: bool = True
+
+    def __post_init__(self):
+        for field in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                      "num_query_groups", "vocab_size"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"ModelSpec.{field} must be >= 1, got {getattr(self, field)}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be divisible by num_attention_heads")
+        if self.num_attention_heads % self.num_query_groups:
+            raise ValueError("num_attention_heads must be divisible by num_query_groups")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def kv_hidden_size(self) -> int:
+        return self.head_dim * self.num_query_groups
+
+    def matmul_params_per_layer(self) -> int:
+        """Weights touched by the matmuls of one layer (QKV, output projection, MLP)."""
+        h, kv, f = self.hidden_size, self.kv_hidden_size, self.ffn_hidden_size
+        mlp = (3 if self.swiglu else 2) * h * f
+        return h * (h + 2 * kv) + h * h + mlp
+
+    def linear_flops(self, lengths) -> np.ndarray:
+        """``[K]`` training FLOPs (fwd+bwd) of every matmul outside attention, output layer included."""
+        s = np.asarray(lengths, dtype=np.float64)
+        per_token = 2.0 * (self.num_layers * self.matmul_params_per_layer()
+                           + self.hidden_size * self.vocab_size)
+        return LINEAR_TRAIN_FACTOR * per_token * s
+
+    def attention_flops(self, lengths) -> np.ndarray:
+        """``[K]`` training FLOPs of causal attention: ``2 h S^2`` forward per layer, x3.5."""
+        s = np.asarray(lengths, dtype=np.float64)
+        return ATTENTION_TRAIN_FACTOR * 2.0 * self.hidden_size * s * s * self.num_layers
+
+    @classmethod
+    def from_json(cls, path: str) -> "ModelSpec":
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+        try:
+            return cls(**obj)
+        except TypeError as exc:
+            raise ValueError(f"{path}: bad model config ({exc}); expected keys "
+                             f"{[f.name for f in dataclasses.fields(cls)]}") from exc
+
+
+# Qwen2.5 shapes (SKRULL.md section 8; vocab from the released configs).
+MODEL_PRESETS = {
+    "qwen2.5-0.5b": ModelSpec(name="qwen2.5-0.5b", num_layers=24, hidden_size=896,
+                              ffn_hidden_size=4864, num_attention_heads=14,
+                              num_query_groups=2, vocab_size=151936),
+    "qwen2.5-7b": ModelSpec(name="qwen2.5-7b", num_layers=28, hidden_size=3584,
+                            ffn_hidden_size=18944, num_attention_heads=28,
+                            num_query_groups=4, vocab_size=152064),
+}
+
+
+def get_model_spec(name_or_path: str) -> ModelSpec:
+    """A preset by name (``qwen2.5-0.5b``, ``qwen2.5-7b``) or a JSON config file."""
+    if name_or_path in MODEL_PRESETS:
+        return MODEL_PRESETS[name_or_path]
+    if name_or_path.endswith(".json"):
+        return ModelSpec.from_json(name_or_path)
+    raise ValueError(f"unknown model {name_or_path!r}: use one of {sorted(MODEL_PRESETS)} "
+                     "or a JSON model config file")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TimeModel:
+    """Seconds of a sequence = ``c_linear * linear_flops + c_attention * attention_flops``.
+
+    ``micro_batch_overhead`` is the fixed cost of running one (non-empty) micro-batch.
+    """
+
+    c_linear: float
+    c_attention: float
+    micro_batch_overhead: float = 0.0
+
+    def __post_init__(self):
+        if min(self.c_linear, self.c_attention, self.micro_batch_overhead) < 0:
+            raise ValueError("TimeModel coefficients must be >= 0")
+
+    def sequence_time(self, model: ModelSpec, lengths) -> np.ndarray:
+        """``[K]`` seconds of compute per sequence (fwd+bwd, whole model, one device)."""
+        return (self.c_linear * model.linear_flops(lengths)
+                + self.c_attention * model.attention_flops(lengths))
+
+    @classmethod
+    def calibrate(cls, model: ModelSpec, lengths: Sequence, measured_times: Sequence[float]
+                  ) -> "TimeModel":
+        """Least-squares fit of the coefficients to measured step times.
+
+        Args:
+            model: Model whose FLOP terms are the regressors.
+            lengths: One entry per measurement: an int (one sequence) or a list of ints
+                (a micro-batch: the terms of its sequences add up).
+            measured_times: Seconds per measurement.
+
+        Returns:
+            The fitted model; negative coefficients are clamped to 0 and the rest refit.
+        """
+        if len(lengths) != len(measured_times) or len(lengths) < 3:
+            raise ValueError("calibrate needs >= 3 measurements with one time each")
+        rows = []
+        for item in lengths:
+            seqs = np.atleast_1d(np.asarray(item, dtype=np.float64))
+            rows.append([model.linear_flops(seqs).sum(), model.attention_flops(seqs).sum(), 1.0])
+        a = np.asarray(rows)
+        y = np.asarray(measured_times, dtype=np.float64)
+        scale = np.maximum(np.abs(a).max(axis=0), 1e-30)  # condition the columns
+        active = [0, 1, 2]
+        coef = np.zeros(3)
+        while active:
+            sol, *_ = np.linalg.lstsq(a[:, active] / scale[active], y, rcond=None)
+            sol = sol / scale[active]
+            if (sol >= 0).all():
+                coef[:] = 0.0
+                coef[active] = sol
+                break
+            active.pop(int(np.argmin(sol)))
+        return cls(c_linear=float(coef[0]), c_attention=float(coef[1]),
+                   micro_batch_overhead=float(coef[2]))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CommModel:
+    """Collective time from message size: piecewise linear through measured points.
+
+    Flat at the first point's time below its size (latency-bound), linear between points,
+    extrapolated with the last segment's slope above the last point.
+    """
+
+    sizes_bytes: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self):
+        if len(self.sizes_bytes) != len(self.seconds) or len(self.sizes_bytes) < 2:
+            raise ValueError("CommModel needs >= 2 (size, seconds) points")
+        if any(b <= a for a, b in zip(self.sizes_bytes, self.sizes_bytes[1:])):
+            raise ValueError("CommModel sizes must increase")
+
+    def time(self, nbytes) -> np.ndarray:
+        """Seconds to move ``nbytes`` (array-like); 0 bytes cost 0."""
+        v = np.asarray(nbytes, dtype=np.float64)
+        xs, ys = np.asarray(self.sizes_bytes), np.asarray(self.seconds)
+        t = np.interp(v, xs, ys)
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        t = np.where(v > xs[-1], ys[-1] + (v - xs[-1]) * slope, t)
+        return np.where(v > 0, t, 0.0)
+
+    def linear_fit(self) -> tuple[float, float]:
+        """``(latency_s, seconds_per_byte)`` of ``latency + bytes * per_byte``.
+
+        The slope is the last segment's (asymptotic bandwidth); the latency makes the line
+        pass through the first point (the latency-bound regime), floored at 0.
+        """
+        xs, ys = self.sizes_bytes, self.seconds
+        per_byte = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return max(ys[0] - xs[0] * per_byte, 0.0), per_byte
+
+
+_MB = 1024.0 * 1024.0
+# The paper's all_gather on one 8xH100 NVLink node (SKRULL.md section 2).
+H100_NVLINK_COMM = CommModel(
+    sizes_bytes=(2 * _MB, 8 * _MB, 32 * _MB, 128 * _MB, 512 * _MB, 1024 * _MB),
+    seconds=(53e-6, 98e-6, 286e-6, 911e-6, 3.4e-3, 6.5e-3),
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MemoryModel:
+    """Device memory linear in tokens held: ``bytes = alpha * tokens + beta``."""
+
+    alpha: float
+    beta: float = 0.0
+
+    def __post_init__(self):
+        if self.alpha <= 0:
+            raise ValueError("MemoryModel.alpha (bytes per token) must be > 0")
+
+    def bucket_size(self, device_bytes: float, static_bytes: float, margin_bytes: float = 0.0
+                    ) -> int:
+        """``C = floor((M_device - M_static - margin - beta) / alpha)``; raises if < 1."""
+        c = int((device_bytes - static_bytes - margin_bytes - self.beta) // self.alpha)
+        if c < 1:
+            raise ValueError(
+                f"no room for activations: device {device_bytes / 2**30:.1f} GiB - static "
+                f"{static_bytes / 2**30:.1f} GiB - margin {margin_bytes / 2**30:.1f} GiB leaves "
+                "< 1 token; use more devices (TP/ZeRO), recompute, or a smaller model")
+        return c
+
+    @classmethod
+    def fit(cls, tokens: Iterable[float], measured_bytes: Iterable[float]) -> "MemoryModel":
+        """Least-squares line through (tokens, peak bytes) measurements of a memory profile."""
+        x = np.asarray(list(tokens), dtype=np.float64)
+        y = np.asarray(list(measured_bytes), dtype=np.float64)
+        if x.size < 2 or np.ptp(x) == 0:
+            raise ValueError("MemoryModel.fit needs >= 2 distinct token counts")
+        alpha, beta = np.polyfit(x, y, 1)
+        return cls(alpha=float(alpha), beta=float(beta))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """What the scheduler needs: per-sequence compute and ring-communication seconds.
+
+    Attributes:
+        model: The transformer shape.
+        time: Compute coefficients.
+        comm: Collective time per message size.
+        bytes_per_element: 2 for bf16 activations, 4 for fp32.
+    """
+
+    model: ModelSpec
+    time: TimeModel
+    comm: CommModel = H100_NVLINK_COMM
+    bytes_per_element: int = 2
+
+    @property
+    def micro_batch_overhead(self) -> float:
+        return self.time.micro_batch_overhead
+
+    def compute_seconds(self, lengths) -> np.ndarray:
+        """``[K]`` float64 seconds to run each sequence whole on one device (fwd+bwd)."""
+        return self.time.sequence_time(self.model, lengths)
+
+    def _ring_steps(self, cp_size: int) -> float:
+        # Per layer the ring makes N - 1 KV exchanges in forward; backward moves KV again
+        # plus dK/dV: 3 exchanges per step in all.
+        return 3.0 * max(cp_size - 1, 0) * self.model.num_layers
+
+    def comm_seconds(self, lengths, cp_size: int) -> np.ndarray:
+        """``[K]`` float64 bandwidth seconds of the ring for each sequence sharded over ``cp_size``.
+
+        The ring sends the KV shards of *all* distributed sequences of a micro-batch as one
+        message per step, so a micro-batch's ring time is ``comm_latency(N)`` once plus the
+        sum of these per-sequence terms (a linear fit of :attr:`comm`).
+        """
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if cp_size <= 1:
+            return np.zeros(lengths.shape, dtype=np.float64)
+        shard = np.array([shard_tokens(int(s), cp_size) for s in lengths.ravel()],
+                         dtype=np.float64).reshape(lengths.shape)
+        kv_bytes = 2.0 * shard * self.model.kv_hidden_size * self.bytes_per_element
+        _, per_byte = self.comm.linear_fit()
+        return self._ring_steps(cp_size) * per_byte * kv_bytes
+
+    def comm_latency(self, cp_size: int) -> float:
+        """Fixed ring seconds of a micro-batch that has any distributed sequence."""
+        latency, _ = self.comm.linear_fit()
+        return self._ring_steps(cp_size) * latency
+
+
+# Peak dense bf16 throughput of an H100 SXM (NVIDIA H100 datasheet: 989.4 TFLOP/s) at the
+# model FLOPs utilisation long-context SFT typically reaches (~45% linear, ~35% attention).
+H100_PEAK_FLOPS = 989.4e12
+
+
+def h100_time_model() -> TimeModel:
+    return TimeModel(c_linear=1.0 / (0.45 * H100_PEAK_FLOPS),
+                     c_attention=1.0 / (0.35 * H100_PEAK_FLOPS),
+                     micro_batch_overhead=2e-3)
+
+
+def default_cost_model(model: str | ModelSpec = "qwen2.5-0.5b") -> CostModel:
+    """The H100 cost model used when the caller gives none."""
+    spec = model if isinstance(model, ModelSpec) else get_model_spec(model)
+    return CostModel(model=spec, time=h100_time_model())

@@ -1,0 +1,202 @@
+"""Scheduling a global batch: Skrull (DACP + GDS) and the baselines, one entry point.
+
+>>> from skrull_ext.scheduler import SchedulerConfig, schedule
+>>> plan = schedule([900, 120, 30000, 64], SchedulerConfig(dp_size=2, cp_size=4,
+...                                                      bucket_size=8192))
+>>> plan.num_micro_batches
+1
+
+The Skrull policy runs on the backend chosen by ``SKRULL_IMPL`` (``skrull_ext.BACKEND``);
+the baselines are Python only.  Every returned plan has passed :meth:`Plan.validate`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+
+from skrull_ext import _backend
+from skrull_ext.cost import CostModel, default_cost_model
+from skrull_ext.plan import MicroBatch, Plan, padded_length, shard_tokens
+from skrull_ext.scheduler import reference
+from skrull_ext.scheduler.baselines import BASELINES
+
+POLICIES = ("skrull",) + tuple(BASELINES)
+_ROLLBACK_CODES = {"shortest": 0, "best-fit": 1, "auto": 2}
+
+
+class ScheduleInputError(ValueError):
+    """The global batch cannot be scheduled as given; the message names the fix."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    """How to schedule.
+
+    Attributes:
+        dp_size: Data-parallel degree ``D`` (>= 1).
+        cp_size: Context-parallel degree ``N`` (>= 1).
+        bucket_size: Most tokens per CP rank per micro-batch (``--skrull-bucket-size``).
+        policy: ``skrull`` or a baseline name (see ``POLICIES``).
+        rollback: DACP roll-back victim choice: ``shortest`` (the paper), ``best-fit``
+            (ours) or ``auto`` (both, keep the faster micro-batch).
+    """
+
+    dp_size: int
+    cp_size: int
+    bucket_size: int
+    policy: str = "skrull"
+    rollback: str = "auto"
+
+    def __post_init__(self):
+        for name, flag in (("dp_size", "--dp-size"), ("cp_size", "--cp-size / --context-parallel-size"),
+                           ("bucket_size", "--bucket-size / --skrull-bucket-size")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ScheduleInputError(f"{name} must be an integer >= 1, got {value!r}: fix {flag}")
+        if self.policy not in POLICIES:
+            raise ScheduleInputError(f"unknown policy {self.policy!r}: choose one of {POLICIES}")
+        if self.rollback not in _ROLLBACK_CODES:
+            raise ScheduleInputError(
+                f"unknown rollback {self.rollback!r}: choose one of {tuple(_ROLLBACK_CODES)}")
+        if self.bucket_size < 2 * self.cp_size and self.cp_size > 1:
+            raise ScheduleInputError(
+                f"bucket size {self.bucket_size} is smaller than one padded token pair per rank "
+                f"(2 x cp_size = {2 * self.cp_size}); raise --skrull-bucket-size")
+
+
+def check_lengths(lengths: Sequence[int], cp_size: int, bucket_size: int) -> np.ndarray:
+    """Validates a global batch's lengths; returns them as ``[K]`` int64.
+
+    Raises:
+        ScheduleInputError: empty batch, a non-integer, a length < 1, or a sample that can
+            never fit (``pad(S)/N > bucket``), naming the first offending index.
+    """
+    arr = np.asarray(lengths)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ScheduleInputError("the global batch is empty: give at least one sample length")
+    if arr.dtype.kind not in "iu":
+        if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        else:
+            bad = next(i for i, x in enumerate(arr.tolist())
+                       if not (isinstance(x, (int, float)) and float(x).is_integer()))
+            raise ScheduleInputError(f"sample {bad} has non-integer length {arr.tolist()[bad]!r}")
+    arr = arr.astype(np.int64)
+    low = np.flatnonzero(arr < 1)
+    if low.size:
+        i = int(low[0])
+        raise ScheduleInputError(
+            f"sample {i} has length {int(arr[i])} (< 1): remove zero-length samples from the data")
+    limit = bucket_size * cp_size
+    for i in np.flatnonzero(arr > limit - 2 * cp_size + 1).tolist():
+        if shard_tokens(int(arr[i]), cp_size) > bucket_size:
+            s = int(arr[i])
+            raise ScheduleInputError(
+                f"sample {i} of length {s} cannot fit even when distributed: it needs "
+                f"{shard_tokens(s, cp_size)} tokens per CP rank (padded {padded_length(s, cp_size)}"
+                f" / cp_size {cp_size}) > bucket size {bucket_size}; raise the bucket size "
+                f"(--skrull-bucket-size / --bucket-size) to >= {shard_tokens(s, cp_size)}, raise "
+                "--context-parallel-size, or truncate long samples")
+    return arr
+
+
+def _to_micro_batch(placement, cp_size: int) -> MicroBatch:
+    dist, local = placement
+    return MicroBatch(distributed=tuple(int(i) for i in dist),
+                      local=tuple(tuple(int(i) for i in r) for r in local))
+
+
+def _skrull(lengths, costs, comm, latency, cfg: SchedulerConfig, overhead: float, backend: str):
+    if backend == "cpp":
+        return _backend.CPP.gds_schedule(
+            lengths, costs, comm, float(latency), cfg.dp_size, cfg.cp_size, cfg.bucket_size,
+            _ROLLBACK_CODES[cfg.rollback], float(overhead))
+    return reference.gds_schedule(lengths, costs, comm, latency, cfg.dp_size, cfg.cp_size,
+                                  cfg.bucket_size, cfg.rollback, overhead)
+
+
+def schedule(lengths: Sequence[int], config: SchedulerConfig,
+             cost_model: Optional[CostModel] = None, *, backend: Optional[str] = None) -> Plan:
+    """Schedules one global batch.
+
+    Args:
+        lengths: ``[K]`` token lengths of the global batch (sample ``i`` is index ``i``).
+        config: Parallel sizes, bucket and policy.
+        cost_model: Compute/communication costs; defaults to Qwen2.5-0.5B on H100.
+        backend: ``cpp`` or ``python`` for the Skrull policy; default ``skrull_ext.BACKEND``.
+
+    Returns:
+        A validated :class:`Plan` with ``predicted`` filled in.
+
+    Raises:
+        ScheduleInputError: bad lengths or config (the message names the fix).
+    """
+    cost_model = cost_model or default_cost_model()
+    arr = check_lengths(lengths, config.cp_size, config.bucket_size)
+    costs = np.ascontiguousarray(cost_model.compute_seconds(arr), dtype=np.float64)
+    comm = np.ascontiguousarray(cost_model.comm_seconds(arr, config.cp_size), dtype=np.float64)
+    backend = backend or _backend.BACKEND
+    if backend == "cpp" and _backend.CPP is None:
+        raise ImportError("backend='cpp' but skrull_ext._C is not built")
+    if config.policy == "skrull":
+        placements = _skrull(arr, costs, comm, cost_model.comm_latency(config.cp_size), config,
+                             cost_model.micro_batch_overhead, backend)
+        ranks = [[_to_micro_batch(p, config.cp_size) for p in mbs] for mbs in placements]
+    else:
+        ranks = BASELINES[config.policy](arr, costs, config.dp_size, config.cp_size,
+                                         config.bucket_size)
+    m = max(1, max(len(r) for r in ranks))
+    ranks = [list(r) + [MicroBatch.empty(config.cp_size)] * (m - len(r)) for r in ranks]
+    plan = Plan(lengths=arr, dp_size=config.dp_size, cp_size=config.cp_size,
+                bucket_size=config.bucket_size, policy=config.policy,
+                dp_ranks=tuple(tuple(r) for r in ranks))
+    plan.validate()
+    return dataclasses.replace(plan, predicted=predict(plan, cost_model))
+
+
+def micro_batch_seconds(mb: MicroBatch, lengths, costs, comm_full, cost_model: CostModel) -> float:
+    """Predicted seconds of one micro-batch, grouped placements included (0 when empty)."""
+    if mb.is_empty():
+        return 0.0
+    n = mb.cp_size
+    t_local = np.array([sum(costs[i] for i in r) for r in mb.local], dtype=np.float64)
+    t_dist = np.full(n, sum(costs[i] for i in mb.distributed) / n, dtype=np.float64)
+    t_comm = np.full(n, sum(comm_full[i] for i in mb.distributed), dtype=np.float64)
+    if mb.distributed:
+        t_comm += cost_model.comm_latency(n)
+    sizes = sorted({g[2] for g in mb.grouped})
+    for i, first, size in mb.grouped:
+        t_dist[first:first + size] += costs[i] / size
+        t_comm[first:first + size] += float(cost_model.comm_seconds([int(lengths[i])], size)[0])
+    for size in sizes:  # each sub-group ring pays its latency once
+        for first in range(0, n, size):
+            if any(g[2] == size and g[1] == first for g in mb.grouped):
+                t_comm[first:first + size] += cost_model.comm_latency(size)
+    return float(np.max(np.maximum(t_comm, t_local) + t_dist)) + cost_model.micro_batch_overhead
+
+
+def predict(plan: Plan, cost_model: CostModel) -> dict:
+    """Cost-model prediction of a plan: per micro-batch, per DP rank, iteration, bound.
+
+    Returns:
+        ``{"iteration_time", "dp_rank_times" [D], "micro_batch_times" [D][M],
+        "lower_bound"}`` in seconds.  ``lower_bound`` spreads the total compute perfectly
+        over all ``D * N`` ranks with no communication or overhead.
+    """
+    costs = cost_model.compute_seconds(plan.lengths)
+    comm = cost_model.comm_seconds(plan.lengths, plan.cp_size)
+    mb_times = [[micro_batch_seconds(mb, plan.lengths, costs, comm, cost_model) for mb in mbs]
+                for mbs in plan.dp_ranks]
+    rank_times = [float(sum(t)) for t in mb_times]
+    return {
+        "iteration_time": max(rank_times),
+        "dp_rank_times": rank_times,
+        "micro_batch_times": mb_times,
+        "lower_bound": float(costs.sum()) / (plan.dp_size * plan.cp_size),
+    }
+
+
+__all__ = ["POLICIES", "SchedulerConfig", "ScheduleInputError", "check_lengths", "predict",
+           "schedule"]

@@ -1,0 +1,167 @@
+"""Baseline policies (SKRULL.md section 7) on the same placement type as Skrull.
+
+Every function returns ``dp_size`` lists of :class:`~skrull_ext.plan.MicroBatch` (not yet
+padded to equal counts; :func:`skrull_ext.scheduler.schedule` pads).  They share the cost
+arrays of the Skrull scheduler, so predictions compare like with like.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from skrull_ext.plan import MicroBatch, shard_tokens
+from skrull_ext.scheduler.reference import lpt_partition
+
+
+def _all_cp(idx, cp_size: int) -> MicroBatch:
+    return MicroBatch(distributed=tuple(int(i) for i in idx),
+                      local=tuple(() for _ in range(cp_size)))
+
+
+def _next_fit(lengths, order, cp_size: int, bucket_size: int) -> list[list[int]]:
+    """Packs ``order`` into consecutive groups whose per-rank shard tokens fit the bucket."""
+    groups: list[list[int]] = []
+    used = bucket_size + 1
+    for i in order:
+        sh = shard_tokens(int(lengths[i]), cp_size)
+        if used + sh > bucket_size:
+            groups.append([])
+            used = 0
+        groups[-1].append(int(i))
+        used += sh
+    return groups
+
+
+def per_seq_cp(lengths, costs, dp_size, cp_size, bucket_size):
+    """The paper's DeepSpeed baseline: one sequence per micro-batch, all-CP, DP round-robin."""
+    return [[_all_cp([i], cp_size) for i in range(d, len(lengths), dp_size)]
+            for d in range(dp_size)]
+
+
+def all_cp(lengths, costs, dp_size, cp_size, bucket_size):
+    """Megatron static CP with packing: contiguous DP slices, next-fit packs in dataset order."""
+    slices = np.array_split(np.arange(len(lengths)), dp_size)
+    return [[_all_cp(g, cp_size) for g in _next_fit(lengths, s, cp_size, bucket_size)]
+            for s in slices]
+
+
+def sorted_batching(lengths, costs, dp_size, cp_size, bucket_size):
+    """LongAlign sorted batching: sort by length, pack consecutive groups, deal round-robin."""
+    order = sorted(range(len(lengths)), key=lambda i: (int(lengths[i]), i))
+    groups = _next_fit(lengths, order, cp_size, bucket_size)
+    return [[_all_cp(g, cp_size) for g in groups[d::dp_size]] for d in range(dp_size)]
+
+
+def hybrid_cp_size(length: int, cp_size: int, bucket_size: int) -> int:
+    """Megatron-Core hybrid CP: ``2^ceil(log2(S / tokens_per_rank))``, at most ``cp_size``."""
+    n = 1
+    while n < cp_size and shard_tokens(length, n) > bucket_size:
+        n *= 2
+    return min(n, cp_size)
+
+
+def _hybrid_place(mbs, lengths, costs, i, n, cp_size, bucket_size):
+    """Puts sample ``i`` on the least-loaded aligned block of ``n`` ranks that has room."""
+    sh = shard_tokens(int(lengths[i]), n)
+    for mb in mbs:
+        best = None
+        for first in range(0, cp_size - n + 1, n):
+            block = range(first, first + n)
+            if all(mb["rem"][r] >= sh for r in block):
+                load = max(mb["load"][r] for r in block)
+                if best is None or load < best[0]:
+                    best = (load, first)
+        if best is not None:
+            for r in range(best[1], best[1] + n):
+                mb["rem"][r] -= sh
+                mb["load"][r] += costs[i] / n
+            mb["items"].append((int(i), best[1], n))
+            return True
+    return False
+
+
+def hybrid_cp(lengths, costs, dp_size, cp_size, bucket_size):
+    """Megatron-Core hybrid CP: per-sequence power-of-two CP groups, greedy grouping.
+
+    DP ranks take contiguous slices; within a rank sequences go longest-cost first into
+    the first micro-batch with an aligned block of ranks that has room.  Single-rank
+    placements become ``local``, full-group ones ``distributed``, the rest ``grouped``.
+    """
+    out = []
+    for s in np.array_split(np.arange(len(lengths)), dp_size):
+        mbs: list[dict] = []
+        for i in sorted(s.tolist(), key=lambda i: (-costs[i], i)):
+            n = hybrid_cp_size(int(lengths[i]), cp_size, bucket_size)
+            if not _hybrid_place(mbs, lengths, costs, i, n, cp_size, bucket_size):
+                mbs.append({"rem": [bucket_size] * cp_size, "load": [0.0] * cp_size, "items": []})
+                _hybrid_place(mbs[-1:], lengths, costs, i, n, cp_size, bucket_size)
+        out.append([_hybrid_micro_batch(mb["items"], cp_size) for mb in mbs])
+    return out
+
+
+def _hybrid_micro_batch(items, cp_size) -> MicroBatch:
+    dist, grouped = [], []
+    local: list[list[int]] = [[] for _ in range(cp_size)]
+    for i, first, n in items:
+        if n == cp_size:
+            dist.append(i)
+        elif n == 1:
+            local[first].append(i)
+        else:
+            grouped.append((i, first, n))
+    return MicroBatch(distributed=tuple(dist), local=tuple(tuple(r) for r in local),
+                      grouped=tuple(grouped))
+
+
+def karmarkar_karp(weights, idx, parts: int) -> list[list[int]]:
+    """Multiway largest-differencing (Karmarkar-Karp) partition of ``idx`` by ``weights``."""
+    heap = []
+    for order, i in enumerate(sorted(idx, key=lambda i: (-weights[i], i))):
+        state = [(float(weights[i]), [int(i)])] + [(0.0, []) for _ in range(parts - 1)]
+        heapq.heappush(heap, (-float(weights[i]), order, state))
+    counter = len(heap)
+    while len(heap) > 1:
+        _, _, a = heapq.heappop(heap)
+        _, _, b = heapq.heappop(heap)
+        b = sorted(b, key=lambda x: x[0])  # smallest of b pairs with largest of a
+        merged = sorted(((sa + sb, ia + ib) for (sa, ia), (sb, ib) in zip(a, b)),
+                        key=lambda x: -x[0])
+        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), counter, merged))
+        counter += 1
+    if not heap:
+        return [[] for _ in range(parts)]
+    return [sorted(items) for _, items in heap[0][2]]
+
+
+def kk_balanced(lengths, costs, dp_size, cp_size, bucket_size):
+    """FLOP-balanced batching (verl/slime style) without DACP, all-CP.
+
+    Karmarkar-Karp over DP ranks on the compute cost (``a S + b S^2``), then per rank the
+    fewest micro-batches whose Karmarkar-Karp split fits the bucket.
+    """
+    out = []
+    for seqs in karmarkar_karp(costs, range(len(lengths)), dp_size):
+        if not seqs:
+            out.append([])
+            continue
+        shards = {i: shard_tokens(int(lengths[i]), cp_size) for i in seqs}
+        m = max(1, -(-sum(shards.values()) // bucket_size))
+        while True:
+            parts = [p for p in karmarkar_karp(costs, seqs, m) if p]
+            if all(sum(shards[i] for i in p) <= bucket_size for p in parts):
+                break
+            m += 1
+        out.append([_all_cp(p, cp_size) for p in parts])
+    return out
+
+
+BASELINES = {
+    "per-seq-cp": per_seq_cp,
+    "all-cp": all_cp,
+    "sorted": sorted_batching,
+    "hybrid-cp": hybrid_cp,
+    "kk": kk_balanced,
+}
+
+__all__ = ["BASELINES", "karmarkar_karp", "lpt_partition", "hybrid_cp_size"]
