@@ -1,18 +1,19 @@
-"""LR schedule, temporary planner, sampler, sample sources and the log line (no processes)."""
+"""LR schedule, planner wiring, sample sources and the log line (no processes)."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from megatron.skrull._attention_fallback import build_rank_layout
 from megatron.skrull.optimizer import LRSchedule, build_optimizer
-from megatron.skrull.planning import greedy_plan
-from megatron.skrull.samples import (ConcatSource, DatasetSource, GlobalBatchSampler,
-                                     SyntheticSFTSource)
+from megatron.skrull.planning import build_cost_model, make_planner, predicted_seconds
+from megatron.skrull.samples import DatasetSource, SyntheticSFTSource
 from megatron.skrull.training import IterationStats, MetricsLogger
+
+from mcore_helpers import tiny_config
 
 
 def test_lr_schedule_shapes():
@@ -35,28 +36,32 @@ def test_no_weight_decay_on_norms_and_biases():
     assert decay == {id(model[0].weight)}
 
 
-def test_greedy_plan_is_valid_and_mixes_local_distributed_and_empty():
-    lengths = np.array([300, 20, 30, 40, 250, 10, 5])
-    plan = greedy_plan(lengths, dp_size=2, cp_size=2, bucket_size=200)
+def test_planner_uses_the_scheduler_and_cost_model(tmp_path):
+    cfg = tiny_config(["--context-parallel-size", "2", "--global-batch-size", "8"],
+                      world_size=4)
+    planner = make_planner(cfg, vocab_size=128)
+    plan = planner(np.array([90, 12, 30, 40, 70, 10, 5, 64]))
     plan.validate()
-    mbs = [mb for rank in plan.dp_ranks for mb in rank]
-    assert any(mb.distributed for mb in mbs)
-    assert any(any(mb.local) for mb in mbs)
-    assert len({len(rank) for rank in plan.dp_ranks}) == 1
-    with pytest.raises(ValueError, match="does not fit"):
-        greedy_plan([900], dp_size=1, cp_size=2, bucket_size=200)
+    assert (plan.dp_size, plan.cp_size, plan.policy) == (2, 2, "skrull")
+    assert predicted_seconds(plan) > 0
+    # A calibrated config changes the prediction; unknown keys are rejected by name.
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps({"c_linear": 1e-6, "micro_batch_overhead": 1.0}))
+    slow = build_cost_model(tiny_config(["--skrull-cost-model-config", str(path)]), 128)
+    assert slow.time.c_linear == 1e-6 and slow.micro_batch_overhead == 1.0
+    assert slow.bytes_per_element == 4  # fp32 on CPU
+    path.write_text(json.dumps({"c_lin": 1.0}))
+    with pytest.raises(ValueError, match="unknown keys"):
+        build_cost_model(tiny_config(["--skrull-cost-model-config", str(path)]), 128)
 
 
-def test_sampler_is_deterministic_epoch_aware_and_resumable():
-    s = GlobalBatchSampler(10, 4, seed=3)
-    batches = [next(s) for _ in range(5)]  # 20 samples = 2 epochs
-    flat = sum(batches, [])
-    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:]) == list(range(10))
-    resumed = GlobalBatchSampler(10, 4, seed=3)
-    resumed.load_state_dict(GlobalBatchSampler(10, 4, seed=3).state_dict() | {"iteration": 3})
-    assert [next(resumed) for _ in range(2)] == batches[3:]
-    with pytest.raises(ValueError, match="--global-batch-size"):
-        GlobalBatchSampler(10, 5, seed=3).load_state_dict(s.state_dict())
+@pytest.mark.parametrize("policy", ["per-seq-cp", "all-cp", "sorted", "kk"])
+def test_baseline_policies_plan_local_or_distributed_only(policy):
+    cfg = tiny_config(["--context-parallel-size", "2", "--skrull-scheduler", policy],
+                      world_size=2)
+    plan = make_planner(cfg, vocab_size=128)(np.array([90, 12, 30, 40, 70, 10]))
+    assert plan.policy == policy
+    assert not any(mb.grouped for rank in plan.dp_ranks for mb in rank)
 
 
 def test_synthetic_source_is_learnable_and_consistent():
@@ -85,23 +90,13 @@ class _FakeDataset:
         return ids, ids + 1, (torch.arange(n) % 2).float()
 
 
-def test_dataset_and_concat_sources():
-    a, b = DatasetSource(_FakeDataset([4, 6], 0)), DatasetSource(_FakeDataset([5], 100))
-    cat = ConcatSource([a, b])
-    assert cat.lengths.tolist() == [4, 6, 5] and len(cat) == 3
-    assert cat.num_loss_tokens(np.array([0, 1, 2])) == 2 + 3 + 2
-    s = cat.sample(2)
-    assert s.tokens.tolist() == [100, 101, 102, 103, 104] and s.loss_mask.dtype == np.float32
-
-
-def test_fallback_layout_zigzag_and_pack():
-    # Sample 0 (5 tokens) distributed over 2 ranks: padded to 8, chunks of 2; rank 1 holds
-    # chunks 1 and 2 -> positions 2,3,4,5 (5 is padding); then its local sample 1.
-    layout = build_rank_layout([5, 3], [0], [[], [1]], 1, 2)
-    assert layout.position_ids.tolist() == [2, 3, 4, 5, 0, 1, 2]
-    assert layout.is_padding.tolist() == [False, False, False, True, False, False, False]
-    packed = layout.pack({0: torch.arange(5) + 10, 1: torch.arange(3) + 20}, -1)
-    assert packed.tolist() == [12, 13, 14, -1, 20, 21, 22]
+def test_dataset_source_adapts_sft_examples():
+    src = DatasetSource(_FakeDataset([4, 6], 100))
+    assert src.lengths.tolist() == [4, 6] and len(src) == 2
+    assert src.num_loss_tokens(np.array([0, 1])) == 2 + 3
+    s = src.sample(0)
+    assert s.tokens.tolist() == [100, 101, 102, 103] and s.labels.tolist() == [101, 102, 103, 104]
+    assert s.loss_mask.dtype == np.float32
 
 
 def test_log_line_has_every_field():

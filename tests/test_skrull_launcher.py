@@ -63,3 +63,15 @@ def test_torchrun_two_ranks_context_parallel(tmp_path):
     assert _iterations(out) == [1, 2]
     local = [float(x) for x in re.findall(r"local tokens ([\d.]+)%", out)]
     assert local and min(local) < 100.0  # some samples were distributed
+
+
+def test_preprocessed_data_path(tmp_path):
+    prefix = str(tmp_path / "synth")
+    _run([sys.executable, "tools/preprocess_sft.py", "--synthetic", "40", "--seed", "3",
+          "--seq-length", "96", "--synthetic-max-tokens", "97", "--output-prefix", prefix])
+    flags = [f for f in TINY_FLAGS]
+    out = _run([sys.executable, "-m", "megatron.skrull.pretrain_gpt", *flags, "--train-iters",
+                "2", "--data-path", prefix, "--tokenizer-type", "ByteLevelTokenizer"])
+    assert _iterations(out) == [1, 2]
+    # ByteLevelTokenizer has 262 ids -> padded to 384 (multiple of 128).
+    assert re.search(r"loss [5-6]\.\d+E\+00", out), out

@@ -35,13 +35,14 @@ def _reference_model(cfg, skrull_model, vocab):
 def _worker(rank, world, tmp):
     from megatron.core.models.common.embeddings import rotary_pos_embedding
     from megatron.skrull.cpu_compat import apply_cpu_compat
-    from megatron.skrull.model import SkrullPackedSeqParams, build_model, resolve_attention
+    from megatron.skrull.model import SkrullPackedSeqParams, build_model
     from megatron.skrull.pretrain_gpt import init_model_parallel
+    from skrull_ext.attention import dacp_attention as dacp
+    from skrull_ext.layout import build_rank_layout as build_layout
 
     apply_cpu_compat("cpu")
     cfg = tiny_config(["--fp64"])
     init_model_parallel(cfg, torch.device("cpu"))
-    dacp, build_layout = resolve_attention()
     seen = []
 
     def recording_attention(q, k, v, layout, cp_group, **kw):

@@ -3,8 +3,8 @@ resume reproduces the uninterrupted run.
 
 All cases run in ONE spawn of 2 processes (parallel state is re-initialised per case); the
 single-process references are computed by rank 0 alone with no process group in use.
-The attention is whatever ``megatron.skrull.model.resolve_attention`` returns: the real
-``skrull_ext.attention.dacp_attention`` once merged, the dense reference until then.
+The model runs the real ``skrull_ext.attention.dacp_attention`` (zigzag ring for the
+distributed samples, per-document local attention for the rest).
 """
 from __future__ import annotations
 
@@ -54,9 +54,9 @@ def _setup(cfg, **kw):
 
 def _reference(cfg, source, float64_loss=True):
     """Same init, same batches, no process group: the single-process run."""
-    from megatron.skrull.model import build_model, resolve_attention
+    from megatron.skrull.data import GlobalBatchSampler
+    from megatron.skrull.model import build_model
     from megatron.skrull.optimizer import LRSchedule, build_optimizer
-    from megatron.skrull.samples import GlobalBatchSampler
     from megatron.skrull.training import ParallelGroups, Trainer
 
     torch.manual_seed(cfg.optim.seed)
@@ -64,8 +64,8 @@ def _reference(cfg, source, float64_loss=True):
     return Trainer(model=model, optimizer=build_optimizer(model, cfg.optim),
                    schedule=LRSchedule.from_args(cfg.optim), source=source,
                    sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
-                   planner=SINGLE, groups=ParallelGroups(), build_layout=resolve_attention()[1],
-                   device=CPU, float64_loss=float64_loss)
+                   planner=SINGLE, groups=ParallelGroups(), device=CPU,
+                   float64_loss=float64_loss)
 
 
 def _grads(trainer):

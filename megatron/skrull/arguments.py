@@ -217,14 +217,18 @@ class SkrullArgs:
 
     bucket_size: int
     scheduler: str = "skrull"
-    hardware: str = "cpu"
+    hardware: Optional[str] = None  # None: cpu on --device cpu, h100 on cuda
     cost_model_config: Optional[str] = None
 
     def __post_init__(self) -> None:
         p = []
         if self.scheduler not in SCHEDULERS:
             p.append(f"--skrull-scheduler {self.scheduler!r}: use one of {', '.join(SCHEDULERS)}")
-        if self.hardware not in ("cpu", "h100"):
+        if self.scheduler == "hybrid-cp":
+            p.append("--skrull-scheduler hybrid-cp places samples on CP sub-groups, which only "
+                     "the simulator supports (python -m skrull_ext.plan); train with skrull, "
+                     "per-seq-cp, all-cp, sorted or kk")
+        if self.hardware not in (None, "cpu", "h100"):
             p.append(f"--skrull-hardware {self.hardware!r}: use cpu or h100")
         if self.cost_model_config is not None and not os.path.isfile(self.cost_model_config):
             p.append(f"--skrull-cost-model-config {self.cost_model_config}: no such file")
@@ -339,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("skrull")
     g.add_argument("--skrull-bucket-size", type=int, required=True, help="tokens per CP rank")
     g.add_argument("--skrull-scheduler", default="skrull", choices=SCHEDULERS)
-    g.add_argument("--skrull-hardware", default="cpu", choices=("cpu", "h100"))
+    g.add_argument("--skrull-hardware", choices=("cpu", "h100"),
+                   help="cost-model preset (default: from the device)")
     g.add_argument("--skrull-cost-model-config")
     g = ap.add_argument_group("runtime")
     g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -34,23 +34,12 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from skrull_ext.attention import dacp_attention
+from skrull_ext.layout import RankLayout
+
 from megatron.skrull.arguments import ModelArgs
 
 AttentionFn = Callable[..., torch.Tensor]
-
-
-def resolve_attention() -> tuple[AttentionFn, Callable[..., Any]]:
-    """``(dacp_attention, build_rank_layout)`` from ``skrull_ext``.
-
-    TEMPORARY fallback: while the attention branch is not merged, the dense reference in
-    :mod:`megatron.skrull._attention_fallback` is returned instead.
-    """
-    try:
-        from skrull_ext.attention import dacp_attention
-        from skrull_ext.layout import build_rank_layout
-    except ImportError:  # TEMPORARY until skrull_ext.attention/layout are merged
-        from megatron.skrull._attention_fallback import build_rank_layout, dacp_attention
-    return dacp_attention, build_rank_layout
 
 
 @dataclasses.dataclass
@@ -58,11 +47,13 @@ class SkrullPackedSeqParams(PackedSeqParams):
     """mcore ``PackedSeqParams`` carrying this rank's layout for one micro-batch.
 
     Attributes:
-        layout: ``RankLayout`` of this CP rank (``position_ids``, ``is_padding``, ...).
+        layout: :class:`skrull_ext.layout.RankLayout` of this CP rank.
         cp_group: CP process group the attention communicates over (inherited field).
+        attention_backend: ``backend`` argument of ``dacp_attention`` (``"auto"``).
     """
 
-    layout: Any = None
+    layout: Optional[RankLayout] = None
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if self.qkv_format is None:
@@ -93,7 +84,7 @@ class SkrullCoreAttention(MegatronModule):
         self.layer_number = layer_number
         head_dim = config.kv_channels
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1 / math.sqrt(head_dim)
-        self._attention_fn = attention_fn
+        self._attention_fn = attention_fn or dacp_attention
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: Optional[torch.Tensor], attn_mask_type=None,
@@ -115,9 +106,9 @@ class SkrullCoreAttention(MegatronModule):
             raise ValueError("SkrullCoreAttention needs packed_seq_params=SkrullPackedSeqParams")
         if query.shape[1] != 1:
             raise ValueError(f"packed input must have batch dim 1, got {query.shape[1]}")
-        fn = self._attention_fn or resolve_attention()[0]
-        out = fn(query[:, 0], key[:, 0], value[:, 0], packed_seq_params.layout,
-                 packed_seq_params.cp_group, softmax_scale=self.softmax_scale)
+        out = self._attention_fn(query[:, 0], key[:, 0], value[:, 0], packed_seq_params.layout,
+                                 packed_seq_params.cp_group, softmax_scale=self.softmax_scale,
+                                 backend=packed_seq_params.attention_backend)
         return out.reshape(out.shape[0], 1, -1)
 
 
@@ -204,7 +195,8 @@ def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: 
         cp_size: Context-parallel size (must match ``parallel_state``).
         dtype: Parameter dtype (float32 on CPU/GPU with autocast, float64 in tests).
         device: Where the parameters live; CPU initialisation is used on CPU.
-        attention_fn: Override of ``dacp_attention`` (tests); ``None`` resolves it.
+        attention_fn: Replacement of ``skrull_ext.attention.dacp_attention`` (same
+            signature; tests wrap it to record calls).
     """
     cpu = device.type == "cpu"
     config = transformer_config(args, tp_size=tp_size, cp_size=cp_size, dtype=dtype,

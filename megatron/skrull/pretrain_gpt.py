@@ -58,34 +58,26 @@ def init_model_parallel(cfg: RunConfig, device: torch.device) -> None:
 
 
 def build_sample_source(cfg: RunConfig):
-    """``--mock-data`` synthetic task, or the preprocessed ``--data-path`` datasets."""
+    """``--mock-data`` synthetic task, or the preprocessed ``--data-path`` dataset.
+
+    With ``--tokenizer-type``/``--tokenizer-model`` the dataset must have been tokenized
+    with that tokenizer; every sample must fit ``--seq-length``.
+    """
     from megatron.skrull import samples
 
     if cfg.data.use_mock:
         return samples.SyntheticSFTSource(cfg.data.mock_num_samples, cfg.seq_length,
                                           vocab_size=cfg.model.vocab_size or 64,
                                           seed=cfg.optim.seed)
-    try:
-        from megatron.skrull.data import SFTDataset
-    except ImportError as exc:  # INTEGRATION: the data branch provides this module
-        raise RuntimeError("--data-path needs megatron.skrull.data (SFTDataset)") from exc
-    datasets = [SFTDataset(prefix) for prefix in cfg.data.data_path]
-    for ds in datasets:
-        if ds.max_length > cfg.seq_length:
-            raise ValueError(f"{ds.path_prefix}: longest sample {ds.max_length} > --seq-length "
-                             f"{cfg.seq_length}; raise --seq-length or re-preprocess")
-    parts = [samples.DatasetSource(ds) for ds in datasets]
-    return parts[0] if len(parts) == 1 else samples.ConcatSource(parts)
+    from megatron.skrull.data import load_sft_dataset
+    from megatron.skrull.tokenizer import build_tokenizer
 
-
-def source_vocab_size(cfg: RunConfig, source: Any) -> int:
-    """``--vocab-size`` or the vocabulary the data was tokenized with."""
-    if cfg.model.vocab_size is not None:
-        return cfg.model.vocab_size
-    if hasattr(source, "vocab_size"):
-        return int(source.vocab_size)
-    first = source.sources[0] if hasattr(source, "sources") else source
-    return int(first.dataset.tokenizer_description["vocab_size"])
+    tokenizer = None
+    if cfg.data.tokenizer_type or cfg.data.tokenizer_model:
+        tokenizer = build_tokenizer(cfg.data.tokenizer_type, cfg.data.tokenizer_model)
+    dataset = load_sft_dataset(list(cfg.data.data_path), tokenizer=tokenizer,
+                               seq_length=cfg.seq_length)
+    return samples.DatasetSource(dataset)
 
 
 def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
@@ -97,33 +89,35 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         device: Training device.
         source: Sample source (default: :func:`build_sample_source`).
         planner: ``lengths -> Plan`` (default: :func:`megatron.skrull.planning.make_planner`).
-        attention_fn: Override of ``dacp_attention`` (tests).
+        attention_fn: Replacement of ``dacp_attention`` (tests).
 
     Returns:
         A :class:`megatron.skrull.training.Trainer` at iteration 0.
     """
-    from megatron.skrull import model as model_lib
+    from megatron.skrull.data import GlobalBatchSampler
+    from megatron.skrull.model import build_model
     from megatron.skrull.optimizer import LRSchedule, build_optimizer, sync_parameters
     from megatron.skrull.planning import make_planner
-    from megatron.skrull.samples import GlobalBatchSampler
     from megatron.skrull.training import ParallelGroups, Trainer
 
     source = source if source is not None else build_sample_source(cfg)
     tp = cfg.parallel.tensor_model_parallel_size
-    vocab = cfg.model.padded_vocab_size(source_vocab_size(cfg, source), tp)
-    dtype = torch.float64 if cfg.fp64 else torch.float32
-    _, build_layout = model_lib.resolve_attention()
-    model = model_lib.build_model(cfg.model, vocab_size=vocab, tp_size=tp,
-                                  cp_size=cfg.parallel.context_parallel_size, dtype=dtype,
-                                  device=device, attention_fn=attention_fn)
+    vocab = cfg.model.padded_vocab_size(cfg.model.vocab_size or source.vocab_size, tp)
+    if cfg.model.vocab_size is not None and cfg.model.vocab_size < source.vocab_size:
+        raise ValueError(f"--vocab-size {cfg.model.vocab_size} is smaller than the data's "
+                         f"vocabulary {source.vocab_size}; drop --vocab-size or raise it")
+    model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
+                        cp_size=cfg.parallel.context_parallel_size,
+                        dtype=torch.float64 if cfg.fp64 else torch.float32, device=device,
+                        attention_fn=attention_fn)
     groups = ParallelGroups.from_parallel_state()
     sync_parameters(model, groups.grad_group)
     return Trainer(
         model=model, optimizer=build_optimizer(model, cfg.optim),
         schedule=LRSchedule.from_args(cfg.optim), source=source,
         sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
-        planner=planner or make_planner(cfg), groups=groups, build_layout=build_layout,
-        device=device, clip_grad=cfg.optim.clip_grad, float64_loss=cfg.fp64 and tp == 1,
+        planner=planner or make_planner(cfg, vocab), groups=groups, device=device,
+        clip_grad=cfg.optim.clip_grad, float64_loss=cfg.fp64 and tp == 1,
         autocast_dtype=torch.bfloat16 if device.type == "cuda" else None)
 
 

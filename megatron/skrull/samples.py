@@ -4,21 +4,18 @@ The loop only touches data through :class:`SampleSource`: per-sample ``lengths``
 front, so every rank plans the whole global batch), ``num_loss_tokens(ids)`` (the global loss
 normaliser, computed by every rank without communication) and ``sample(i)`` (read only for
 the samples this rank holds).  :class:`SyntheticSFTSource` is the built-in learnable task
-behind ``--mock-data``; :class:`DatasetSource` adapts a preprocessed dataset
-(``megatron.skrull.data.SFTDataset``: ``lengths`` and ``get_example(i)``).
-
-Samplers follow ``megatron.skrull.data.GlobalBatchSampler``'s interface: ``next(sampler)``
-gives the next global batch (a list of sample indices), ``state_dict``/``load_state_dict``.
+behind ``--mock-data``; :class:`DatasetSource` adapts a preprocessed ``--data-path``
+dataset (:class:`megatron.skrull.data.SFTDataset`).  Global batches come from
+:class:`megatron.skrull.data.GlobalBatchSampler`.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["TokenSample", "SampleSource", "SyntheticSFTSource", "DatasetSource",
-           "ConcatSource", "GlobalBatchSampler"]
+__all__ = ["TokenSample", "SampleSource", "SyntheticSFTSource", "DatasetSource"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,11 +101,11 @@ class SyntheticSFTSource:
 
 
 class DatasetSource:
-    """Adapts a preprocessed dataset (``lengths`` + ``get_example(i)``) to :class:`SampleSource`.
+    """Adapts :class:`megatron.skrull.data.SFTDataset` to :class:`SampleSource`.
 
-    ``get_example(i)`` must return ``(input_ids, labels, loss_mask)``, each ``[lengths[i]]``
-    (``megatron.skrull.data.SFTDataset``'s causal-LM view).  Loss-token counts are read from
-    the masks on first use and cached, so the normaliser costs one mask read per sample.
+    Uses the dataset's ``lengths`` (L, training positions) and ``get_example(i)`` ->
+    ``(input_ids, labels, loss_mask)``, each ``[L]``.  Loss-token counts are read from the
+    masks on first use and cached, so the normaliser costs one mask read per sample.
     """
 
     def __init__(self, dataset: Any):
@@ -118,6 +115,11 @@ class DatasetSource:
 
     def __len__(self) -> int:
         return len(self.lengths)
+
+    @property
+    def vocab_size(self) -> int:
+        """Vocabulary the dataset was tokenized with (its stored tokenizer description)."""
+        return int(self.dataset.tokenizer_description["vocab_size"])
 
     def num_loss_tokens(self, indices: np.ndarray) -> int:
         indices = np.asarray(indices, dtype=np.int64)
@@ -131,83 +133,3 @@ class DatasetSource:
         return TokenSample(tokens=np.asarray(ids, dtype=np.int64),
                            labels=np.asarray(labels, dtype=np.int64),
                            loss_mask=np.asarray(mask, dtype=np.float32))
-
-
-class ConcatSource:
-    """Several sources seen as one (several ``--data-path`` prefixes)."""
-
-    def __init__(self, sources: Sequence[Any]):
-        if not sources:
-            raise ValueError("ConcatSource needs at least one source")
-        self.sources = list(sources)
-        self.lengths = np.concatenate([s.lengths for s in self.sources]).astype(np.int64)
-        self._starts = np.cumsum([0] + [len(s) for s in self.sources])
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def _locate(self, index: int) -> tuple[Any, int]:
-        k = int(np.searchsorted(self._starts, index, side="right")) - 1
-        return self.sources[k], int(index - self._starts[k])
-
-    def num_loss_tokens(self, indices: np.ndarray) -> int:
-        total = 0
-        for i in np.asarray(indices, dtype=np.int64):
-            src, j = self._locate(int(i))
-            total += src.num_loss_tokens(np.asarray([j]))
-        return total
-
-    def sample(self, index: int) -> TokenSample:
-        src, j = self._locate(int(index))
-        return src.sample(j)
-
-
-class GlobalBatchSampler:
-    """Deterministic stream of global batches over a dataset, reshuffled every epoch.
-
-    Global batch ``b`` is positions ``[b G, (b+1) G)`` of the endless stream
-    ``perm(epoch 0) ++ perm(epoch 1) ++ ...`` (``perm`` seeded by ``(seed, epoch)``), so the
-    state is one integer and a resumed run sees exactly the batches of the uninterrupted one.
-    Same interface as ``megatron.skrull.data.GlobalBatchSampler`` (which drops each epoch's
-    leftover instead and needs at least one global batch of samples).
-    """
-
-    def __init__(self, num_samples: int, global_batch_size: int, seed: int):
-        if num_samples < 1 or global_batch_size < 1:
-            raise ValueError("GlobalBatchSampler needs num_samples >= 1 and global_batch_size >= 1")
-        self.num_samples = num_samples
-        self.global_batch_size = global_batch_size
-        self.seed = seed
-        self.iteration = 0
-        self._cache: dict[int, np.ndarray] = {}
-
-    def _perm(self, epoch: int) -> np.ndarray:
-        if epoch not in self._cache:
-            self._cache = {epoch: np.random.default_rng((self.seed, epoch)).permutation(
-                self.num_samples)}
-        return self._cache[epoch]
-
-    def __iter__(self) -> "GlobalBatchSampler":
-        return self
-
-    def __next__(self) -> list[int]:
-        """Dataset indices of the next global batch (``global_batch_size`` ints)."""
-        pos = self.iteration * self.global_batch_size + np.arange(self.global_batch_size)
-        out = np.empty(self.global_batch_size, dtype=np.int64)
-        for epoch in np.unique(pos // self.num_samples):
-            sel = pos // self.num_samples == epoch
-            out[sel] = self._perm(int(epoch))[pos[sel] % self.num_samples]
-        self.iteration += 1
-        return [int(i) for i in out]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"iteration": self.iteration, "seed": self.seed,
-                "global_batch_size": self.global_batch_size, "num_samples": self.num_samples}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("seed", "global_batch_size", "num_samples"):
-            if state[key] != getattr(self, key):
-                raise ValueError(f"checkpoint sampler has {key}={state[key]} but this run has "
-                                 f"{getattr(self, key)}; resume with the same data and "
-                                 f"--global-batch-size/--seed")
-        self.iteration = int(state["iteration"])

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from skrull_ext.layout import layout_for_micro_batch, pack_samples
 from skrull_ext.plan import MicroBatch, Plan
 
 from megatron.skrull.model import SkrullPackedSeqParams
@@ -83,8 +84,8 @@ class MicroBatchInputs:
 
 
 def materialize(source: SampleSource, batch_ids: np.ndarray, plan: Plan, mb: MicroBatch,
-                groups: ParallelGroups, build_layout: Callable[..., Any],
-                device: torch.device) -> Optional[MicroBatchInputs]:
+                groups: ParallelGroups, device: torch.device,
+                attention_backend: str = "auto") -> Optional[MicroBatchInputs]:
     """Packs the samples this CP rank holds in ``mb``; ``None`` when it holds none.
 
     Args:
@@ -93,25 +94,23 @@ def materialize(source: SampleSource, batch_ids: np.ndarray, plan: Plan, mb: Mic
         plan: The iteration's plan (its ``lengths`` drive the layout).
         mb: This DP rank's micro-batch.
         groups: This rank's coordinates.
-        build_layout: ``build_rank_layout(lengths, distributed, local, cp_rank, cp_size)``.
         device: Where the tensors go.
+        attention_backend: ``dacp_attention``'s kernel back-end.
     """
-    layout = build_layout(plan.lengths, mb.distributed, mb.local, groups.cp_rank, groups.cp_size)
+    layout = layout_for_micro_batch(mb, plan.lengths, groups.cp_rank)
     if layout.num_tokens == 0:
         return None
-    held = list(mb.distributed) + list(mb.local[groups.cp_rank])
-    samples = {i: source.sample(int(batch_ids[i])) for i in held}
-
-    def pack(field: str, pad) -> torch.Tensor:
-        packed = layout.pack({i: torch.as_tensor(getattr(s, field)) for i, s in samples.items()},
-                             pad)
-        return packed.to(device)[None]
-
-    mask = pack("loss_mask", 0) * (~layout.is_padding).to(device)[None]
+    samples = {i: source.sample(int(batch_ids[i])) for i in layout.samples}
+    packed = pack_samples(
+        layout, {i: torch.from_numpy(s.tokens) for i, s in samples.items()},
+        {i: torch.from_numpy(s.labels) for i, s in samples.items()},
+        {i: torch.from_numpy(s.loss_mask) for i, s in samples.items()})
     return MicroBatchInputs(
-        input_ids=pack("tokens", 0), labels=pack("labels", 0), loss_mask=mask,
-        position_ids=layout.position_ids.to(device)[None],
-        packed_seq_params=SkrullPackedSeqParams(layout=layout, cp_group=groups.cp_group))
+        input_ids=packed.tokens.to(device)[None], labels=packed.labels.to(device)[None],
+        loss_mask=packed.loss_mask.to(device)[None],
+        position_ids=packed.position_ids.to(device)[None],
+        packed_seq_params=SkrullPackedSeqParams(layout=layout, cp_group=groups.cp_group,
+                                                attention_backend=attention_backend))
 
 
 def forward_backward(model: torch.nn.Module, inputs: MicroBatchInputs, normaliser: float, *,
@@ -174,20 +173,20 @@ class Trainer:
             ``state_dict`` is checkpointed.
         planner: ``lengths -> Plan`` (same result on every rank).
         groups: This rank's coordinates and groups.
-        build_layout: ``skrull_ext.layout.build_rank_layout`` (or a stand-in).
         device: Training device.
         clip_grad: Max global grad norm (0 disables).
         float64_loss: See :func:`forward_backward`.
         autocast_dtype: See :func:`forward_backward`.
+        attention_backend: ``dacp_attention`` kernel back-end (``"auto"``).
     """
 
     def __init__(self, *, model, optimizer, schedule: LRSchedule, source: SampleSource,
-                 sampler: Any, planner: Planner, groups: ParallelGroups,
-                 build_layout: Callable[..., Any], device: torch.device, clip_grad: float = 1.0,
-                 float64_loss: bool = False, autocast_dtype: Optional[torch.dtype] = None):
+                 sampler: Any, planner: Planner, groups: ParallelGroups, device: torch.device,
+                 clip_grad: float = 1.0, float64_loss: bool = False,
+                 autocast_dtype: Optional[torch.dtype] = None, attention_backend: str = "auto"):
         self.model, self.optimizer, self.schedule = model, optimizer, schedule
         self.source, self.sampler, self.planner = source, sampler, planner
-        self.groups, self.build_layout, self.device = groups, build_layout, device
+        self.groups, self.device, self.attention_backend = groups, device, attention_backend
         self.clip_grad, self.float64_loss, self.autocast_dtype = clip_grad, float64_loss, autocast_dtype
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.iteration = 0
@@ -213,8 +212,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for mb in plan.dp_ranks[self.groups.dp_rank]:
-            inputs = materialize(self.source, batch_ids, plan, mb, self.groups,
-                                 self.build_layout, self.device)
+            inputs = materialize(self.source, batch_ids, plan, mb, self.groups, self.device,
+                                 self.attention_backend)
             if inputs is None:
                 continue  # no tokens here and no distributed samples: nothing to join
             loss_sum += forward_backward(self.model, inputs, normaliser,
