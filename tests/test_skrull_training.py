@@ -103,7 +103,7 @@ def _loss_falls(rank):
     from megatron.skrull.training import train
 
     cfg = tiny_config(["--lr-decay-style", "constant", "--train-iters", "30",
-                       "--global-batch-size", "8"], world_size=2)
+                       "--global-batch-size", "8", "--skrull-bucket-size", "128"], world_size=2)
     trainer = _setup(cfg)
     history = train(trainer, train_iters=30)
     params = torch.cat([p.detach().flatten() for p in trainer.params])
@@ -185,6 +185,7 @@ def test_loss_falls_with_two_data_parallel_ranks(results):
     start, end = np.mean(losses[:3]), np.mean(losses[-3:])
     # Uniform over the 54 body tokens is ln 54 = 3.99; learning the task goes below it.
     assert end < start - 1.0 and end < 3.5, losses
+    assert max(results[0]["falls"]["micro_batches"]) > 1  # gradient accumulation exercised
     torch.testing.assert_close(results[0]["falls"]["params"], results[1]["falls"]["params"],
                                rtol=0, atol=0)
 

@@ -352,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _group(cls, ns: argparse.Namespace, problems: list[str], **values):
+def _group(cls, problems: list[str], **values):
     try:
         return cls(**values)
     except ConfigError as exc:
@@ -363,7 +363,7 @@ def _group(cls, ns: argparse.Namespace, problems: list[str], **values):
 def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     """Builds the frozen :class:`RunConfig`; raises :class:`ConfigError` with every problem."""
     p: list[str] = []
-    model = _group(ModelArgs, ns, p, num_layers=ns.num_layers, hidden_size=ns.hidden_size,
+    model = _group(ModelArgs, p, num_layers=ns.num_layers, hidden_size=ns.hidden_size,
                    num_attention_heads=ns.num_attention_heads, ffn_hidden_size=ns.ffn_hidden_size,
                    num_query_groups=ns.num_query_groups, kv_channels=ns.kv_channels,
                    max_position_embeddings=ns.max_position_embeddings or ns.seq_length,
@@ -374,23 +374,23 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                    untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights,
                    rotary_base=ns.rotary_base, hidden_dropout=ns.hidden_dropout,
                    init_method_std=ns.init_method_std)
-    parallel = _group(ParallelArgs, ns, p, world_size=world_size,
+    parallel = _group(ParallelArgs, p, world_size=world_size,
                       tensor_model_parallel_size=ns.tensor_model_parallel_size,
                       context_parallel_size=ns.context_parallel_size)
-    optim = _group(OptimArgs, ns, p, lr=ns.lr, train_iters=ns.train_iters, min_lr=ns.min_lr,
+    optim = _group(OptimArgs, p, lr=ns.lr, train_iters=ns.train_iters, min_lr=ns.min_lr,
                    lr_warmup_iters=ns.lr_warmup_iters, lr_decay_style=ns.lr_decay_style,
                    lr_decay_iters=ns.lr_decay_iters, weight_decay=ns.weight_decay,
                    adam_beta1=ns.adam_beta1, adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps,
                    clip_grad=ns.clip_grad, seed=ns.seed)
-    data = _group(DataArgs, ns, p, data_path=tuple(ns.data_path),
+    data = _group(DataArgs, p, data_path=tuple(ns.data_path),
                   tokenizer_type=ns.tokenizer_type, tokenizer_model=ns.tokenizer_model,
                   mock_data=ns.mock_data, mock_num_samples=ns.mock_num_samples)
-    skrull = _group(SkrullArgs, ns, p, bucket_size=ns.skrull_bucket_size,
+    skrull = _group(SkrullArgs, p, bucket_size=ns.skrull_bucket_size,
                     scheduler=ns.skrull_scheduler, hardware=ns.skrull_hardware,
                     cost_model_config=ns.skrull_cost_model_config)
-    ckpt = _group(CheckpointArgs, ns, p, save=ns.save, load=ns.load,
+    ckpt = _group(CheckpointArgs, p, save=ns.save, load=ns.load,
                   save_interval=ns.save_interval)
-    log = _group(LoggingArgs, ns, p, log_interval=ns.log_interval,
+    log = _group(LoggingArgs, p, log_interval=ns.log_interval,
                  tensorboard_dir=ns.tensorboard_dir)
     _raise_if(p)
     return RunConfig(model=model, parallel=parallel, optim=optim, data=data, skrull=skrull,

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-__all__ = ["apply_cpu_compat", "cpu_compat_applied", "resolve_device", "ORIGINALS"]
+__all__ = ["apply_cpu_compat", "cpu_compat_applied", "resolve_device", "original", "ORIGINALS"]
 
 # name -> object that was replaced (kept so tests can check the upstream behaviour).
 ORIGINALS: dict[str, Any] = {}

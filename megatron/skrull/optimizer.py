@@ -109,9 +109,7 @@ def grad_norm(params: Iterable[torch.nn.Parameter], tp_group: Optional[dist.Proc
         if param_is_not_tensor_parallel_duplicate(p, tp_group):
             sq += p.grad.detach().double().pow(2).sum()
     if tp_group is not None and dist.get_world_size(tp_group) > 1:
-        sq_f = sq.float() if device.type == "cuda" else sq
-        dist.all_reduce(sq_f, group=tp_group)
-        sq = sq_f.double()
+        dist.all_reduce(sq, group=tp_group)
     return float(sq.sqrt())
 
 

@@ -48,7 +48,6 @@ class ParallelGroups:
         cp_group: CP group (attention communication).
         tp_group: Tensor-parallel group (gradient-norm reduction).
         grad_group: DP x CP group over which gradients and the loss are summed.
-        is_logging_rank: Whether this rank prints and writes TensorBoard.
     """
 
     dp_rank: int = 0
@@ -57,7 +56,6 @@ class ParallelGroups:
     cp_group: Optional[dist.ProcessGroup] = None
     tp_group: Optional[dist.ProcessGroup] = None
     grad_group: Optional[dist.ProcessGroup] = None
-    is_logging_rank: bool = True
 
     @classmethod
     def from_parallel_state(cls) -> "ParallelGroups":
@@ -68,8 +66,7 @@ class ParallelGroups:
                    cp_size=ps.get_context_parallel_world_size(),
                    cp_group=ps.get_context_parallel_group(),
                    tp_group=ps.get_tensor_model_parallel_group(),
-                   grad_group=ps.get_data_parallel_group(with_context_parallel=True),
-                   is_logging_rank=dist.get_rank() == 0)
+                   grad_group=ps.get_data_parallel_group(with_context_parallel=True))
 
 
 @dataclasses.dataclass(frozen=True)
