@@ -75,3 +75,12 @@ def test_preprocessed_data_path(tmp_path):
     assert _iterations(out) == [1, 2]
     # ByteLevelTokenizer has 262 ids -> padded to 384 (multiple of 128).
     assert re.search(r"loss [5-6]\.\d+E\+00", out), out
+
+
+def test_bad_data_path_exits_2_with_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "megatron.skrull.pretrain_gpt", *TINY_FLAGS,
+                           "--data-path", str(tmp_path / "missing")], env=_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "missing" in errors[0], proc.stderr[-2000:]

@@ -121,21 +121,42 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         autocast_dtype=torch.bfloat16 if device.type == "cuda" else None)
 
 
-def run(cfg: RunConfig, *, init_method: Optional[str] = None,
-        printer: Callable[[str], None] = print) -> list:
-    """Everything after flag parsing; returns the iteration stats (tests use them)."""
+class SetupError(RuntimeError):
+    """Bad input found while building the run (data, tokenizer, checkpoint): exit 2."""
+
+
+def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
+    """Distributed state, trainer and optional ``--load``: ``(trainer, meta, device)``.
+
+    Raises:
+        SetupError: The data, tokenizer, vocabulary or checkpoint do not fit the flags
+            (the message names the fix).
+    """
     from megatron.skrull import checkpointing as ckpt
-    from megatron.skrull.training import MetricsLogger, train
+    from megatron.skrull.data import DatasetFormatError
 
     device = resolve_device(cfg.device)
     apply_cpu_compat(device)
     init_distributed(device, init_method)
     init_model_parallel(cfg, device)
-    trainer = build_trainer(cfg, device)
-    meta = ckpt.CheckpointMeta.from_parallel_state()
+    try:
+        trainer = build_trainer(cfg, device)
+        meta = ckpt.CheckpointMeta.from_parallel_state()
+        if cfg.checkpoint.load:
+            ckpt.load_checkpoint(cfg.checkpoint.load, trainer, meta, dataclasses.asdict(cfg))
+    except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
+        raise SetupError(str(exc)) from exc
+    return trainer, meta, device
+
+
+def run(cfg: RunConfig, *, init_method: Optional[str] = None,
+        printer: Callable[[str], None] = print) -> list:
+    """Everything after flag parsing; returns the iteration stats."""
+    from megatron.skrull import checkpointing as ckpt
+    from megatron.skrull.training import MetricsLogger, train
+
+    trainer, meta, device = setup(cfg, init_method=init_method)
     description = dataclasses.asdict(cfg)
-    if cfg.checkpoint.load:
-        ckpt.load_checkpoint(cfg.checkpoint.load, trainer, meta, description)
     save_fn = None
     if cfg.checkpoint.save:
         save_fn = lambda t: ckpt.save_checkpoint(cfg.checkpoint.save, t, meta, description)  # noqa: E731
@@ -155,16 +176,25 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
         metrics.close()
 
 
+def _fail(lines: Sequence[str]) -> int:
+    for line in lines:
+        print(f"error: {line}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Console entry point (``skrull-pretrain-gpt``); returns the exit status."""
+    """Console entry point (``skrull-pretrain-gpt``); returns the exit status.
+
+    Bad flags, data, tokenizer or checkpoint: one ``error:`` line per problem, status 2.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
         cfg = parse_args(argv, world_size=world)
         resolve_device(cfg.device)
-    except (ConfigError, ValueError) as exc:
-        for line in getattr(exc, "problems", [str(exc)]):
-            print(f"error: {line}", file=sys.stderr)
-        return 2
+    except ConfigError as exc:
+        return _fail(exc.problems)
+    except ValueError as exc:
+        return _fail([str(exc)])
     rank0 = int(os.environ.get("RANK", "0")) == 0
     logging.basicConfig(level=logging.INFO if rank0 else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s")
@@ -172,6 +202,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     printer = (lambda s: print(s, flush=True)) if rank0 else (lambda s: None)
     try:
         run(cfg, printer=printer)
+    except SetupError as exc:
+        return _fail([str(exc)] if rank0 else [])
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
