@@ -1,0 +1,407 @@
+"""Command-line arguments (Megatron flag names) and the frozen run configuration.
+
+``parse_args(argv, world_size)`` turns flags into a :class:`RunConfig`; every problem found
+becomes ONE line of a :class:`ConfigError` (the launcher prints them and exits 2).  Nothing
+below the launcher reads argparse state: it receives the frozen dataclasses.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from typing import Optional, Sequence
+
+from skrull_ext.plan import shard_tokens
+
+SCHEDULERS = ("skrull", "per-seq-cp", "all-cp", "sorted", "hybrid-cp", "kk")
+
+
+class ConfigError(ValueError):
+    """Invalid flags; ``problems`` holds one message (naming the fix) per problem."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def _raise_if(problems: list[str]) -> None:
+    if problems:
+        raise ConfigError(problems)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelArgs:
+    """GPT architecture (``--num-layers`` ...); ``None`` sizes take Megatron's defaults."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: Optional[int] = None
+    num_query_groups: Optional[int] = None
+    kv_channels: Optional[int] = None
+    max_position_embeddings: int = 4096
+    vocab_size: Optional[int] = None
+    make_vocab_size_divisible_by: int = 128
+    swiglu: bool = False
+    normalization: str = "LayerNorm"
+    norm_epsilon: float = 1e-5
+    disable_bias_linear: bool = False
+    add_qkv_bias: bool = False
+    untie_embeddings_and_output_weights: bool = False
+    rotary_base: int = 10000
+    hidden_dropout: float = 0.0
+    init_method_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        p = []
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings",
+                     "make_vocab_size_divisible_by"):
+            if getattr(self, name) < 1:
+                p.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.kv_channels is None and self.hidden_size % max(1, self.num_attention_heads):
+            p.append(f"--hidden-size {self.hidden_size} is not divisible by "
+                     f"--num-attention-heads {self.num_attention_heads}; change one of them "
+                     "or set --kv-channels")
+        if self.num_attention_heads >= 1 and self.num_query_groups is not None and (
+                self.num_query_groups < 1 or self.num_attention_heads % self.num_query_groups):
+            p.append(f"--num-attention-heads {self.num_attention_heads} is not divisible by "
+                     f"--num-query-groups {self.num_query_groups}; pick a divisor of the heads")
+        if self.normalization not in ("LayerNorm", "RMSNorm"):
+            p.append(f"--normalization {self.normalization!r}: use LayerNorm or RMSNorm")
+        if not 0.0 <= self.hidden_dropout < 1.0:
+            p.append(f"--hidden-dropout must be in [0, 1), got {self.hidden_dropout}")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            p.append(f"--vocab-size must be >= 1, got {self.vocab_size}")
+        _raise_if(p)
+
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        """Megatron's default: 4h, or 2/3 of it rounded down to 64 for SwiGLU."""
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
+        return int(4 * self.hidden_size * 2 / 3 / 64) * 64 if self.swiglu else 4 * self.hidden_size
+
+    def padded_vocab_size(self, vocab_size: int, tp_size: int) -> int:
+        """Vocabulary rounded up to a multiple of ``make_vocab_size_divisible_by * tp``."""
+        multiple = self.make_vocab_size_divisible_by * tp_size
+        return -(-vocab_size // multiple) * multiple
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParallelArgs:
+    """World size, TP and CP; DP = world / (TP * CP)."""
+
+    world_size: int = 1
+    tensor_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        p = []
+        for name in ("world_size", "tensor_model_parallel_size", "context_parallel_size"):
+            if getattr(self, name) < 1:
+                p.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        mp = self.tensor_model_parallel_size * self.context_parallel_size
+        if not p and self.world_size % mp:
+            p.append(f"--tensor-model-parallel-size {self.tensor_model_parallel_size} x "
+                     f"--context-parallel-size {self.context_parallel_size} = {mp} does not "
+                     f"divide the world size {self.world_size}; launch a multiple of {mp} "
+                     "processes or lower TP/CP")
+        _raise_if(p)
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size // (self.tensor_model_parallel_size * self.context_parallel_size)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimArgs:
+    """AdamW, LR schedule, clipping, iterations and seed."""
+
+    lr: float
+    train_iters: int
+    min_lr: float = 0.0
+    lr_warmup_iters: int = 0
+    lr_decay_style: str = "linear"
+    lr_decay_iters: Optional[int] = None
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        p = []
+        if self.lr <= 0:
+            p.append(f"--lr must be > 0, got {self.lr}")
+        if not 0 <= self.min_lr <= max(self.lr, 0):
+            p.append(f"--min-lr {self.min_lr} must be in [0, --lr {self.lr}]")
+        if self.train_iters < 1:
+            p.append(f"--train-iters must be >= 1, got {self.train_iters}")
+        if not 0 <= self.lr_warmup_iters <= max(self.train_iters, 0):
+            p.append(f"--lr-warmup-iters {self.lr_warmup_iters} must be in [0, --train-iters "
+                     f"{self.train_iters}]")
+        if self.lr_decay_style not in ("constant", "linear", "cosine"):
+            p.append(f"--lr-decay-style {self.lr_decay_style!r}: use constant, linear or cosine")
+        if self.lr_decay_iters is not None and self.lr_decay_iters < self.lr_warmup_iters:
+            p.append("--lr-decay-iters must be >= --lr-warmup-iters")
+        if self.weight_decay < 0:
+            p.append(f"--weight-decay must be >= 0, got {self.weight_decay}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                p.append(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
+        if self.clip_grad < 0:
+            p.append(f"--clip-grad must be >= 0 (0 disables clipping), got {self.clip_grad}")
+        _raise_if(p)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataArgs:
+    """Where samples come from: ``--data-path`` (preprocessed) or the synthetic mock task."""
+
+    data_path: tuple[str, ...] = ()
+    tokenizer_type: Optional[str] = None
+    tokenizer_model: Optional[str] = None
+    mock_data: bool = False
+    mock_num_samples: int = 4096
+
+    def __post_init__(self) -> None:
+        p = []
+        if self.data_path and self.mock_data:
+            p.append("--data-path and --mock-data are exclusive; drop one of them")
+        if self.mock_num_samples < 1:
+            p.append(f"--mock-num-samples must be >= 1, got {self.mock_num_samples}")
+        _raise_if(p)
+
+    @property
+    def use_mock(self) -> bool:
+        return self.mock_data or not self.data_path
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointArgs:
+    save: Optional[str] = None
+    load: Optional[str] = None
+    save_interval: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        p = []
+        if self.save_interval is not None and self.save_interval < 1:
+            p.append(f"--save-interval must be >= 1, got {self.save_interval}")
+        if self.save_interval is not None and not self.save:
+            p.append("--save-interval needs --save DIR to write checkpoints to")
+        _raise_if(p)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoggingArgs:
+    log_interval: int = 100
+    tensorboard_dir: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _raise_if([f"--log-interval must be >= 1, got {self.log_interval}"]
+                  if self.log_interval < 1 else [])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SkrullArgs:
+    """Scheduler: bucket (tokens per CP rank per micro-batch), policy and cost model."""
+
+    bucket_size: int
+    scheduler: str = "skrull"
+    hardware: Optional[str] = None  # None: cpu on --device cpu, h100 on cuda
+    cost_model_config: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        p = []
+        if self.scheduler not in SCHEDULERS:
+            p.append(f"--skrull-scheduler {self.scheduler!r}: use one of {', '.join(SCHEDULERS)}")
+        if self.scheduler == "hybrid-cp":
+            p.append("--skrull-scheduler hybrid-cp places samples on CP sub-groups, which only "
+                     "the simulator supports (python -m skrull_ext.plan); train with skrull, "
+                     "per-seq-cp, all-cp, sorted or kk")
+        if self.hardware not in (None, "cpu", "h100"):
+            p.append(f"--skrull-hardware {self.hardware!r}: use cpu or h100")
+        if self.cost_model_config is not None and not os.path.isfile(self.cost_model_config):
+            p.append(f"--skrull-cost-model-config {self.cost_model_config}: no such file")
+        _raise_if(p)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything one training run needs; cross-group checks live in ``__post_init__``."""
+
+    model: ModelArgs
+    parallel: ParallelArgs
+    optim: OptimArgs
+    data: DataArgs
+    skrull: SkrullArgs
+    checkpoint: CheckpointArgs = CheckpointArgs()
+    logging: LoggingArgs = LoggingArgs()
+    global_batch_size: int = 8
+    seq_length: int = 4096
+    device: str = "auto"
+    fp64: bool = False
+
+    def __post_init__(self) -> None:
+        _raise_if(cross_problems(self))
+
+
+def cross_problems(cfg: RunConfig) -> list[str]:
+    """Checks that involve several flag groups; one message per problem."""
+    p = []
+    m, par, cp = cfg.model, cfg.parallel, cfg.parallel.context_parallel_size
+    tp = par.tensor_model_parallel_size
+    if cfg.global_batch_size < 1:
+        p.append(f"--global-batch-size must be >= 1, got {cfg.global_batch_size}")
+    if cfg.seq_length < 1:
+        p.append(f"--seq-length must be >= 1, got {cfg.seq_length}")
+    if cfg.skrull.bucket_size < 2 * cp:
+        p.append(f"--skrull-bucket-size {cfg.skrull.bucket_size} is smaller than 2 x "
+                 f"--context-parallel-size = {2 * cp} (one zigzag token pair per CP rank); "
+                 f"raise it to at least {2 * cp}")
+    elif cfg.seq_length >= 1 and shard_tokens(cfg.seq_length, cp) > cfg.skrull.bucket_size:
+        p.append(f"--seq-length {cfg.seq_length} does not fit: sharded over {cp} CP ranks a "
+                 f"sample needs {shard_tokens(cfg.seq_length, cp)} tokens per rank > "
+                 f"--skrull-bucket-size {cfg.skrull.bucket_size} (about bucket x CP = "
+                 f"{cfg.skrull.bucket_size * cp}); lower --seq-length or raise the bucket or CP")
+    if m.max_position_embeddings < cfg.seq_length:
+        p.append(f"--max-position-embeddings {m.max_position_embeddings} < --seq-length "
+                 f"{cfg.seq_length}; raise it to at least {cfg.seq_length}")
+    if m.num_attention_heads % tp or m.query_groups % tp:
+        p.append(f"--num-attention-heads {m.num_attention_heads} and --num-query-groups "
+                 f"{m.query_groups} must both be divisible by --tensor-model-parallel-size {tp}")
+    if cfg.device not in ("auto", "cpu", "cuda"):
+        p.append(f"--device {cfg.device!r}: use auto, cpu or cuda")
+    if cfg.fp64 and cfg.device == "cuda":
+        p.append("--fp64 is a CPU test mode; drop it or use --device cpu")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The launcher's parser; flag names follow Megatron-LM's ``arguments.py``."""
+    ap = argparse.ArgumentParser(prog="pretrain_gpt", description="Skrull-Megatron SFT training",
+                                 allow_abbrev=False)
+    g = ap.add_argument_group("model")
+    g.add_argument("--num-layers", type=int, required=True)
+    g.add_argument("--hidden-size", type=int, required=True)
+    g.add_argument("--ffn-hidden-size", type=int)
+    g.add_argument("--num-attention-heads", type=int, required=True)
+    g.add_argument("--num-query-groups", type=int)
+    g.add_argument("--kv-channels", type=int)
+    g.add_argument("--seq-length", type=int, required=True)
+    g.add_argument("--max-position-embeddings", type=int)
+    g.add_argument("--vocab-size", type=int, help="override the tokenizer's vocabulary size")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    g.add_argument("--swiglu", action="store_true")
+    g.add_argument("--normalization", default="LayerNorm", choices=("LayerNorm", "RMSNorm"))
+    g.add_argument("--norm-epsilon", type=float, default=1e-5)
+    g.add_argument("--disable-bias-linear", action="store_true")
+    g.add_argument("--add-qkv-bias", action="store_true")
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    g.add_argument("--rotary-base", type=int, default=10000)
+    g.add_argument("--hidden-dropout", type=float, default=0.0)
+    g.add_argument("--init-method-std", type=float, default=0.02)
+    g = ap.add_argument_group("parallelism")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--context-parallel-size", type=int, default=1)
+    g = ap.add_argument_group("batching and optimisation")
+    g.add_argument("--global-batch-size", type=int, required=True, help="sequences per iteration")
+    g.add_argument("--lr", type=float, required=True)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-decay-iters", type=int)
+    g.add_argument("--lr-decay-style", default="linear", choices=("constant", "linear", "cosine"))
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.999)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--train-iters", type=int, required=True)
+    g.add_argument("--seed", type=int, default=1234)
+    g = ap.add_argument_group("data")
+    g.add_argument("--data-path", nargs="+", default=[])
+    g.add_argument("--tokenizer-type")
+    g.add_argument("--tokenizer-model")
+    g.add_argument("--mock-data", action="store_true", help="synthetic learnable task (default "
+                   "when --data-path is not given)")
+    g.add_argument("--mock-num-samples", type=int, default=4096)
+    g = ap.add_argument_group("checkpointing and logging")
+    g.add_argument("--save")
+    g.add_argument("--load")
+    g.add_argument("--save-interval", type=int)
+    g.add_argument("--log-interval", type=int, default=100)
+    g.add_argument("--tensorboard-dir")
+    g = ap.add_argument_group("skrull")
+    g.add_argument("--skrull-bucket-size", type=int, required=True, help="tokens per CP rank")
+    g.add_argument("--skrull-scheduler", default="skrull", choices=SCHEDULERS)
+    g.add_argument("--skrull-hardware", choices=("cpu", "h100"),
+                   help="cost-model preset (default: from the device)")
+    g.add_argument("--skrull-cost-model-config")
+    g = ap.add_argument_group("runtime")
+    g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    g.add_argument("--fp64", action="store_true", help="float64 on CPU (equivalence tests)")
+    return ap
+
+
+def _group(cls, problems: list[str], **values):
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        return None
+
+
+def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
+    """Builds the frozen :class:`RunConfig`; raises :class:`ConfigError` with every problem."""
+    p: list[str] = []
+    model = _group(ModelArgs, p, num_layers=ns.num_layers, hidden_size=ns.hidden_size,
+                   num_attention_heads=ns.num_attention_heads, ffn_hidden_size=ns.ffn_hidden_size,
+                   num_query_groups=ns.num_query_groups, kv_channels=ns.kv_channels,
+                   max_position_embeddings=ns.max_position_embeddings or ns.seq_length,
+                   vocab_size=ns.vocab_size,
+                   make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
+                   swiglu=ns.swiglu, normalization=ns.normalization, norm_epsilon=ns.norm_epsilon,
+                   disable_bias_linear=ns.disable_bias_linear, add_qkv_bias=ns.add_qkv_bias,
+                   untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights,
+                   rotary_base=ns.rotary_base, hidden_dropout=ns.hidden_dropout,
+                   init_method_std=ns.init_method_std)
+    parallel = _group(ParallelArgs, p, world_size=world_size,
+                      tensor_model_parallel_size=ns.tensor_model_parallel_size,
+                      context_parallel_size=ns.context_parallel_size)
+    optim = _group(OptimArgs, p, lr=ns.lr, train_iters=ns.train_iters, min_lr=ns.min_lr,
+                   lr_warmup_iters=ns.lr_warmup_iters, lr_decay_style=ns.lr_decay_style,
+                   lr_decay_iters=ns.lr_decay_iters, weight_decay=ns.weight_decay,
+                   adam_beta1=ns.adam_beta1, adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps,
+                   clip_grad=ns.clip_grad, seed=ns.seed)
+    data = _group(DataArgs, p, data_path=tuple(ns.data_path),
+                  tokenizer_type=ns.tokenizer_type, tokenizer_model=ns.tokenizer_model,
+                  mock_data=ns.mock_data, mock_num_samples=ns.mock_num_samples)
+    skrull = _group(SkrullArgs, p, bucket_size=ns.skrull_bucket_size,
+                    scheduler=ns.skrull_scheduler, hardware=ns.skrull_hardware,
+                    cost_model_config=ns.skrull_cost_model_config)
+    ckpt = _group(CheckpointArgs, p, save=ns.save, load=ns.load,
+                  save_interval=ns.save_interval)
+    log = _group(LoggingArgs, p, log_interval=ns.log_interval,
+                 tensorboard_dir=ns.tensorboard_dir)
+    _raise_if(p)
+    return RunConfig(model=model, parallel=parallel, optim=optim, data=data, skrull=skrull,
+                     checkpoint=ckpt, logging=log, global_batch_size=ns.global_batch_size,
+                     seq_length=ns.seq_length, device=ns.device, fp64=ns.fp64)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None, world_size: int = 1) -> RunConfig:
+    """Parses ``argv`` (argparse exits 2 on unknown/missing flags) into a :class:`RunConfig`.
+
+    Raises:
+        ConfigError: one message per invalid flag combination.
+    """
+    return config_from_namespace(build_parser().parse_args(argv), world_size)

@@ -1,0 +1,171 @@
+"""CPU shims for the few Megatron-Core 0.16 paths that assume a CUDA device.
+
+Megatron-Core runs on CPU with a gloo process group except where it hard-codes CUDA.  The
+paths our training stack reaches are patched here, in ONE place, by
+:func:`apply_cpu_compat`:
+
+* ``torch.cuda.current_device`` -- used as a ``device=`` argument all over mcore (tensor
+  parallel mappings, RoPE's ``get_emb`` moving ``inv_freq``, buffers).  On a machine
+  without CUDA it can only raise, so the shim returns ``torch.device("cpu")`` instead.
+* ``megatron.core.transformer.utils.get_default_causal_mask`` /
+  ``get_sliding_window_causal_mask`` -- build their masks with ``device="cuda"``; used by
+  the stock ``DotProductAttention`` (our reference model in tests).  The shim builds them
+  on CPU.  ``fusions.fused_softmax`` imports them by name, so both bindings are replaced.
+* The CUDA RNG tracker (``tensor_parallel.random``) -- ``CudaRNGStatesTracker.add`` and
+  ``fork`` and ``_get/_set_cuda_rng_state`` (used by activation checkpointing and
+  ``model_parallel_cuda_manual_seed``) read and write the CUDA generator.  The shim makes the
+  tracker keep named CPU generator states, so ``model_parallel_cuda_manual_seed`` and
+  ``get_cuda_rng_tracker().fork()`` work and still give tensor-parallel ranks separate
+  streams.
+
+Not patched because our stack never reaches them: RoPE's CP slicing
+(``get_pos_emb_on_this_cp_rank``, which also calls ``.cuda()``) -- :mod:`megatron.skrull.model`
+computes rotary frequencies from the global position ids of the packed stream and never
+calls ``RotaryEmbedding.forward``; mcore's ``DistributedDataParallel`` / optimizer (their
+``device='cuda'`` buffers) -- :mod:`megatron.skrull.training` all-reduces gradients itself
+and uses ``torch.optim.AdamW``.
+
+``tests/test_cpu_compat.py`` fails when upstream changes under these shims.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+__all__ = ["apply_cpu_compat", "cpu_compat_applied", "resolve_device", "original", "ORIGINALS"]
+
+# name -> object that was replaced (kept so tests can check the upstream behaviour).
+ORIGINALS: dict[str, Any] = {}
+_APPLIED: tuple[str, ...] = ()
+
+
+def resolve_device(device: Union[str, torch.device, None] = None) -> torch.device:
+    """Maps ``None``/``"auto"`` to ``cuda`` when available else ``cpu``; checks the rest.
+
+    Raises:
+        ValueError: ``cuda`` requested on a machine without CUDA, or an unknown device.
+    """
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but torch sees no CUDA device; "
+                         "use --device cpu (or auto)")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {device!r}; use cpu, cuda or auto")
+    return dev
+
+
+def _cpu_current_device() -> torch.device:
+    return torch.device("cpu")
+
+
+@functools.lru_cache(maxsize=8)
+def _cpu_default_causal_mask(sq: int) -> torch.Tensor:
+    """Same mask as upstream (True above the diagonal = masked), on CPU."""
+    return torch.triu(torch.ones(sq, sq), diagonal=1).bool()
+
+
+def _cpu_sliding_window_causal_mask(sq, skv, window_size):
+    keep = torch.ones(sq, skv, dtype=torch.bool)
+    keep = torch.triu(keep, diagonal=skv - sq - window_size[0])
+    keep = torch.tril(keep, diagonal=skv - sq + window_size[1])
+    return ~keep
+
+
+def _cpu_get_rng_state(device="cuda", clone=False, graph_safe=False) -> torch.Tensor:
+    """CPU stand-in for ``tensor_parallel.random._get_cuda_rng_state`` (same signature)."""
+    return torch.get_rng_state()
+
+
+def _cpu_set_rng_state(new_state, device=-1, graph_safe=False) -> None:
+    """CPU stand-in for ``tensor_parallel.random._set_cuda_rng_state`` (same signature)."""
+    torch.set_rng_state(new_state)
+
+
+def _make_cpu_tracker_class(base: type) -> type:
+    """Subclass of upstream's ``CudaRNGStatesTracker`` whose named states are CPU states."""
+
+    class CpuRNGStatesTracker(base):  # type: ignore[misc, valid-type]
+        """Named CPU generator states; ``fork(name)`` swaps the CPU default generator."""
+
+        def add(self, name, seed):
+            self._is_initialized = True
+            if seed in self.seeds_:
+                raise Exception(f"seed {seed} already exists")
+            if name in self.states_:
+                raise Exception(f"rng state {name} already exists")
+            self.seeds_.add(seed)
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(seed)
+            self.states_[name] = gen.get_state()
+
+        @contextlib.contextmanager
+        def fork(self, name="model-parallel-rng"):
+            if name not in self.states_:
+                raise Exception(f"rng state {name} is not added")
+            outer = torch.get_rng_state()
+            outer_name = self._current_state_name
+            torch.set_rng_state(self.states_[name])
+            self._current_state_name = name
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(outer)
+                self._current_state_name = outer_name
+
+    return CpuRNGStatesTracker
+
+
+def _patch(owner: Any, attr: str, new: Any, key: str) -> None:
+    ORIGINALS.setdefault(key, getattr(owner, attr))
+    setattr(owner, attr, new)
+
+
+def apply_cpu_compat(device: Union[str, torch.device, None] = None) -> tuple[str, ...]:
+    """Patches mcore's CUDA-only paths for CPU training; idempotent, no-op on CUDA.
+
+    Args:
+        device: Training device (``None``/``"auto"``: CUDA when available).
+
+    Returns:
+        Names of the patched objects (empty on CUDA).  Calling again returns the same
+        tuple without patching twice.
+    """
+    global _APPLIED
+    if resolve_device(device).type == "cuda":
+        return ()
+    if _APPLIED:
+        return _APPLIED
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.tensor_parallel import random as tp_random
+    from megatron.core.transformer import utils as tr_utils
+
+    _patch(torch.cuda, "current_device", _cpu_current_device, "torch.cuda.current_device")
+    for module, prefix in ((tr_utils, "transformer.utils"), (fused_softmax, "fused_softmax")):
+        _patch(module, "get_default_causal_mask", _cpu_default_causal_mask,
+               f"{prefix}.get_default_causal_mask")
+        _patch(module, "get_sliding_window_causal_mask", _cpu_sliding_window_causal_mask,
+               f"{prefix}.get_sliding_window_causal_mask")
+    _patch(tp_random, "_get_cuda_rng_state", _cpu_get_rng_state, "random._get_cuda_rng_state")
+    _patch(tp_random, "_set_cuda_rng_state", _cpu_set_rng_state, "random._set_cuda_rng_state")
+    tracker_cls = _make_cpu_tracker_class(tp_random.CudaRNGStatesTracker)
+    _patch(tp_random, "CudaRNGStatesTracker", tracker_cls, "random.CudaRNGStatesTracker")
+    # A tracker created before the patch holds CUDA semantics: rebuild it as a CPU one.
+    tp_random.initialize_rng_tracker(force_reset=True)
+    _APPLIED = tuple(sorted(ORIGINALS))
+    return _APPLIED
+
+
+def cpu_compat_applied() -> bool:
+    """True once :func:`apply_cpu_compat` has patched this process."""
+    return bool(_APPLIED)
+
+
+def original(name: str) -> Optional[Callable[..., Any]]:
+    """The upstream object replaced under ``name`` (see :data:`ORIGINALS`), if patched."""
+    return ORIGINALS.get(name)

@@ -1,0 +1,214 @@
+"""Launcher: ``torchrun --nproc-per-node N -m megatron.skrull.pretrain_gpt <Megatron flags>``.
+
+Also runs as a single process without torchrun (world size 1, a file store in a temporary
+directory, no port).  Invalid flags print one ``error:`` line per problem and exit 2.
+
+Steps: parse flags -> CPU shims (CPU only) -> ``torch.distributed`` (gloo on CPU, NCCL on
+GPU) -> ``parallel_state.initialize_model_parallel(TP, CP)`` -> seeds -> data source, model,
+AdamW, LR schedule, sampler, planner -> optional ``--load`` -> train (log, TensorBoard,
+``--save`` every ``--save-interval`` and at the end).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import tempfile
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from megatron.skrull.arguments import ConfigError, RunConfig, parse_args
+from megatron.skrull.cpu_compat import apply_cpu_compat, resolve_device
+
+logger = logging.getLogger("megatron.skrull")
+
+
+def init_distributed(device: torch.device, init_method: Optional[str] = None) -> None:
+    """Initialises the default process group from torchrun's env (or a world of 1)."""
+    if dist.is_initialized():
+        return
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if init_method is None:
+        if "MASTER_ADDR" in os.environ:
+            init_method = "env://"
+        elif world == 1:
+            init_method = f"file://{tempfile.mkdtemp(prefix='skrull-store-')}/store"
+        else:
+            raise RuntimeError(f"WORLD_SIZE={world} without MASTER_ADDR: launch with torchrun")
+    if device.type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            init_method=init_method, rank=rank, world_size=world)
+
+
+def init_model_parallel(cfg: RunConfig, device: torch.device) -> None:
+    """mcore parallel state and seeds (same init on every rank; TP ranks get own streams)."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=cfg.parallel.tensor_model_parallel_size,
+        context_parallel_size=cfg.parallel.context_parallel_size,
+        create_gloo_process_groups=device.type == "cpu")
+    torch.manual_seed(cfg.optim.seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(cfg.optim.seed)
+
+
+def build_sample_source(cfg: RunConfig):
+    """``--mock-data`` synthetic task, or the preprocessed ``--data-path`` dataset.
+
+    With ``--tokenizer-type``/``--tokenizer-model`` the dataset must have been tokenized
+    with that tokenizer; every sample must fit ``--seq-length``.
+    """
+    from megatron.skrull import samples
+
+    if cfg.data.use_mock:
+        return samples.SyntheticSFTSource(cfg.data.mock_num_samples, cfg.seq_length,
+                                          vocab_size=cfg.model.vocab_size or 64,
+                                          seed=cfg.optim.seed)
+    from megatron.skrull.data import load_sft_dataset
+    from megatron.skrull.tokenizer import build_tokenizer
+
+    tokenizer = None
+    if cfg.data.tokenizer_type or cfg.data.tokenizer_model:
+        tokenizer = build_tokenizer(cfg.data.tokenizer_type, cfg.data.tokenizer_model)
+    dataset = load_sft_dataset(list(cfg.data.data_path), tokenizer=tokenizer,
+                               seq_length=cfg.seq_length)
+    return samples.DatasetSource(dataset)
+
+
+def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
+                  planner: Optional[Callable] = None, attention_fn: Optional[Callable] = None):
+    """Model, optimizer, schedule, sampler and planner on an initialised parallel state.
+
+    Args:
+        cfg: The run.
+        device: Training device.
+        source: Sample source (default: :func:`build_sample_source`).
+        planner: ``lengths -> Plan`` (default: :func:`megatron.skrull.planning.make_planner`).
+        attention_fn: Replacement of ``dacp_attention`` (tests).
+
+    Returns:
+        A :class:`megatron.skrull.training.Trainer` at iteration 0.
+    """
+    from megatron.skrull.data import GlobalBatchSampler
+    from megatron.skrull.model import build_model
+    from megatron.skrull.optimizer import LRSchedule, build_optimizer, sync_parameters
+    from megatron.skrull.planning import make_planner
+    from megatron.skrull.training import ParallelGroups, Trainer
+
+    source = source if source is not None else build_sample_source(cfg)
+    tp = cfg.parallel.tensor_model_parallel_size
+    vocab = cfg.model.padded_vocab_size(cfg.model.vocab_size or source.vocab_size, tp)
+    if cfg.model.vocab_size is not None and cfg.model.vocab_size < source.vocab_size:
+        raise ValueError(f"--vocab-size {cfg.model.vocab_size} is smaller than the data's "
+                         f"vocabulary {source.vocab_size}; drop --vocab-size or raise it")
+    model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
+                        cp_size=cfg.parallel.context_parallel_size,
+                        dtype=torch.float64 if cfg.fp64 else torch.float32, device=device,
+                        attention_fn=attention_fn)
+    groups = ParallelGroups.from_parallel_state()
+    sync_parameters(model, groups.grad_group)
+    return Trainer(
+        model=model, optimizer=build_optimizer(model, cfg.optim),
+        schedule=LRSchedule.from_args(cfg.optim), source=source,
+        sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
+        planner=planner or make_planner(cfg, vocab), groups=groups, device=device,
+        clip_grad=cfg.optim.clip_grad, float64_loss=cfg.fp64 and tp == 1,
+        autocast_dtype=torch.bfloat16 if device.type == "cuda" else None)
+
+
+class SetupError(RuntimeError):
+    """Bad input found while building the run (data, tokenizer, checkpoint): exit 2."""
+
+
+def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
+    """Distributed state, trainer and optional ``--load``: ``(trainer, meta, device)``.
+
+    Raises:
+        SetupError: The data, tokenizer, vocabulary or checkpoint do not fit the flags
+            (the message names the fix).
+    """
+    from megatron.skrull import checkpointing as ckpt
+    from megatron.skrull.data import DatasetFormatError
+
+    device = resolve_device(cfg.device)
+    apply_cpu_compat(device)
+    init_distributed(device, init_method)
+    init_model_parallel(cfg, device)
+    try:
+        trainer = build_trainer(cfg, device)
+        meta = ckpt.CheckpointMeta.from_parallel_state()
+        if cfg.checkpoint.load:
+            ckpt.load_checkpoint(cfg.checkpoint.load, trainer, meta, dataclasses.asdict(cfg))
+    except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
+        raise SetupError(str(exc)) from exc
+    return trainer, meta, device
+
+
+def run(cfg: RunConfig, *, init_method: Optional[str] = None,
+        printer: Callable[[str], None] = print) -> list:
+    """Everything after flag parsing; returns the iteration stats."""
+    from megatron.skrull import checkpointing as ckpt
+    from megatron.skrull.training import MetricsLogger, train
+
+    trainer, meta, device = setup(cfg, init_method=init_method)
+    description = dataclasses.asdict(cfg)
+    save_fn = None
+    if cfg.checkpoint.save:
+        save_fn = lambda t: ckpt.save_checkpoint(cfg.checkpoint.save, t, meta, description)  # noqa: E731
+    metrics = MetricsLogger(log_interval=cfg.logging.log_interval,
+                            train_iters=cfg.optim.train_iters, enabled=meta.rank == 0,
+                            tensorboard_dir=cfg.logging.tensorboard_dir, printer=printer)
+    if meta.rank == 0:
+        printer(f" skrull: world {cfg.parallel.world_size} = DP {cfg.parallel.dp_size} x CP "
+                f"{cfg.parallel.context_parallel_size} x TP "
+                f"{cfg.parallel.tensor_model_parallel_size} on {device.type}, "
+                f"{sum(p.numel() for p in trainer.params)} parameters per rank, "
+                f"starting at iteration {trainer.iteration}")
+    try:
+        return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
+                     save_interval=cfg.checkpoint.save_interval, save_fn=save_fn)
+    finally:
+        metrics.close()
+
+
+def _fail(lines: Sequence[str]) -> int:
+    for line in lines:
+        print(f"error: {line}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Console entry point (``skrull-pretrain-gpt``); returns the exit status.
+
+    Bad flags, data, tokenizer or checkpoint: one ``error:`` line per problem, status 2.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        cfg = parse_args(argv, world_size=world)
+        resolve_device(cfg.device)
+    except ConfigError as exc:
+        return _fail(exc.problems)
+    except ValueError as exc:
+        return _fail([str(exc)])
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    logging.basicConfig(level=logging.INFO if rank0 else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    logging.getLogger("megatron.core").setLevel(logging.WARNING)
+    printer = (lambda s: print(s, flush=True)) if rank0 else (lambda s: None)
+    try:
+        run(cfg, printer=printer)
+    except SetupError as exc:
+        return _fail([str(exc)] if rank0 else [])
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

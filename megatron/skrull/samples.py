@@ -1,0 +1,135 @@
+"""What the training loop needs from data: a sample source and a global-batch sampler.
+
+The loop only touches data through :class:`SampleSource`: per-sample ``lengths`` (known up
+front, so every rank plans the whole global batch), ``num_loss_tokens(ids)`` (the global loss
+normaliser, computed by every rank without communication) and ``sample(i)`` (read only for
+the samples this rank holds).  :class:`SyntheticSFTSource` is the built-in learnable task
+behind ``--mock-data``; :class:`DatasetSource` adapts a preprocessed ``--data-path``
+dataset (:class:`megatron.skrull.data.SFTDataset`).  Global batches come from
+:class:`megatron.skrull.data.GlobalBatchSampler`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = ["TokenSample", "SampleSource", "SyntheticSFTSource", "DatasetSource"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenSample:
+    """One training sample, already aligned for next-token prediction.
+
+    Attributes:
+        tokens: ``[S]`` int64 input ids.
+        labels: ``[S]`` int64 target of each position (the next token of the same sample).
+        loss_mask: ``[S]`` float32, 1 where the position's label is trained on.
+    """
+
+    tokens: np.ndarray
+    labels: np.ndarray
+    loss_mask: np.ndarray
+
+
+class SampleSource(Protocol):
+    """Random-access samples whose lengths are known up front."""
+
+    lengths: np.ndarray  # [N] int64 training positions of every sample
+
+    def __len__(self) -> int: ...
+
+    def num_loss_tokens(self, indices: np.ndarray) -> int:
+        """Positions with ``loss_mask == 1`` summed over ``indices``."""
+
+    def sample(self, index: int) -> TokenSample: ...
+
+
+class SyntheticSFTSource:
+    """Learnable synthetic SFT task with long-tailed lengths (``--mock-data``).
+
+    Sample ``i``: ``[BOS, key, x_0, x_1, ...]`` where ``x_{j+1} = (x_j + step(key)) mod
+    span + first`` -- the model must look back to the key of *its own* sample to predict,
+    so the loss only falls when attention respects document boundaries.  The prompt
+    (``BOS, key, x_0``) carries no loss.  Lengths are log-normal (median ``max_length / 8``)
+    clipped to ``[min_length, max_length]``; every sample is a pure function of ``seed``.
+    """
+
+    BOS = 1
+    NUM_KEYS = 8
+
+    def __init__(self, num_samples: int, max_length: int, *, vocab_size: int = 64,
+                 seed: int = 1234, min_length: int = 8):
+        if max_length < min_length or min_length < 4:
+            raise ValueError(f"need 4 <= min_length ({min_length}) <= max_length ({max_length})")
+        if vocab_size < 2 + self.NUM_KEYS + 8:
+            raise ValueError(f"vocab_size must be >= {2 + self.NUM_KEYS + 8}")
+        self._vocab = vocab_size
+        self._seed = seed
+        rng = np.random.default_rng(seed)
+        median = max(min_length, max_length / 8)
+        raw = np.exp(rng.normal(np.log(median), 0.9, size=num_samples))
+        self.lengths = np.clip(raw, min_length, max_length).astype(np.int64)
+        self.lengths[int(rng.integers(num_samples))] = max_length  # always span the range
+        # Positions 2.. predict x_1..: labels of positions 0..S-2 exist, prompt ends at x_0.
+        self._loss_tokens = self.lengths - 3
+
+    def num_loss_tokens(self, indices: np.ndarray) -> int:
+        return int(self._loss_tokens[np.asarray(indices)].sum())
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def sample(self, index: int) -> TokenSample:
+        length = int(self.lengths[index])
+        rng = np.random.default_rng((self._seed, int(index)))
+        key = int(rng.integers(self.NUM_KEYS))
+        first = 2 + self.NUM_KEYS
+        span = self._vocab - first
+        steps = 1 + key % max(1, span - 1)
+        body = (int(rng.integers(span)) + steps * np.arange(length - 2)) % span + first
+        tokens = np.concatenate([[self.BOS, 2 + key], body]).astype(np.int64)
+        labels = np.concatenate([tokens[1:], [0]]).astype(np.int64)
+        mask = np.zeros(length, dtype=np.float32)
+        mask[2:length - 1] = 1.0  # predict x_1 .. x_last; the last position has no label
+        return TokenSample(tokens=tokens, labels=labels, loss_mask=mask)
+
+
+class DatasetSource:
+    """Adapts :class:`megatron.skrull.data.SFTDataset` to :class:`SampleSource`.
+
+    Uses the dataset's ``lengths`` (L, training positions) and ``get_example(i)`` ->
+    ``(input_ids, labels, loss_mask)``, each ``[L]``.  Loss-token counts are read from the
+    masks on first use and cached, so the normaliser costs one mask read per sample.
+    """
+
+    def __init__(self, dataset: Any):
+        self.dataset = dataset
+        self.lengths = np.asarray(dataset.lengths, dtype=np.int64)
+        self._loss_tokens = np.full(len(self.lengths), -1, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def vocab_size(self) -> int:
+        """Vocabulary the dataset was tokenized with (its stored tokenizer description)."""
+        return int(self.dataset.tokenizer_description["vocab_size"])
+
+    def num_loss_tokens(self, indices: np.ndarray) -> int:
+        indices = np.asarray(indices, dtype=np.int64)
+        for i in indices[self._loss_tokens[indices] < 0]:
+            self._loss_tokens[i] = int(np.count_nonzero(
+                np.asarray(self.dataset.get_example(int(i))[2])))
+        return int(self._loss_tokens[indices].sum())
+
+    def sample(self, index: int) -> TokenSample:
+        ids, labels, mask = self.dataset.get_example(int(index))
+        return TokenSample(tokens=np.asarray(ids, dtype=np.int64),
+                           labels=np.asarray(labels, dtype=np.int64),
+                           loss_mask=np.asarray(mask, dtype=np.float32))

@@ -1,0 +1,326 @@
+"""Skrull training loop: plan the global batch, run this rank's micro-batches, step.
+
+Per iteration every rank (no communication for any of this):
+
+1. takes the next global batch of sample ids from the sampler and their lengths;
+2. computes the :class:`~skrull_ext.plan.Plan` with the (deterministic) planner;
+3. computes the global loss normaliser -- the loss tokens of the *whole* global batch
+   (SKRULL.md section 6), known from the source's per-sample counts;
+4. materialises only its own micro-batches: those of its DP rank, in its CP rank's layout.
+
+Then forward/backward per micro-batch with loss ``sum(token losses) / global loss tokens``,
+one all-reduce of gradients (+ the loss sum) over DP x CP, TP-aware clipping, AdamW.
+A rank holding no tokens in a micro-batch skips its compute; that is safe because such a
+micro-batch has no distributed samples (they put tokens on every CP rank), so attention
+issues no CP collective, and TP peers share the rank's tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from skrull_ext.layout import layout_for_micro_batch, pack_samples
+from skrull_ext.plan import MicroBatch, Plan
+
+from megatron.skrull.model import SkrullPackedSeqParams
+from megatron.skrull.optimizer import LRSchedule, allreduce_gradients, clip_grad_norm
+from megatron.skrull.planning import Planner, predicted_seconds
+from megatron.skrull.samples import SampleSource
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParallelGroups:
+    """This rank's coordinates and process groups (passed explicitly, never looked up).
+
+    Attributes:
+        dp_rank: Data-parallel rank (which ``plan.dp_ranks`` entry to run).
+        cp_rank: Rank inside the CP group (which layout to build).
+        cp_size: CP group size.
+        cp_group: CP group (attention communication).
+        tp_group: Tensor-parallel group (gradient-norm reduction).
+        grad_group: DP x CP group over which gradients and the loss are summed.
+    """
+
+    dp_rank: int = 0
+    cp_rank: int = 0
+    cp_size: int = 1
+    cp_group: Optional[dist.ProcessGroup] = None
+    tp_group: Optional[dist.ProcessGroup] = None
+    grad_group: Optional[dist.ProcessGroup] = None
+
+    @classmethod
+    def from_parallel_state(cls) -> "ParallelGroups":
+        """Reads mcore's ``parallel_state`` once (call after ``initialize_model_parallel``)."""
+        from megatron.core import parallel_state as ps
+
+        return cls(dp_rank=ps.get_data_parallel_rank(), cp_rank=ps.get_context_parallel_rank(),
+                   cp_size=ps.get_context_parallel_world_size(),
+                   cp_group=ps.get_context_parallel_group(),
+                   tp_group=ps.get_tensor_model_parallel_group(),
+                   grad_group=ps.get_data_parallel_group(with_context_parallel=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatchInputs:
+    """One rank's packed tensors for one micro-batch (batch dim 1, ``T`` tokens)."""
+
+    input_ids: torch.Tensor  # [1, T] int64
+    position_ids: torch.Tensor  # [1, T] int64, restarting at 0 per sample
+    labels: torch.Tensor  # [1, T] int64
+    loss_mask: torch.Tensor  # [1, T] float, 0 on prompts and padding
+    packed_seq_params: SkrullPackedSeqParams
+
+
+def materialize(source: SampleSource, batch_ids: np.ndarray, plan: Plan, mb: MicroBatch,
+                groups: ParallelGroups, device: torch.device,
+                attention_backend: str = "auto") -> Optional[MicroBatchInputs]:
+    """Packs the samples this CP rank holds in ``mb``; ``None`` when it holds none.
+
+    Args:
+        source: Sample source (dataset indices ``batch_ids[i]``).
+        batch_ids: ``[K]`` dataset indices of the global batch (plan indices refer here).
+        plan: The iteration's plan (its ``lengths`` drive the layout).
+        mb: This DP rank's micro-batch.
+        groups: This rank's coordinates.
+        device: Where the tensors go.
+        attention_backend: ``dacp_attention``'s kernel back-end.
+    """
+    layout = layout_for_micro_batch(mb, plan.lengths, groups.cp_rank)
+    if layout.num_tokens == 0:
+        return None
+    samples = {i: source.sample(int(batch_ids[i])) for i in layout.samples}
+    packed = pack_samples(
+        layout, {i: torch.from_numpy(s.tokens) for i, s in samples.items()},
+        {i: torch.from_numpy(s.labels) for i, s in samples.items()},
+        {i: torch.from_numpy(s.loss_mask) for i, s in samples.items()})
+    return MicroBatchInputs(
+        input_ids=packed.tokens.to(device)[None], labels=packed.labels.to(device)[None],
+        loss_mask=packed.loss_mask.to(device)[None],
+        position_ids=packed.position_ids.to(device)[None],
+        packed_seq_params=SkrullPackedSeqParams(layout=layout, cp_group=groups.cp_group,
+                                                attention_backend=attention_backend))
+
+
+def forward_backward(model: torch.nn.Module, inputs: MicroBatchInputs, normaliser: float, *,
+                     float64_loss: bool = False, autocast_dtype: Optional[torch.dtype] = None
+                     ) -> float:
+    """Runs one micro-batch and accumulates ``d(sum of token losses / normaliser)``.
+
+    Args:
+        normaliser: Loss tokens of the whole global batch.
+        float64_loss: Cross entropy from float64 logits (mcore's is float32; TP = 1 only).
+        autocast_dtype: ``torch.bfloat16`` on GPU, ``None`` for full precision.
+
+    Returns:
+        This micro-batch's sum of masked token losses (not normalised).
+    """
+    kwargs = dict(packed_seq_params=inputs.packed_seq_params)
+    device_type = inputs.input_ids.device.type
+    with torch.autocast(device_type, dtype=autocast_dtype or torch.bfloat16,
+                        enabled=autocast_dtype is not None):
+        if float64_loss:
+            logits = model(inputs.input_ids, inputs.position_ids, None, **kwargs)
+            losses = F.cross_entropy(logits[0].double(), inputs.labels[0], reduction="none")[None]
+        else:
+            losses = model(inputs.input_ids, inputs.position_ids, None, labels=inputs.labels,
+                           **kwargs)
+    loss_sum = (losses * inputs.loss_mask.to(losses.dtype)).sum()
+    (loss_sum / normaliser).backward()
+    return float(loss_sum.detach())
+
+
+@dataclasses.dataclass(frozen=True)
+class IterationStats:
+    """What one iteration did (identical on every rank except ``rank_tokens``)."""
+
+    iteration: int
+    loss: float
+    lr: float
+    grad_norm: float
+    seconds: float
+    predicted_seconds: Optional[float]
+    tokens: int
+    micro_batches: int
+    local_share: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class Trainer:
+    """Owns the model, optimizer, data stream and planner of one run.
+
+    Args:
+        model: The (possibly TP-sharded) model; its gradients are reduced over
+            ``groups.grad_group``.
+        optimizer: Optimizer over ``model``'s parameters.
+        schedule: LR schedule (the LR of iteration ``i`` is set before its step).
+        source: Sample source.
+        sampler: Global-batch sampler: ``next(sampler)`` -> sample ids; its
+            ``state_dict`` is checkpointed.
+        planner: ``lengths -> Plan`` (same result on every rank).
+        groups: This rank's coordinates and groups.
+        device: Training device.
+        clip_grad: Max global grad norm (0 disables).
+        float64_loss: See :func:`forward_backward`.
+        autocast_dtype: See :func:`forward_backward`.
+        attention_backend: ``dacp_attention`` kernel back-end (``"auto"``).
+    """
+
+    def __init__(self, *, model, optimizer, schedule: LRSchedule, source: SampleSource,
+                 sampler: Any, planner: Planner, groups: ParallelGroups, device: torch.device,
+                 clip_grad: float = 1.0, float64_loss: bool = False,
+                 autocast_dtype: Optional[torch.dtype] = None, attention_backend: str = "auto"):
+        self.model, self.optimizer, self.schedule = model, optimizer, schedule
+        self.source, self.sampler, self.planner = source, sampler, planner
+        self.groups, self.device, self.attention_backend = groups, device, attention_backend
+        self.clip_grad, self.float64_loss, self.autocast_dtype = clip_grad, float64_loss, autocast_dtype
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.iteration = 0
+
+    def next_plan(self) -> tuple[np.ndarray, Plan]:
+        """Draws the next global batch and plans it: ``(dataset ids [K], plan)``."""
+        batch_ids = np.asarray(next(self.sampler), dtype=np.int64)
+        return batch_ids, self.planner(self.source.lengths[batch_ids])
+
+    def compute_gradients(self, batch_ids: np.ndarray, plan: Plan) -> float:
+        """Forward/backward of this rank's micro-batches, then the DP x CP all-reduce.
+
+        Leaves the reduced gradient of the global-batch loss in ``param.grad``.
+
+        Returns:
+            The global-batch loss (mean over its loss tokens).
+        """
+        if plan.dp_size <= self.groups.dp_rank or plan.cp_size != self.groups.cp_size:
+            raise ValueError(f"plan is for DP {plan.dp_size} x CP {plan.cp_size}, this rank is "
+                             f"DP rank {self.groups.dp_rank} of a CP-{self.groups.cp_size} group")
+        normaliser = max(1, self.source.num_loss_tokens(batch_ids))
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for mb in plan.dp_ranks[self.groups.dp_rank]:
+            inputs = materialize(self.source, batch_ids, plan, mb, self.groups, self.device,
+                                 self.attention_backend)
+            if inputs is None:
+                continue  # no tokens here and no distributed samples: nothing to join
+            loss_sum += forward_backward(self.model, inputs, normaliser,
+                                         float64_loss=self.float64_loss,
+                                         autocast_dtype=self.autocast_dtype)
+        dtype = self.params[0].dtype if self.params else torch.float32
+        total = allreduce_gradients(self.params, self.groups.grad_group,
+                                    torch.tensor([loss_sum], dtype=dtype, device=self.device))
+        return float(total[0]) / normaliser
+
+    def train_step(self) -> IterationStats:
+        """One iteration: plan, gradients, clip, LR, AdamW step."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        batch_ids, plan = self.next_plan()
+        loss = self.compute_gradients(batch_ids, plan)
+        norm = clip_grad_norm(self.params, self.clip_grad, self.groups.tp_group)
+        self.iteration += 1
+        lr = self.schedule.lr_at(self.iteration)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return IterationStats(
+            iteration=self.iteration, loss=loss, lr=lr, grad_norm=norm,
+            seconds=time.perf_counter() - start, predicted_seconds=predicted_seconds(plan),
+            tokens=int(plan.lengths.sum()), micro_batches=plan.num_micro_batches,
+            local_share=plan.local_token_share())
+
+
+class MetricsLogger:
+    """Prints one line per ``log_interval`` and writes TensorBoard scalars (logging rank).
+
+    The line shows the iteration, mean loss over the interval, LR, mean iteration time
+    (measured and predicted by the cost model), tokens/s, micro-batches and the share of
+    tokens kept local.
+    """
+
+    def __init__(self, *, log_interval: int, train_iters: int, enabled: bool,
+                 tensorboard_dir: Optional[str] = None, printer: Callable[[str], None] = print):
+        self.log_interval, self.train_iters = log_interval, train_iters
+        self.enabled, self.printer = enabled, printer
+        self.window: list[IterationStats] = []
+        self.writer = None
+        if enabled and tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=tensorboard_dir)
+
+    def record(self, stats: IterationStats) -> None:
+        if not self.enabled:
+            return
+        self.window.append(stats)
+        if self.writer is not None:
+            it = stats.iteration
+            for name, value in (("loss", stats.loss), ("learning-rate", stats.lr),
+                                ("grad-norm", stats.grad_norm), ("iteration-time", stats.seconds),
+                                ("tokens-per-second", stats.tokens_per_second),
+                                ("micro-batches", stats.micro_batches),
+                                ("local-token-share", stats.local_share),
+                                ("predicted-iteration-time", stats.predicted_seconds)):
+                if value is not None:
+                    self.writer.add_scalar(name, value, it)
+        if stats.iteration % self.log_interval == 0 or stats.iteration == self.train_iters:
+            self.printer(self.format(self.window))
+            self.window = []
+
+    def format(self, window: list[IterationStats]) -> str:
+        last, n = window[-1], len(window)
+        seconds = sum(s.seconds for s in window) / n
+        predicted = [s.predicted_seconds for s in window if s.predicted_seconds is not None]
+        pred = f"{1e3 * sum(predicted) / len(predicted):.1f} ms" if predicted else "n/a"
+        tokens = sum(s.tokens for s in window) / sum(s.seconds for s in window)
+        return (f" iteration {last.iteration:8d}/{self.train_iters:8d} |"
+                f" loss {sum(s.loss for s in window) / n:.6E} | lr {last.lr:.3E} |"
+                f" grad norm {last.grad_norm:.3f} | iteration time {1e3 * seconds:.1f} ms"
+                f" (predicted {pred}) | tokens/s {tokens:.0f} |"
+                f" micro-batches {sum(s.micro_batches for s in window) / n:.1f} |"
+                f" local tokens {100 * sum(s.local_share for s in window) / n:.1f}%")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger] = None,
+          save_interval: Optional[int] = None,
+          save_fn: Optional[Callable[[Trainer], None]] = None) -> list[IterationStats]:
+    """Runs iterations ``trainer.iteration + 1 .. train_iters``.
+
+    Args:
+        train_iters: Last iteration to run (a resumed trainer continues from its iteration).
+        metrics: Logger (``None``: silent).
+        save_interval: Save every this many iterations (and after the last) via ``save_fn``.
+        save_fn: ``save_fn(trainer)`` writes a checkpoint.
+
+    Returns:
+        The stats of every iteration run.
+    """
+    history = []
+    while trainer.iteration < train_iters:
+        stats = trainer.train_step()
+        history.append(stats)
+        if metrics is not None:
+            metrics.record(stats)
+        if save_fn is not None and save_interval and trainer.iteration % save_interval == 0:
+            save_fn(trainer)
+    if save_fn is not None and history and not (save_interval and
+                                                trainer.iteration % save_interval == 0):
+        save_fn(trainer)
+    return history

@@ -1,0 +1,138 @@
+"""The CPU shims of megatron/skrull/cpu_compat.py, and the upstream code they patch.
+
+These tests FAIL when megatron-core changes under the shims: a patched function or class
+disappears or changes signature, the upstream code stops assuming CUDA (drop the shim), or
+an mcore path our model relies on (``GPTModel._preprocess``, SelfAttention's RoPE and
+``core_attention`` call) changes shape.
+"""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from megatron.core.fusions import fused_softmax
+from megatron.core.models.common.embeddings import rope_utils, rotary_pos_embedding
+from megatron.core.models.gpt.gpt_model import GPTModel
+from megatron.core.tensor_parallel import random as tp_random
+from megatron.core.transformer import attention as mcore_attention
+from megatron.core.transformer import utils as tr_utils
+from megatron.skrull import cpu_compat
+
+NO_CUDA = not torch.cuda.is_available()
+
+
+def _params(fn) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def test_patched_upstream_objects_keep_their_signatures():
+    assert _params(tr_utils.get_default_causal_mask) == ["sq"]
+    assert _params(tr_utils.get_sliding_window_causal_mask) == ["sq", "skv", "window_size"]
+    assert _params(cpu_compat.ORIGINALS.get("random._get_cuda_rng_state",
+                                            tp_random._get_cuda_rng_state)) == \
+        ["device", "clone", "graph_safe"]
+    assert _params(cpu_compat.ORIGINALS.get("random._set_cuda_rng_state",
+                                            tp_random._set_cuda_rng_state)) == \
+        ["new_state", "device", "graph_safe"]
+    tracker = cpu_compat.ORIGINALS.get("random.CudaRNGStatesTracker",
+                                       tp_random.CudaRNGStatesTracker)
+    assert _params(tracker.add) == ["self", "name", "seed"]
+    assert _params(tracker.fork) == ["self", "name"]
+    for attr in ("reset", "get_states", "set_states", "states_", "seeds_", "_current_state_name"):
+        assert hasattr(tracker(), attr), attr
+    assert "force_reset" in _params(tp_random.initialize_rng_tracker)
+    assert hasattr(tp_random, "_CUDA_RNG_STATE_TRACKER")
+    # fused_softmax binds the mask functions by name: both bindings must exist.
+    assert hasattr(fused_softmax, "get_default_causal_mask")
+    assert hasattr(fused_softmax, "get_sliding_window_causal_mask")
+
+
+def test_model_relies_on_these_mcore_paths():
+    # SkrullGPTModel overrides _preprocess with this signature and returns its 6-tuple.
+    assert _params(GPTModel._preprocess) == ["self", "input_ids", "position_ids", "decoder_input",
+                                            "inference_context", "packed_seq_params",
+                                            "padding_mask"]
+    assert "= preproc_output[:6]" in inspect.getsource(GPTModel.forward)
+    # RoPE layout that SkrullGPTModel.rotary_table reproduces.
+    assert _params(rotary_pos_embedding.RotaryEmbedding.get_emb) == ["self", "max_seq_len",
+                                                                     "offset"]
+    fwd = inspect.getsource(mcore_attention.Attention.forward)
+    # qkv_format 'sbhd' keeps q/k/v [s, b, h, d] and per-token (bshd) RoPE, and the
+    # packed_seq_params object reaches core_attention unchanged.
+    assert "packed_seq_params.qkv_format == 'thd'" in fwd
+    assert "packed_seq_params=packed_seq_params" in fwd
+    t, f = torch.randn(5, 1, 2, 8), torch.randn(5, 1, 1, 8)
+    out = rope_utils._apply_rotary_pos_emb_bshd(t, f)
+    assert out.shape == t.shape
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="upstream behaviour is only observable without CUDA")
+def test_upstream_still_assumes_cuda():
+    cpu_compat.apply_cpu_compat("cpu")
+    originals = cpu_compat.ORIGINALS
+    with pytest.raises((AssertionError, RuntimeError)):
+        originals["torch.cuda.current_device"]()
+    with pytest.raises((AssertionError, RuntimeError)):
+        originals["transformer.utils.get_default_causal_mask"](4)
+    with pytest.raises((AssertionError, RuntimeError)):
+        originals["random.CudaRNGStatesTracker"]().add("x", 1)
+    # RoPE's CP slicing (bypassed by our model, not patched) still pins + moves to CUDA.
+    assert ".cuda(" in inspect.getsource(rope_utils.get_pos_emb_on_this_cp_rank)
+    assert "torch.cuda.current_device()" in inspect.getsource(
+        rotary_pos_embedding.RotaryEmbedding.get_emb)
+
+
+def test_patched_behaviour_on_cpu():
+    patched = cpu_compat.apply_cpu_compat("cpu")
+    assert "torch.cuda.current_device" in patched
+    assert cpu_compat.apply_cpu_compat("cpu") == patched  # idempotent
+    assert cpu_compat.cpu_compat_applied()
+    assert torch.cuda.current_device() == torch.device("cpu")
+    mask = tr_utils.get_default_causal_mask(3)
+    assert mask.device.type == "cpu"
+    assert mask.tolist() == [[False, True, True], [False, False, True], [False, False, False]]
+    assert fused_softmax.get_default_causal_mask is tr_utils.get_default_causal_mask
+    window = tr_utils.get_sliding_window_causal_mask(3, 3, (1, 0))
+    assert window.tolist() == [[False, True, True], [False, False, True], [True, False, False]]
+
+
+def test_rng_tracker_forks_cpu_streams():
+    cpu_compat.apply_cpu_compat("cpu")
+    tp_random.model_parallel_cuda_manual_seed(123, tp_rank=0, ep_rank=0, etp_rank=0,
+                                              force_reset_rng=True)
+    tracker = tp_random.get_cuda_rng_tracker()
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    with tracker.fork():
+        a = torch.rand(4)
+    with tracker.fork():
+        b = torch.rand(4)
+    # The fork advanced its own stream, not the default one.
+    assert torch.equal(torch.get_rng_state(), before)
+    assert not torch.equal(a, b)
+    gen = torch.Generator().manual_seed(123 + 2718)
+    expected = torch.rand(8, generator=gen)
+    torch.testing.assert_close(torch.cat([a, b]), expected)
+    # TP rank 1 gets a different stream.
+    tp_random.model_parallel_cuda_manual_seed(123, tp_rank=1, ep_rank=0, etp_rank=0,
+                                              force_reset_rng=True)
+    with tp_random.get_cuda_rng_tracker().fork():
+        c = torch.rand(4)
+    assert not torch.equal(a, c)
+    states = tp_random.get_cuda_rng_tracker().get_states()
+    assert set(states) >= {"model-parallel-rng", "data-parallel-rng"}
+
+
+def test_noop_when_training_on_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cpu_compat.apply_cpu_compat("cuda") == ()
+    assert cpu_compat.resolve_device("auto").type == "cuda"
+
+
+def test_cuda_requested_without_cuda_is_a_clear_error():
+    if not NO_CUDA:
+        pytest.skip("machine has CUDA")
+    with pytest.raises(ValueError, match="--device cpu"):
+        cpu_compat.resolve_device("cuda")

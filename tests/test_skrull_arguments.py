@@ -1,0 +1,73 @@
+"""Flags -> frozen RunConfig; every bad combination gives exactly one clear message."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from megatron.skrull.arguments import ConfigError, parse_args
+from megatron.skrull.pretrain_gpt import main
+
+from mcore_helpers import TINY_FLAGS, tiny_config
+
+
+def _problems(extra, world_size=1):
+    with pytest.raises(ConfigError) as info:
+        tiny_config(extra, world_size=world_size)
+    return info.value.problems
+
+
+def test_valid_flags_build_a_frozen_config():
+    cfg = tiny_config(["--context-parallel-size", "2", "--tensor-model-parallel-size", "1",
+                       "--seq-length", "500", "--max-position-embeddings", "512"], world_size=4)
+    assert cfg.parallel.dp_size == 2
+    assert cfg.model.query_groups == 2 and cfg.model.head_dim == 16
+    assert cfg.model.ffn_size == 128  # SwiGLU default: 2/3 of 4h, rounded down to 64
+    assert cfg.model.padded_vocab_size(100, 2) == 256
+    assert cfg.data.use_mock and cfg.skrull.scheduler == "skrull"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.seq_length = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("extra, world, needles", [
+    (["--context-parallel-size", "2"], 3, ["--context-parallel-size 2", "world size 3"]),
+    (["--context-parallel-size", "2", "--skrull-bucket-size", "3"], 2,
+     ["--skrull-bucket-size 3", "at least 4"]),
+    (["--context-parallel-size", "2", "--seq-length", "600", "--max-position-embeddings",
+      "600"], 2, ["--seq-length 600", "--skrull-bucket-size 256"]),
+    (["--num-query-groups", "3"], 1, ["--num-query-groups 3", "divisor"]),
+    (["--max-position-embeddings", "64"], 1, ["--max-position-embeddings 64", "at least 96"]),
+    (["--tensor-model-parallel-size", "2", "--num-query-groups", "1"], 2,
+     ["--tensor-model-parallel-size 2"]),
+    (["--min-lr", "1.0"], 1, ["--min-lr"]),
+    (["--lr-warmup-iters", "50"], 1, ["--lr-warmup-iters 50"]),
+    (["--save-interval", "5"], 1, ["--save"]),
+    (["--mock-data", "--data-path", "x"], 1, ["exclusive"]),
+    (["--skrull-cost-model-config", "/nonexistent.json"], 1, ["no such file"]),
+    (["--hidden-size", "66"], 1, ["--hidden-size 66", "--num-attention-heads 4"]),
+])
+def test_each_bad_flag_gives_one_clear_message(extra, world, needles):
+    problems = _problems(extra, world)
+    assert len(problems) == 1, problems
+    for needle in needles:
+        assert needle in problems[0], problems
+
+
+def test_several_problems_are_all_reported():
+    problems = _problems(["--num-query-groups", "3", "--min-lr", "1.0", "--log-interval", "0",
+                          "--context-parallel-size", "2"], world_size=3)
+    assert len(problems) == 4, problems
+
+
+def test_launcher_exits_2_with_one_line_per_problem(capsys):
+    code = main(TINY_FLAGS + ["--num-query-groups", "3", "--min-lr", "1.0"])
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("error: --") for line in lines), lines
+
+
+def test_launcher_missing_required_flag_exits_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--num-layers", "2"])
+    assert info.value.code == 2
+    assert "required" in capsys.readouterr().err

@@ -1,0 +1,117 @@
+"""LR schedule, planner wiring, sample sources and the log line (no processes)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from megatron.skrull.optimizer import LRSchedule, build_optimizer
+from megatron.skrull.planning import build_cost_model, make_planner, predicted_seconds
+from megatron.skrull.samples import DatasetSource, SyntheticSFTSource
+from megatron.skrull.training import IterationStats, MetricsLogger
+
+from mcore_helpers import tiny_config
+
+
+def test_lr_schedule_shapes():
+    lin = LRSchedule(lr=1.0, min_lr=0.1, warmup_iters=4, decay_iters=14, style="linear")
+    assert [lin.lr_at(i) for i in (1, 2, 4)] == [0.25, 0.5, 1.0]
+    assert lin.lr_at(9) == pytest.approx(0.55)
+    assert lin.lr_at(14) == pytest.approx(0.1) and lin.lr_at(100) == pytest.approx(0.1)
+    cos = LRSchedule(lr=1.0, min_lr=0.0, warmup_iters=0, decay_iters=10, style="cosine")
+    assert cos.lr_at(5) == pytest.approx(0.5) and cos.lr_at(10) == pytest.approx(0.0)
+    const = LRSchedule(lr=0.3, min_lr=0.0, warmup_iters=2, decay_iters=10, style="constant")
+    assert const.lr_at(1) == pytest.approx(0.15) and const.lr_at(7) == 0.3
+
+
+def test_no_weight_decay_on_norms_and_biases():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    from megatron.skrull.arguments import OptimArgs
+
+    opt = build_optimizer(model, OptimArgs(lr=1e-3, train_iters=1, weight_decay=0.1))
+    decay = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert decay == {id(model[0].weight)}
+
+
+def test_planner_uses_the_scheduler_and_cost_model(tmp_path):
+    cfg = tiny_config(["--context-parallel-size", "2", "--global-batch-size", "8"],
+                      world_size=4)
+    planner = make_planner(cfg, vocab_size=128)
+    plan = planner(np.array([90, 12, 30, 40, 70, 10, 5, 64]))
+    plan.validate()
+    assert (plan.dp_size, plan.cp_size, plan.policy) == (2, 2, "skrull")
+    assert predicted_seconds(plan) > 0
+    # A calibrated config changes the prediction; unknown keys are rejected by name.
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps({"c_linear": 1e-6, "micro_batch_overhead": 1.0}))
+    slow = build_cost_model(tiny_config(["--skrull-cost-model-config", str(path)]), 128)
+    assert slow.time.c_linear == 1e-6 and slow.micro_batch_overhead == 1.0
+    assert slow.bytes_per_element == 4  # fp32 on CPU
+    path.write_text(json.dumps({"c_lin": 1.0}))
+    with pytest.raises(ValueError, match="unknown keys"):
+        build_cost_model(tiny_config(["--skrull-cost-model-config", str(path)]), 128)
+
+
+@pytest.mark.parametrize("policy", ["per-seq-cp", "all-cp", "sorted", "kk"])
+def test_baseline_policies_plan_local_or_distributed_only(policy):
+    cfg = tiny_config(["--context-parallel-size", "2", "--skrull-scheduler", policy],
+                      world_size=2)
+    plan = make_planner(cfg, vocab_size=128)(np.array([90, 12, 30, 40, 70, 10]))
+    assert plan.policy == policy
+    assert not any(mb.grouped for rank in plan.dp_ranks for mb in rank)
+
+
+def test_synthetic_source_is_learnable_and_consistent():
+    src = SyntheticSFTSource(50, 64, seed=1)
+    assert src.lengths.max() == 64 and src.lengths.min() >= 8
+    s = src.sample(7)
+    assert len(s.tokens) == src.lengths[7]
+    assert np.array_equal(s.labels[:-1], s.tokens[1:])
+    assert src.num_loss_tokens(np.array([7])) == int(s.loss_mask.sum())
+    body = s.tokens[2:]
+    steps = np.diff(body - 10) % 54  # constant step inside a sample
+    assert len(set(steps.tolist())) == 1
+    assert np.array_equal(src.sample(7).tokens, SyntheticSFTSource(50, 64, seed=1).sample(7).tokens)
+
+
+class _FakeDataset:
+    """Mimics megatron.skrull.data.SFTDataset's causal-LM view."""
+
+    def __init__(self, lengths, offset):
+        self.lengths = np.asarray(lengths)
+        self.offset = offset
+
+    def get_example(self, i):
+        n = int(self.lengths[i])
+        ids = torch.arange(n) + self.offset
+        return ids, ids + 1, (torch.arange(n) % 2).float()
+
+
+def test_dataset_source_adapts_sft_examples():
+    src = DatasetSource(_FakeDataset([4, 6], 100))
+    assert src.lengths.tolist() == [4, 6] and len(src) == 2
+    assert src.num_loss_tokens(np.array([0, 1])) == 2 + 3
+    s = src.sample(0)
+    assert s.tokens.tolist() == [100, 101, 102, 103] and s.labels.tolist() == [101, 102, 103, 104]
+    assert s.loss_mask.dtype == np.float32
+
+
+def test_log_line_has_every_field():
+    lines = []
+    log = MetricsLogger(log_interval=2, train_iters=4, enabled=True, printer=lines.append)
+    for it in (1, 2):
+        log.record(IterationStats(iteration=it, loss=2.0 * it, lr=1e-3, grad_norm=0.5,
+                                  seconds=0.5, predicted_seconds=0.25, tokens=1000,
+                                  micro_batches=3, local_share=0.75))
+    assert len(lines) == 1
+    line = lines[0]
+    for needle in ("iteration        2/       4", "loss 3.000000E+00", "lr 1.000E-03",
+                   "iteration time 500.0 ms (predicted 250.0 ms)", "tokens/s 2000",
+                   "micro-batches 3.0", "local tokens 75.0%"):
+        assert needle in line, line
+    assert math.isfinite(IterationStats(iteration=1, loss=1, lr=1, grad_norm=1, seconds=0,
+                                        predicted_seconds=None, tokens=1, micro_batches=1,
+                                        local_share=0).tokens_per_second)
