@@ -134,10 +134,17 @@ struct BatchArgs {
   I64Array lengths;
   F64Array costs;
   F64Array comm;
+  F64Array shares;
   skrull::Batch view;
 
-  BatchArgs(I64Array l, F64Array c, py::object m)
+  BatchArgs(I64Array l, F64Array c, py::object m, py::object sh = py::none())
       : lengths(std::move(l)), costs(std::move(c)) {
+    if (!sh.is_none()) {
+      shares = sh.cast<F64Array>();
+      check_same_size(size_1d(lengths, "lengths"), size_1d(shares, "shares"), "shares");
+      check_finite(shares.data(), size_1d(shares, "shares"), "shares");
+      view.shares = shares.data();
+    }
     view.size = size_1d(lengths, "lengths");
     check_same_size(view.size, size_1d(costs, "costs"), "costs");
     view.lengths = lengths.data();
@@ -155,8 +162,8 @@ struct BatchArgs {
 
 py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
                       int dp_size, int cp_size, int64_t bucket_size, int rollback,
-                      double overhead, int variant) {
-  BatchArgs args(std::move(lengths), std::move(costs), comm);
+                      double overhead, int variant, py::object shares) {
+  BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
   check_positive(dp_size, "dp_size");
   check_positive(cp_size, "cp_size");
   check_positive(bucket_size, "bucket_size");
@@ -182,8 +189,8 @@ py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double la
 }
 
 py::object dacp_place(I64Array lengths, F64Array costs, I64Array idx, int cp_size,
-                      int64_t bucket_size, int rollback) {
-  BatchArgs args(std::move(lengths), std::move(costs), py::none());
+                      int64_t bucket_size, int rollback, py::object shares) {
+  BatchArgs args(std::move(lengths), std::move(costs), py::none(), shares);
   check_positive(cp_size, "cp_size");
   auto ids = to_indices(idx, args.view.size);
   const auto policy = to_rollback(rollback, false);
@@ -197,8 +204,8 @@ py::object dacp_place(I64Array lengths, F64Array costs, I64Array idx, int cp_siz
 
 py::object dacp_best(I64Array lengths, F64Array costs, F64Array comm, double latency,
                      I64Array idx, int cp_size, int64_t bucket_size, int rollback,
-                     int variant) {
-  BatchArgs args(std::move(lengths), std::move(costs), comm);
+                     int variant, py::object shares) {
+  BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
   check_positive(cp_size, "cp_size");
   auto ids = to_indices(idx, args.view.size);
   const auto policy = to_rollback(rollback, true);
@@ -212,7 +219,7 @@ py::object dacp_best(I64Array lengths, F64Array costs, F64Array comm, double lat
 }
 
 double micro_batch_time(py::object placement, F64Array costs, F64Array comm, double latency,
-                        int cp_size) {
+                        int cp_size, py::object shares) {
   check_positive(cp_size, "cp_size");
   const int64_t k = size_1d(costs, "costs");
   check_same_size(k, size_1d(comm, "comm"), "comm");
@@ -221,7 +228,13 @@ double micro_batch_time(py::object placement, F64Array costs, F64Array comm, dou
   skrull::Placement p;
   p.distributed = to_indices(pair[0].cast<I64Array>(), k);
   for (auto rank : pair[1]) p.local.push_back(to_indices(rank.cast<I64Array>(), k));
-  const skrull::Batch view{nullptr, costs.data(), comm.data(), k};
+  skrull::Batch view{nullptr, costs.data(), comm.data(), k};
+  F64Array share_arr;
+  if (!shares.is_none()) {
+    share_arr = shares.cast<F64Array>();
+    check_same_size(k, size_1d(share_arr, "shares"), "shares");
+    view.shares = share_arr.data();
+  }
   return skrull::micro_batch_time(p, view, latency, cp_size);
 }
 
@@ -252,16 +265,19 @@ PYBIND11_MODULE(_C, mod) {
   mod.def("gds_schedule", &gds_schedule, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
           py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"),
           py::arg("rollback"), py::arg("overhead") = 0.0, py::arg("variant") = 2,
+          py::arg("shares") = py::none(),
           "GDS over a global batch: list[DP] of list[micro-batch] of (distributed, local).");
   mod.def("dacp_place", &dacp_place, py::arg("lengths"), py::arg("costs"), py::arg("idx"),
           py::arg("cp_size"), py::arg("bucket_size"), py::arg("rollback") = 0,
+          py::arg("shares") = py::none(),
           "DACP of one micro-batch: (distributed, local) or None if infeasible.");
   mod.def("dacp_best", &dacp_best, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
           py::arg("latency"), py::arg("idx"), py::arg("cp_size"), py::arg("bucket_size"),
-          py::arg("rollback"), py::arg("variant") = 0,
+          py::arg("rollback"), py::arg("variant") = 0, py::arg("shares") = py::none(),
           "DACP with a roll-back policy and variant (paper/balanced); auto keeps the fastest.");
   mod.def("micro_batch_time", &micro_batch_time, py::arg("placement"), py::arg("costs"),
           py::arg("comm"), py::arg("latency"), py::arg("cp_size"),
+          py::arg("shares") = py::none(),
           "Predicted seconds of one placed micro-batch (no overhead).");
   mod.def("lpt_partition", &lpt_partition, py::arg("costs"), py::arg("idx"), py::arg("bins"),
           "Longest-processing-time bin packing: `bins` lists of sample ids.");

@@ -118,7 +118,7 @@ std::optional<Placement> place(const Batch& batch, std::vector<Index> idx, int c
         dist.push_back(i);
         for (int j = 0; j < n; ++j) {
           rem[j] -= sh;
-          load[j] += costs[i] / n;
+          load[j] += batch.share(i, n);
         }
         break;
       }
@@ -139,7 +139,7 @@ std::optional<Placement> place(const Batch& batch, std::vector<Index> idx, int c
       load[r] -= costs[v];
       for (int j = 0; j < n; ++j) {
         rem[j] -= sv;
-        load[j] += costs[v] / n;
+        load[j] += batch.share(v, n);
       }
       dist.push_back(v);
     }
@@ -161,7 +161,7 @@ double micro_batch_time(const Placement& placement, const Batch& batch, double l
   double t_dist = 0.0;
   for (Index i : placement.distributed) {
     t_comm += batch.comm[i];
-    t_dist += batch.costs[i] / cp_size;
+    t_dist += batch.share(i, cp_size);
   }
   if (!placement.distributed.empty()) t_comm += latency;
   double worst = 0.0;
@@ -217,7 +217,7 @@ std::optional<Placement> place_balanced(const Batch& batch, std::vector<Index> i
           const double t_comm = dist.empty() ? 0.0 : comm_sum + latency;
           const double keep = objective(local_load, t_comm, dist_load, r, costs[i]);
           const double move = objective(local_load, comm_sum + comm[i] + latency,
-                                        dist_load + costs[i] / n);
+                                        dist_load + batch.share(i, n));
           can_dist = move < keep;
         }
         if (!can_dist) {
@@ -231,7 +231,7 @@ std::optional<Placement> place_balanced(const Batch& batch, std::vector<Index> i
         dist.push_back(i);
         for (int j = 0; j < n; ++j) rem[j] -= sh;
         comm_sum += comm[i];
-        dist_load += costs[i] / n;
+        dist_load += batch.share(i, n);
         break;
       }
       r = argmin(rem);
@@ -250,7 +250,7 @@ std::optional<Placement> place_balanced(const Batch& batch, std::vector<Index> i
       local_load[r] -= costs[v];
       for (int j = 0; j < n; ++j) rem[j] -= sv;
       comm_sum += comm[v];
-      dist_load += costs[v] / n;
+      dist_load += batch.share(v, n);
       dist.push_back(v);
     }
   }

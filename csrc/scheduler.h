@@ -30,6 +30,13 @@ struct Batch {
   const double* costs = nullptr;
   const double* comm = nullptr;
   int64_t size = 0;
+  // Optional [size] seconds each CP rank spends on a distributed sequence; null means
+  // costs[i] / cp_size (the reference's `shares=None`).
+  const double* shares = nullptr;
+
+  double share(Index i, int cp_size) const {
+    return shares ? shares[i] : costs[i] / cp_size;
+  }
 };
 
 // One micro-batch on one CP group: `distributed` sample ids in placement order and

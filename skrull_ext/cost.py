@@ -169,21 +169,46 @@ def get_model_spec(name_or_path: str) -> ModelSpec:
 class TimeModel:
     """Seconds of a sequence = ``c_linear * linear_flops + c_attention * attention_flops``.
 
+    Attention kernels lose efficiency on short blocks: with ``attention_half_tokens``
+    ``S_half`` the attention term of a block of ``B`` query tokens is scaled by
+    ``1 + S_half / B`` (efficiency ``B / (B + S_half)``), and every kernel call costs
+    ``attention_call_overhead`` seconds per layer (fwd + bwd).  Both default to 0.
     ``micro_batch_overhead`` is the fixed cost of running one (non-empty) micro-batch.
     """
 
     c_linear: float
     c_attention: float
     micro_batch_overhead: float = 0.0
+    attention_half_tokens: float = 0.0
+    attention_call_overhead: float = 0.0
 
     def __post_init__(self):
-        if min(self.c_linear, self.c_attention, self.micro_batch_overhead) < 0:
+        if min(self.c_linear, self.c_attention, self.micro_batch_overhead,
+               self.attention_half_tokens, self.attention_call_overhead) < 0:
             raise ValueError("TimeModel coefficients must be >= 0")
 
     def sequence_time(self, model: ModelSpec, lengths) -> np.ndarray:
-        """``[K]`` seconds of compute per sequence (fwd+bwd, whole model, one device)."""
-        return (self.c_linear * model.linear_flops(lengths)
-                + self.c_attention * model.attention_flops(lengths))
+        """``[K]`` seconds of compute per sequence held whole on one device (fwd+bwd)."""
+        s = np.asarray(lengths, dtype=np.float64)
+        attn = model.attention_flops(s) * (1.0 + self.attention_half_tokens / np.maximum(s, 1.0))
+        return (self.c_linear * model.linear_flops(s) + self.c_attention * attn
+                + self.attention_call_overhead * model.num_layers)
+
+    def shard_time(self, model: ModelSpec, lengths, cp_size: int) -> np.ndarray:
+        """``[K]`` seconds each of ``cp_size`` ranks spends on a zigzag-sharded sequence.
+
+        Linear and attention FLOPs split evenly (zigzag balances causal attention); the
+        kernel blocks are one chunk (``pad(S) / 2N`` queries) long, and a rank makes about
+        ``2N`` block calls per layer over the ring's steps.
+        """
+        if cp_size <= 1:
+            return self.sequence_time(model, lengths)
+        s = np.asarray(lengths, dtype=np.float64)
+        n = float(cp_size)
+        chunk = np.ceil(s / (2.0 * n))
+        attn = model.attention_flops(s) / n * (1.0 + self.attention_half_tokens / chunk)
+        return (self.c_linear * model.linear_flops(s) / n + self.c_attention * attn
+                + self.attention_call_overhead * model.num_layers * 2.0 * n)
 
     @classmethod
     def calibrate(cls, model: ModelSpec, lengths: Sequence, measured_times: Sequence[float]
@@ -328,6 +353,10 @@ class CostModel:
     def compute_seconds(self, lengths) -> np.ndarray:
         """``[K]`` float64 seconds to run each sequence whole on one device (fwd+bwd)."""
         return self.time.sequence_time(self.model, lengths)
+
+    def share_seconds(self, lengths, cp_size: int) -> np.ndarray:
+        """``[K]`` float64 seconds each of ``cp_size`` ranks spends on a distributed sequence."""
+        return self.time.shard_time(self.model, lengths, cp_size)
 
     def _ring_steps(self, cp_size: int) -> float:
         # Per layer the ring makes N - 1 KV exchanges in forward; backward moves KV again

@@ -104,7 +104,9 @@ class Hardware:
         """The scheduler's simple :class:`CostModel` consistent with this hardware."""
         time = TimeModel(c_linear=1.0 / (self.peak_flops * self.linear_efficiency),
                          c_attention=1.0 / (self.peak_flops * self.attention_efficiency),
-                         micro_batch_overhead=self.micro_batch_fixed_seconds(model))
+                         micro_batch_overhead=self.micro_batch_fixed_seconds(model),
+                         attention_half_tokens=self.attention_half_tokens,
+                         attention_call_overhead=self.attention_call_overhead_s)
         return CostModel(model=model, time=time, comm=self.ring_comm(cp_size),
                          bytes_per_element=self.activation_bytes)
 

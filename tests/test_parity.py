@@ -7,6 +7,8 @@ on the reference prove the batches really exercise roll-back and extra GDS round
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -251,3 +253,27 @@ def test_gds_resplit_with_empty_micro_batches(overhead):
     comm = np.full(7, 1000.0)
     want = reference.gds_schedule(lengths, costs, comm, 0.0, 2, 2, 100, "auto", overhead)
     assert _C.gds_schedule(lengths, costs, comm, 0.0, 2, 2, 100, 2, overhead) == want
+
+
+def test_parity_with_explicit_shares():
+    """Per-rank shares that are not ``costs / N`` (kernel efficiency, call overheads)."""
+    rng = np.random.default_rng(21)
+    base = default_cost_model()
+    eff = dataclasses.replace(base, time=dataclasses.replace(
+        base.time, attention_half_tokens=512.0, attention_call_overhead=2e-4))
+    for _ in range(120):
+        lengths, dp, cp, bucket = random_batch(rng)
+        costs = eff.compute_seconds(lengths)
+        shares = eff.share_seconds(lengths, cp)
+        comm = eff.comm_seconds(lengths, cp)
+        lat = eff.comm_latency(cp)
+        rb = str(rng.choice(ROLLBACKS))
+        var = str(rng.choice(list(VARIANTS)))
+        want = reference.gds_schedule(lengths, costs, comm, lat, dp, cp, bucket, rb, 1e-3, var,
+                                      shares)
+        got = _C.gds_schedule(lengths, costs, comm, lat, dp, cp, bucket, CODES[rb], 1e-3,
+                              VARIANTS[var], shares)
+        assert got == want
+        cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, rollback=rb, dacp=var)
+        assert (schedule(lengths, cfg, eff, backend="cpp").dp_ranks
+                == schedule(lengths, cfg, eff, backend="python").dp_ranks)

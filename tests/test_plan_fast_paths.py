@@ -37,8 +37,9 @@ def test_rank_tokens_and_predictions_match_the_per_micro_batch_walk():
         assert np.array_equal(plan.rank_tokens(), walked)
         costs = cost_model.compute_seconds(plan.lengths)
         comm = cost_model.comm_seconds(plan.lengths, plan.cp_size)
-        times = [[micro_batch_seconds(mb, plan.lengths, costs, comm, cost_model) for mb in mbs]
-                 for mbs in plan.dp_ranks]
+        shares = cost_model.share_seconds(plan.lengths, plan.cp_size)
+        times = [[micro_batch_seconds(mb, plan.lengths, costs, comm, cost_model, shares)
+                  for mb in mbs] for mbs in plan.dp_ranks]
         assert plan.predicted["micro_batch_times"] == times  # exact float equality
         assert plan.predicted["dp_rank_times"] == [float(sum(t)) for t in times]
 

@@ -117,13 +117,14 @@ def _to_micro_batch(placement, cp_size: int) -> MicroBatch:
                       local=tuple(tuple(map(int, r)) for r in local))
 
 
-def _skrull(lengths, costs, comm, latency, cfg: SchedulerConfig, overhead: float, backend: str):
+def _skrull(lengths, costs, shares, comm, latency, cfg: SchedulerConfig, overhead: float,
+            backend: str):
     if backend == "cpp":
         return _backend.CPP.gds_schedule(
             lengths, costs, comm, float(latency), cfg.dp_size, cfg.cp_size, cfg.bucket_size,
-            _ROLLBACK_CODES[cfg.rollback], float(overhead), _VARIANT_CODES[cfg.dacp])
+            _ROLLBACK_CODES[cfg.rollback], float(overhead), _VARIANT_CODES[cfg.dacp], shares)
     return reference.gds_schedule(lengths, costs, comm, latency, cfg.dp_size, cfg.cp_size,
-                                  cfg.bucket_size, cfg.rollback, overhead, cfg.dacp)
+                                  cfg.bucket_size, cfg.rollback, overhead, cfg.dacp, shares)
 
 
 def schedule(lengths: Sequence[int], config: SchedulerConfig,
@@ -150,8 +151,10 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
     if backend == "cpp" and _backend.CPP is None:
         raise ImportError("backend='cpp' but skrull_ext._C is not built")
     if config.policy == "skrull":
-        placements = _skrull(arr, costs, comm, cost_model.comm_latency(config.cp_size), config,
-                             cost_model.micro_batch_overhead, backend)
+        shares = np.ascontiguousarray(cost_model.share_seconds(arr, config.cp_size),
+                                      dtype=np.float64)
+        placements = _skrull(arr, costs, shares, comm, cost_model.comm_latency(config.cp_size),
+                             config, cost_model.micro_batch_overhead, backend)
         ranks = [[_to_micro_batch(p, config.cp_size) for p in mbs] for mbs in placements]
     else:
         ranks = BASELINES[config.policy](arr, costs, config.dp_size, config.cp_size,
@@ -170,7 +173,7 @@ def _add_grouped(grouped, t_dist, t_comm, lengths, costs, cost_model: CostModel)
     n = len(t_dist)
     sizes = sorted({g[2] for g in grouped})
     for i, first, size in grouped:
-        t_dist[first:first + size] += costs[i] / size
+        t_dist[first:first + size] += float(cost_model.share_seconds([int(lengths[i])], size)[0])
         t_comm[first:first + size] += float(cost_model.comm_seconds([int(lengths[i])], size)[0])
     for size in sizes:  # each sub-group ring pays its latency once
         for first in range(0, n, size):
@@ -178,13 +181,19 @@ def _add_grouped(grouped, t_dist, t_comm, lengths, costs, cost_model: CostModel)
                 t_comm[first:first + size] += cost_model.comm_latency(size)
 
 
-def micro_batch_seconds(mb: MicroBatch, lengths, costs, comm_full, cost_model: CostModel) -> float:
-    """Predicted seconds of one micro-batch, grouped placements included (0 when empty)."""
+def micro_batch_seconds(mb: MicroBatch, lengths, costs, comm_full, cost_model: CostModel,
+                        shares=None) -> float:
+    """Predicted seconds of one micro-batch, grouped placements included (0 when empty).
+
+    ``shares`` are the per-rank seconds of each distributed sample (default ``costs / N``).
+    """
     if mb.is_empty():
         return 0.0
     n = mb.cp_size
     t_local = np.array([sum(costs[i] for i in r) for r in mb.local], dtype=np.float64)
-    t_dist = np.full(n, sum(costs[i] for i in mb.distributed) / n, dtype=np.float64)
+    dist = (sum(costs[i] for i in mb.distributed) / n if shares is None
+            else sum(shares[i] for i in mb.distributed))
+    t_dist = np.full(n, dist, dtype=np.float64)
     t_comm = np.full(n, sum(comm_full[i] for i in mb.distributed), dtype=np.float64)
     if mb.distributed:
         t_comm += cost_model.comm_latency(n)
@@ -192,7 +201,7 @@ def micro_batch_seconds(mb: MicroBatch, lengths, costs, comm_full, cost_model: C
     return float(np.max(np.maximum(t_comm, t_local) + t_dist)) + cost_model.micro_batch_overhead
 
 
-def _micro_batch_times(plan: Plan, flat: FlatPlan, costs, comm, cost_model: CostModel):
+def _micro_batch_times(plan: Plan, flat: FlatPlan, costs, comm, cost_model: CostModel, shares):
     """:func:`micro_batch_seconds` of every micro-batch at once: ``[G]`` float64.
 
     ``np.bincount`` adds its weights in input (placement) order starting from 0, the same
@@ -204,10 +213,10 @@ def _micro_batch_times(plan: Plan, flat: FlatPlan, costs, comm, cost_model: Cost
         return np.bincount(bins, weights=weights, minlength=size).astype(np.float64)
 
     t_local = sums(flat.local_slot, costs[flat.local_ids], g * n).reshape(g, n)
-    dist_cost = sums(flat.dist_mb, costs[flat.dist_ids], g)
+    dist_share = sums(flat.dist_mb, shares[flat.dist_ids], g)
     dist_comm = sums(flat.dist_mb, comm[flat.dist_ids], g)
     has_dist = np.bincount(flat.dist_mb, minlength=g) > 0
-    t_dist = np.repeat((dist_cost / n)[:, None], n, axis=1)
+    t_dist = np.repeat(dist_share[:, None], n, axis=1)
     t_comm = np.repeat(dist_comm[:, None], n, axis=1)
     t_comm[has_dist] += cost_model.comm_latency(n)
     busy = has_dist | (np.bincount(flat.local_slot // n, minlength=g) > 0)
@@ -231,12 +240,13 @@ def predict(plan: Plan, cost_model: CostModel) -> dict:
     """
     costs = cost_model.compute_seconds(plan.lengths)
     comm = cost_model.comm_seconds(plan.lengths, plan.cp_size)
+    shares = cost_model.share_seconds(plan.lengths, plan.cp_size)
     flat = flatten_placements(plan.dp_ranks, plan.cp_size)
     if flat is None or flat.count == 0:
-        mb_times = [[micro_batch_seconds(mb, plan.lengths, costs, comm, cost_model)
+        mb_times = [[micro_batch_seconds(mb, plan.lengths, costs, comm, cost_model, shares)
                      for mb in mbs] for mbs in plan.dp_ranks]
     else:
-        flat_times = _micro_batch_times(plan, flat, costs, comm, cost_model).tolist()
+        flat_times = _micro_batch_times(plan, flat, costs, comm, cost_model, shares).tolist()
         ends = np.cumsum([len(mbs) for mbs in plan.dp_ranks]).tolist()
         mb_times = [flat_times[end - len(mbs):end] for mbs, end in zip(plan.dp_ranks, ends)]
     rank_times = [float(sum(t)) for t in mb_times]

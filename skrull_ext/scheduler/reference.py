@@ -6,7 +6,9 @@ Implements SKRULL.md sections 3 (DACP) and 4 (GDS) on plain arrays.  The C++ cor
 bit for bit:
 
 * Inputs are ``lengths`` (int64), ``costs`` (float64 compute seconds of a whole sequence),
-  ``comm`` (float64 ring bandwidth seconds of a distributed sequence) and ``latency``
+  optional ``shares`` (float64 compute seconds each CP rank spends on a distributed
+  sequence; ``costs[i] / N`` when omitted), ``comm`` (float64 ring bandwidth seconds of a
+  distributed sequence) and ``latency``
   (ring seconds paid once by a micro-batch with any distributed sequence), precomputed by
   :class:`skrull_ext.cost.CostModel`; the core never evaluates a cost function itself.
 * Float accumulations happen in the same order in both (C++ is built without FMA
@@ -44,6 +46,11 @@ def _argmax(values: Sequence) -> int:
     return best
 
 
+def _share(costs, shares, i: int, n: int) -> float:
+    """Seconds each of ``n`` ranks spends on distributed sequence ``i``."""
+    return costs[i] / n if shares is None else shares[i]
+
+
 def _fits(rem: list[int], length: int, cp_size: int) -> bool:
     """Whether steps a-c of DACP can place a sequence of ``length`` with budgets ``rem``."""
     return max(rem) >= length or min(rem) >= shard_tokens(length, cp_size)
@@ -77,7 +84,7 @@ def _choose_victim(local_r: list[int], lengths, rem: list[int], r: int, need: in
 
 
 def dacp_place(lengths, costs, idx: Sequence[int], cp_size: int, bucket_size: int,
-               rollback: str = "shortest") -> Optional[Placement]:
+               rollback: str = "shortest", shares=None) -> Optional[Placement]:
     """DACP (SKRULL.md section 3) for one micro-batch on one CP group.
 
     Args:
@@ -87,6 +94,7 @@ def dacp_place(lengths, costs, idx: Sequence[int], cp_size: int, bucket_size: in
         cp_size: CP ranks ``N``.
         bucket_size: Token budget ``C`` of each rank.
         rollback: ``shortest`` or ``best-fit`` victim choice.
+        shares: ``[K]`` per-rank seconds of a distributed sequence (default ``costs / N``).
 
     Returns:
         ``(distributed, local)`` or ``None`` when the micro-batch is infeasible.
@@ -113,7 +121,7 @@ def dacp_place(lengths, costs, idx: Sequence[int], cp_size: int, bucket_size: in
                 dist.append(i)
                 for j in range(n):
                     rem[j] -= sh
-                    load[j] += costs[i] / n
+                    load[j] += _share(costs, shares, i, n)
                 break
             # Roll back: demote a local sequence of the fullest rank to distributed.
             r = _argmin(rem)
@@ -130,12 +138,13 @@ def dacp_place(lengths, costs, idx: Sequence[int], cp_size: int, bucket_size: in
             load[r] -= costs[v]
             for j in range(n):
                 rem[j] -= sv
-                load[j] += costs[v] / n
+                load[j] += _share(costs, shares, v, n)
             dist.append(v)
     return dist, local
 
 
-def micro_batch_time(placement: Placement, costs, comm, latency: float, cp_size: int) -> float:
+def micro_batch_time(placement: Placement, costs, comm, latency: float, cp_size: int,
+                     shares=None) -> float:
     """Predicted seconds of one placed micro-batch (SKRULL.md section 3 objective).
 
     ``max_j( max(T_comm(distributed), T_comp(local_j)) + T_comp(distributed) / N )``; the
@@ -146,7 +155,7 @@ def micro_batch_time(placement: Placement, costs, comm, latency: float, cp_size:
     t_dist = 0.0
     for i in dist:
         t_comm += comm[i]
-        t_dist += costs[i] / cp_size
+        t_dist += _share(costs, shares, i, cp_size)
     if dist:
         t_comm += latency
     worst = 0.0
@@ -174,7 +183,8 @@ def _objective(local_load, t_comm: float, t_dist: float, r: int = -1, extra: flo
 
 
 def dacp_place_balanced(lengths, costs, comm, latency: float, idx: Sequence[int], cp_size: int,
-                        bucket_size: int, rollback: str = "shortest") -> Optional[Placement]:
+                        bucket_size: int, rollback: str = "shortest", shares=None
+                        ) -> Optional[Placement]:
     """(ours) DACP that distributes a sequence when that lowers the micro-batch objective.
 
     The paper's step a keeps every sequence that fits local, so the longest sequences of a
@@ -205,7 +215,7 @@ def dacp_place_balanced(lengths, costs, comm, latency: float, idx: Sequence[int]
                     t_comm = comm_sum + latency if dist else 0.0
                     keep = _objective(local_load, t_comm, dist_load, r, costs[i])
                     move = _objective(local_load, comm_sum + comm[i] + latency,
-                                      dist_load + costs[i] / n)
+                                      dist_load + _share(costs, shares, i, n))
                     can_dist = move < keep
                 if not can_dist:
                     local[r].append(i)
@@ -217,7 +227,7 @@ def dacp_place_balanced(lengths, costs, comm, latency: float, idx: Sequence[int]
                 for j in range(n):
                     rem[j] -= sh
                 comm_sum += comm[i]
-                dist_load += costs[i] / n
+                dist_load += _share(costs, shares, i, n)
                 break
             r = _argmin(rem)
             if n == 1 or not local[r]:
@@ -234,13 +244,13 @@ def dacp_place_balanced(lengths, costs, comm, latency: float, idx: Sequence[int]
             for j in range(n):
                 rem[j] -= sv
             comm_sum += comm[v]
-            dist_load += costs[v] / n
+            dist_load += _share(costs, shares, v, n)
             dist.append(v)
     return dist, local
 
 
 def dacp_best(lengths, costs, comm, latency, idx, cp_size, bucket_size, rollback,
-              variant: str = "paper"):
+              variant: str = "paper", shares=None):
     """DACP with the chosen roll-back and variant; ``auto`` tries each, keeps the fastest.
 
     Candidates in order (ties keep the earlier): paper/shortest, paper/best-fit,
@@ -252,13 +262,13 @@ def dacp_best(lengths, costs, comm, latency, idx, cp_size, bucket_size, rollback
     for var in variants:
         for rb in rollbacks:
             if var == "paper":
-                cand = dacp_place(lengths, costs, idx, cp_size, bucket_size, rb)
+                cand = dacp_place(lengths, costs, idx, cp_size, bucket_size, rb, shares)
             else:
                 cand = dacp_place_balanced(lengths, costs, comm, latency, idx, cp_size,
-                                           bucket_size, rb)
+                                           bucket_size, rb, shares)
             if cand is None:
                 continue
-            t = micro_batch_time(cand, costs, comm, latency, cp_size)
+            t = micro_batch_time(cand, costs, comm, latency, cp_size, shares)
             if best is None or t < best_t:
                 best, best_t = cand, t
     return best
@@ -286,7 +296,7 @@ def interleave(sorted_idx: Sequence[int], m: int) -> list[list[int]]:
 
 
 def _split_rank(lengths, costs, comm, latency, seqs, m, cp_size, bucket_size, rollback,
-                variant):
+                variant, shares):
     """Interleave into ``m`` micro-batches and place each; ``None`` if any is infeasible."""
     cap = bucket_size * cp_size
     groups = interleave(seqs, m)
@@ -295,24 +305,24 @@ def _split_rank(lengths, costs, comm, latency, seqs, m, cp_size, bucket_size, ro
         if sum(int(lengths[i]) for i in g) > cap:
             return None
         placed = dacp_best(lengths, costs, comm, latency, g, cp_size, bucket_size, rollback,
-                           variant)
+                           variant, shares)
         if placed is None:
             return None
         out.append(placed)
     return out
 
 
-def _rank_time(split, costs, comm, latency, cp_size, overhead) -> float:
+def _rank_time(split, costs, comm, latency, cp_size, overhead, shares) -> float:
     t = 0.0
     for placement in split:
         if placement[0] or any(placement[1]):
-            t += micro_batch_time(placement, costs, comm, latency, cp_size) + overhead
+            t += micro_batch_time(placement, costs, comm, latency, cp_size, shares) + overhead
     return t
 
 
 def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: int,
                  bucket_size: int, rollback: str = "auto", overhead: float = 0.0,
-                 variant: str = "auto") -> list[list[Placement]]:
+                 variant: str = "auto", shares=None) -> list[list[Placement]]:
     """GDS (SKRULL.md section 4): split a global batch over DP ranks and micro-batches.
 
     Returns ``dp_size`` lists of equally many placements (empty placements pad ranks that
@@ -333,7 +343,7 @@ def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: in
         m = max(1, -(-total // cap))
         while True:
             split = _split_rank(lengths, costs, comm, latency, seqs, m, cp_size, bucket_size,
-                                rollback, variant)
+                                rollback, variant, shares)
             if split is not None:
                 break
             if m >= len(seqs):
@@ -345,10 +355,10 @@ def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: in
         if seqs and len(splits[d]) < m_max:
             # (ours) Re-split into m_max micro-batches when that lowers this rank's time.
             alt = _split_rank(lengths, costs, comm, latency, seqs, m_max, cp_size, bucket_size,
-                              rollback, variant)
+                              rollback, variant, shares)
             if alt is not None and (
-                    _rank_time(alt, costs, comm, latency, cp_size, overhead)
-                    < _rank_time(splits[d], costs, comm, latency, cp_size, overhead)):
+                    _rank_time(alt, costs, comm, latency, cp_size, overhead, shares)
+                    < _rank_time(splits[d], costs, comm, latency, cp_size, overhead, shares)):
                 splits[d] = alt
         while len(splits[d]) < m_max:
             splits[d].append(([], [[] for _ in range(cp_size)]))
