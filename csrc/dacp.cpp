@@ -88,60 +88,99 @@ int64_t shard_tokens(int64_t length, int64_t n) {
 
 namespace {
 
-// dacp_place; sets *chose_victim when a roll-back had to choose a victim (the only step
-// where the two policies can differ).
+// Step d (reference _roll_back): demotes a local sequence of the fullest rank to
+// distributed, freeing its tokens there and charging its shard to every rank.  Returns
+// false (nothing changed) when nothing can be demoted; else sets *rank and *victim.
+// Sets *chose_victim once a victim had to be chosen (where the policies can differ).
+bool roll_back(std::vector<std::vector<Index>>& local, std::vector<int64_t>& rem,
+               const int64_t* lengths, int64_t need, int n, Rollback policy, int* rank,
+               Index* victim, bool* chose_victim) {
+  const int r = argmin(rem);
+  if (n == 1 || local[r].empty()) return false;  // with one rank a demotion frees nothing
+  *chose_victim = true;
+  const size_t p = choose_victim(local[r], lengths, rem, r, need, n, policy);
+  const Index v = local[r][p];
+  const int64_t lv = lengths[v];
+  const int64_t sv = shard_tokens(lv, n);
+  if (rem[r] + lv < sv) return false;
+  for (int j = 0; j < n; ++j) {
+    if (j != r && rem[j] < sv) return false;  // the demoted one would overflow
+  }
+  local[r].erase(local[r].begin() + static_cast<std::ptrdiff_t>(p));
+  rem[r] += lv;
+  for (int j = 0; j < n; ++j) rem[j] -= sv;
+  *rank = r;
+  *victim = v;
+  return true;
+}
+
+// max_j(max(t_comm, local_j) + t_dist), with `extra` added to rank r (reference _objective).
+double objective(const std::vector<double>& local_load, double t_comm, double t_dist,
+                 int r = -1, double extra = 0.0) {
+  double worst = 0.0;
+  for (int j = 0; j < static_cast<int>(local_load.size()); ++j) {
+    double x = local_load[j];
+    if (j == r) x = x + extra;
+    const double t = std::max(t_comm, x) + t_dist;
+    if (t > worst) worst = t;
+  }
+  return worst;
+}
+
+// Reference dacp_place (balanced: the objective test of step a, which reads batch.comm).
 std::optional<Placement> place(const Batch& batch, std::vector<Index> idx, int cp_size,
-                               int64_t bucket_size, Rollback policy, bool* chose_victim) {
+                               int64_t bucket_size, Rollback policy, bool balanced,
+                               double latency, bool* chose_victim) {
   const int n = cp_size;
   const int64_t* lengths = batch.lengths;
   const double* costs = batch.costs;
   sort_by_length(idx, lengths);
   std::vector<int64_t> rem(n, bucket_size);
-  std::vector<double> load(n, 0.0);
+  std::vector<double> local_load(n, 0.0);  // compute of each rank's local sequences
+  double dist_load = 0.0;  // per-rank compute of the distributed ones
+  double comm_sum = 0.0;
   Placement out;
   out.local.resize(n);
   auto& local = out.local;
   auto& dist = out.distributed;
   for (Index i : idx) {
     const int64_t s = lengths[i];
+    const int64_t sh = shard_tokens(s, n);
     while (true) {
-      int r = argmin(load);
+      int r = argmin(local_load);
       if (rem[r] < s) r = argmax(rem);
+      bool can_dist = n > 1 && *std::min_element(rem.begin(), rem.end()) >= sh;
       if (rem[r] >= s) {  // steps a and b: local on the least loaded / emptiest rank
-        local[r].push_back(i);
-        rem[r] -= s;
-        load[r] += costs[i];
-        break;
-      }
-      const int64_t sh = shard_tokens(s, n);
-      if (*std::min_element(rem.begin(), rem.end()) >= sh) {  // step c: distributed
-        dist.push_back(i);
-        for (int j = 0; j < n; ++j) {
-          rem[j] -= sh;
-          load[j] += batch.share(i, n);
+        if (balanced && can_dist) {  // (ours) unless distributing lowers the objective
+          const double t_comm = dist.empty() ? 0.0 : comm_sum + latency;
+          const double keep = objective(local_load, t_comm, dist_load, r, costs[i]);
+          const double move = objective(local_load, comm_sum + batch.comm[i] + latency,
+                                        dist_load + batch.share(i, n));
+          can_dist = move < keep;
+        } else {
+          can_dist = false;
         }
-        break;
+        if (!can_dist) {
+          local[r].push_back(i);
+          rem[r] -= s;
+          local_load[r] += costs[i];
+          break;
+        }
       }
-      // Step d, roll back: demote a local sequence of the fullest rank to distributed.
-      r = argmin(rem);
-      if (n == 1 || local[r].empty()) return std::nullopt;
-      *chose_victim = true;
-      const size_t p = choose_victim(local[r], lengths, rem, r, s, n, policy);
-      const Index v = local[r][p];
-      const int64_t lv = lengths[v];
-      const int64_t sv = shard_tokens(lv, n);
-      if (rem[r] + lv < sv) return std::nullopt;
-      for (int j = 0; j < n; ++j) {
-        if (j != r && rem[j] < sv) return std::nullopt;  // the demoted one would overflow
-      }
-      local[r].erase(local[r].begin() + static_cast<std::ptrdiff_t>(p));
-      rem[r] += lv;
-      load[r] -= costs[v];
-      for (int j = 0; j < n; ++j) {
-        rem[j] -= sv;
-        load[j] += batch.share(v, n);
+      Index v = i;
+      if (can_dist) {  // step c: distributed
+        for (int j = 0; j < n; ++j) rem[j] -= sh;
+      } else {  // step d: roll back, then retry the same sequence
+        int demoted_rank = -1;
+        if (!roll_back(local, rem, lengths, s, n, policy, &demoted_rank, &v, chose_victim)) {
+          return std::nullopt;
+        }
+        local_load[demoted_rank] -= costs[v];
       }
       dist.push_back(v);
+      if (batch.comm) comm_sum += batch.comm[v];
+      dist_load += batch.share(v, n);
+      if (v == i) break;
     }
   }
   return out;
@@ -152,7 +191,8 @@ std::optional<Placement> place(const Batch& batch, std::vector<Index> idx, int c
 std::optional<Placement> dacp_place(const Batch& batch, std::vector<Index> idx, int cp_size,
                                     int64_t bucket_size, Rollback policy) {
   bool chose_victim = false;
-  return place(batch, std::move(idx), cp_size, bucket_size, policy, &chose_victim);
+  return place(batch, std::move(idx), cp_size, bucket_size, policy, /*balanced=*/false,
+               /*latency=*/0.0, &chose_victim);
 }
 
 double micro_batch_time(const Placement& placement, const Batch& batch, double latency,
@@ -174,99 +214,6 @@ double micro_batch_time(const Placement& placement, const Batch& batch, double l
   return worst;
 }
 
-namespace {
-
-// max_j(max(t_comm, local_j) + t_dist), with `extra` added to rank r (reference _objective).
-double objective(const std::vector<double>& local_load, double t_comm, double t_dist,
-                 int r = -1, double extra = 0.0) {
-  double worst = 0.0;
-  for (int j = 0; j < static_cast<int>(local_load.size()); ++j) {
-    double x = local_load[j];
-    if (j == r) x = x + extra;
-    const double t = std::max(t_comm, x) + t_dist;
-    if (t > worst) worst = t;
-  }
-  return worst;
-}
-
-std::optional<Placement> place_balanced(const Batch& batch, std::vector<Index> idx,
-                                        double latency, int cp_size, int64_t bucket_size,
-                                        Rollback policy, bool* chose_victim) {
-  const int n = cp_size;
-  const int64_t* lengths = batch.lengths;
-  const double* costs = batch.costs;
-  const double* comm = batch.comm;
-  sort_by_length(idx, lengths);
-  std::vector<int64_t> rem(n, bucket_size);
-  std::vector<double> local_load(n, 0.0);
-  double comm_sum = 0.0;
-  double dist_load = 0.0;
-  Placement out;
-  out.local.resize(n);
-  auto& local = out.local;
-  auto& dist = out.distributed;
-  for (Index i : idx) {
-    const int64_t s = lengths[i];
-    const int64_t sh = shard_tokens(s, n);
-    while (true) {
-      int r = argmin(local_load);
-      if (rem[r] < s) r = argmax(rem);
-      bool can_dist = n > 1 && *std::min_element(rem.begin(), rem.end()) >= sh;
-      if (rem[r] >= s) {
-        if (can_dist) {  // distribute only when that lowers the micro-batch objective
-          const double t_comm = dist.empty() ? 0.0 : comm_sum + latency;
-          const double keep = objective(local_load, t_comm, dist_load, r, costs[i]);
-          const double move = objective(local_load, comm_sum + comm[i] + latency,
-                                        dist_load + batch.share(i, n));
-          can_dist = move < keep;
-        }
-        if (!can_dist) {
-          local[r].push_back(i);
-          rem[r] -= s;
-          local_load[r] += costs[i];
-          break;
-        }
-      }
-      if (can_dist) {
-        dist.push_back(i);
-        for (int j = 0; j < n; ++j) rem[j] -= sh;
-        comm_sum += comm[i];
-        dist_load += batch.share(i, n);
-        break;
-      }
-      r = argmin(rem);
-      if (n == 1 || local[r].empty()) return std::nullopt;
-      *chose_victim = true;
-      const size_t p = choose_victim(local[r], lengths, rem, r, s, n, policy);
-      const Index v = local[r][p];
-      const int64_t lv = lengths[v];
-      const int64_t sv = shard_tokens(lv, n);
-      if (rem[r] + lv < sv) return std::nullopt;
-      for (int j = 0; j < n; ++j) {
-        if (j != r && rem[j] < sv) return std::nullopt;
-      }
-      local[r].erase(local[r].begin() + static_cast<std::ptrdiff_t>(p));
-      rem[r] += lv;
-      local_load[r] -= costs[v];
-      for (int j = 0; j < n; ++j) rem[j] -= sv;
-      comm_sum += comm[v];
-      dist_load += batch.share(v, n);
-      dist.push_back(v);
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
-std::optional<Placement> dacp_place_balanced(const Batch& batch, std::vector<Index> idx,
-                                             double latency, int cp_size, int64_t bucket_size,
-                                             Rollback policy) {
-  bool chose_victim = false;
-  return place_balanced(batch, std::move(idx), latency, cp_size, bucket_size, policy,
-                        &chose_victim);
-}
-
 std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>& idx,
                                    double latency, int cp_size, int64_t bucket_size,
                                    Rollback policy, Variant variant) {
@@ -283,9 +230,8 @@ std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>&
   for (Variant var : {Variant::kPaper, Variant::kBalanced}) {
     if (variant != Variant::kAuto && variant != var) continue;
     auto run = [&](Rollback rb, bool* chose) {
-      return var == Variant::kPaper
-                 ? place(batch, idx, cp_size, bucket_size, rb, chose)
-                 : place_balanced(batch, idx, latency, cp_size, bucket_size, rb, chose);
+      return place(batch, idx, cp_size, bucket_size, rb, var == Variant::kBalanced, latency,
+                   chose);
     };
     bool chose_victim = false;
     if (policy == Rollback::kBestFit) {
@@ -295,7 +241,9 @@ std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>&
     consider(run(Rollback::kShortest, &chose_victim));
     // Without a victim choice best-fit walks the very same steps: same placement (or the
     // same failure) and an equal time, which the reference's strict "<" never keeps.
-    if (policy == Rollback::kAuto && chose_victim) consider(run(Rollback::kBestFit, &chose_victim));
+    if (policy == Rollback::kAuto && chose_victim) {
+      consider(run(Rollback::kBestFit, &chose_victim));
+    }
   }
   return best;
 }

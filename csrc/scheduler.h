@@ -58,12 +58,6 @@ int64_t shard_tokens(int64_t length, int64_t n);
 std::optional<Placement> dacp_place(const Batch& batch, std::vector<Index> idx, int cp_size,
                                     int64_t bucket_size, Rollback policy);
 
-// (ours) DACP whose step a distributes a sequence when that lowers the objective
-// (reference dacp_place_balanced); needs batch.comm.
-std::optional<Placement> dacp_place_balanced(const Batch& batch, std::vector<Index> idx,
-                                             double latency, int cp_size, int64_t bucket_size,
-                                             Rollback policy);
-
 // DACP with the chosen policy and variant; kAuto tries each and keeps the fastest
 // (candidates paper/shortest, paper/best-fit, balanced/shortest, balanced/best-fit).
 std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>& idx,

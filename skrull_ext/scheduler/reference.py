@@ -83,66 +83,6 @@ def _choose_victim(local_r: list[int], lengths, rem: list[int], r: int, need: in
     return shortest if best < 0 else best
 
 
-def dacp_place(lengths, costs, idx: Sequence[int], cp_size: int, bucket_size: int,
-               rollback: str = "shortest", shares=None) -> Optional[Placement]:
-    """DACP (SKRULL.md section 3) for one micro-batch on one CP group.
-
-    Args:
-        lengths: ``[K]`` token lengths of the global batch.
-        costs: ``[K]`` compute seconds of each whole sequence.
-        idx: Sample ids of this micro-batch.
-        cp_size: CP ranks ``N``.
-        bucket_size: Token budget ``C`` of each rank.
-        rollback: ``shortest`` or ``best-fit`` victim choice.
-        shares: ``[K]`` per-rank seconds of a distributed sequence (default ``costs / N``).
-
-    Returns:
-        ``(distributed, local)`` or ``None`` when the micro-batch is infeasible.
-    """
-    n = cp_size
-    order = sorted(idx, key=lambda i: (int(lengths[i]), i))
-    rem = [int(bucket_size)] * n
-    load = [0.0] * n
-    local: list[list[int]] = [[] for _ in range(n)]
-    dist: list[int] = []
-    for i in order:
-        s = int(lengths[i])
-        while True:
-            r = _argmin(load)
-            if rem[r] < s:
-                r = _argmax(rem)
-            if rem[r] >= s:
-                local[r].append(i)
-                rem[r] -= s
-                load[r] += costs[i]
-                break
-            sh = shard_tokens(s, n)
-            if min(rem) >= sh:
-                dist.append(i)
-                for j in range(n):
-                    rem[j] -= sh
-                    load[j] += _share(costs, shares, i, n)
-                break
-            # Roll back: demote a local sequence of the fullest rank to distributed.
-            r = _argmin(rem)
-            if n == 1 or not local[r]:
-                return None  # with one rank a demotion frees nothing
-            p = _choose_victim(local[r], lengths, rem, r, s, n, rollback)
-            v = local[r][p]
-            lv = int(lengths[v])
-            sv = shard_tokens(lv, n)
-            if rem[r] + lv < sv or any(rem[j] < sv for j in range(n) if j != r):
-                return None  # the demoted sequence itself would overflow a rank
-            del local[r][p]
-            rem[r] += lv
-            load[r] -= costs[v]
-            for j in range(n):
-                rem[j] -= sv
-                load[j] += _share(costs, shares, v, n)
-            dist.append(v)
-    return dist, local
-
-
 def micro_batch_time(placement: Placement, costs, comm, latency: float, cp_size: int,
                      shares=None) -> float:
     """Predicted seconds of one placed micro-batch (SKRULL.md section 3 objective).
@@ -182,24 +122,64 @@ def _objective(local_load, t_comm: float, t_dist: float, r: int = -1, extra: flo
     return worst
 
 
-def dacp_place_balanced(lengths, costs, comm, latency: float, idx: Sequence[int], cp_size: int,
-                        bucket_size: int, rollback: str = "shortest", shares=None
-                        ) -> Optional[Placement]:
-    """(ours) DACP that distributes a sequence when that lowers the micro-batch objective.
+def _roll_back(local, rem, lengths, need: int, n: int, rollback: str):
+    """Step d: demotes a local sequence of the fullest rank to distributed.
 
-    The paper's step a keeps every sequence that fits local, so the longest sequences of a
-    micro-batch land whole on one rank and its compute dominates.  Here step a compares
-    the objective of :func:`micro_batch_time` after placing the sequence local on the
-    least-loaded rank with the objective after distributing it, and distributes when that
-    is strictly lower (and every rank has room for its shard).  Order, memory steps b-c
-    and the roll-back are the paper's.  Returns ``None`` when infeasible.
+    Frees its tokens on that rank and charges its shard to every rank (``local`` and
+    ``rem`` are updated in place).  Returns ``(rank, victim)``, or ``None`` when nothing
+    can be demoted (no local sequence there, one rank only, or the shard would overflow).
+    """
+    r = _argmin(rem)
+    if n == 1 or not local[r]:
+        return None  # with one rank a demotion frees nothing
+    p = _choose_victim(local[r], lengths, rem, r, need, n, rollback)
+    v = local[r][p]
+    lv = int(lengths[v])
+    sv = shard_tokens(lv, n)
+    if rem[r] + lv < sv or any(rem[j] < sv for j in range(n) if j != r):
+        return None  # the demoted sequence itself would overflow a rank
+    del local[r][p]
+    rem[r] += lv
+    for j in range(n):
+        rem[j] -= sv
+    return r, v
+
+
+def dacp_place(lengths, costs, idx: Sequence[int], cp_size: int, bucket_size: int,
+               rollback: str = "shortest", shares=None, *, balanced: bool = False,
+               comm=None, latency: float = 0.0) -> Optional[Placement]:
+    """DACP (SKRULL.md section 3) for one micro-batch on one CP group.
+
+    Sequences go in ascending (length, index) order: a) local on the rank with the least
+    local compute if it has room, b) else local on the rank with the most room, c) else
+    distributed if every rank has room for its shard, d) else roll back and retry.
+
+    With ``balanced`` (ours), step a distributes the sequence instead when that strictly
+    lowers the micro-batch objective (:func:`micro_batch_time`) and every rank has room:
+    the paper's rule keeps every sequence that fits local, so the longest sequences of a
+    micro-batch land whole on one rank and dominate its compute.
+
+    Args:
+        lengths: ``[K]`` token lengths of the global batch.
+        costs: ``[K]`` compute seconds of each whole sequence.
+        idx: Sample ids of this micro-batch.
+        cp_size: CP ranks ``N``.
+        bucket_size: Token budget ``C`` of each rank.
+        rollback: ``shortest`` or ``best-fit`` victim choice.
+        shares: ``[K]`` per-rank seconds of a distributed sequence (default ``costs / N``).
+        balanced: Use the objective test in step a (needs ``comm`` and ``latency``).
+        comm: ``[K]`` ring seconds of each distributed sequence.
+        latency: Ring seconds of a micro-batch with any distributed sequence.
+
+    Returns:
+        ``(distributed, local)`` or ``None`` when the micro-batch is infeasible.
     """
     n = cp_size
     order = sorted(idx, key=lambda i: (int(lengths[i]), i))
     rem = [int(bucket_size)] * n
-    local_load = [0.0] * n
+    local_load = [0.0] * n  # compute of each rank's local sequences
+    dist_load = 0.0  # per-rank compute of the distributed ones (the same on every rank)
     comm_sum = 0.0
-    dist_load = 0.0
     local: list[list[int]] = [[] for _ in range(n)]
     dist: list[int] = []
     for i in order:
@@ -211,41 +191,35 @@ def dacp_place_balanced(lengths, costs, comm, latency: float, idx: Sequence[int]
                 r = _argmax(rem)
             can_dist = n > 1 and min(rem) >= sh
             if rem[r] >= s:
-                if can_dist:
+                if balanced and can_dist:
                     t_comm = comm_sum + latency if dist else 0.0
                     keep = _objective(local_load, t_comm, dist_load, r, costs[i])
                     move = _objective(local_load, comm_sum + comm[i] + latency,
                                       dist_load + _share(costs, shares, i, n))
                     can_dist = move < keep
+                else:
+                    can_dist = False
                 if not can_dist:
                     local[r].append(i)
                     rem[r] -= s
                     local_load[r] += costs[i]
                     break
             if can_dist:
-                dist.append(i)
+                v = i
                 for j in range(n):
                     rem[j] -= sh
-                comm_sum += comm[i]
-                dist_load += _share(costs, shares, i, n)
-                break
-            r = _argmin(rem)
-            if n == 1 or not local[r]:
-                return None
-            p = _choose_victim(local[r], lengths, rem, r, s, n, rollback)
-            v = local[r][p]
-            lv = int(lengths[v])
-            sv = shard_tokens(lv, n)
-            if rem[r] + lv < sv or any(rem[j] < sv for j in range(n) if j != r):
-                return None
-            del local[r][p]
-            rem[r] += lv
-            local_load[r] -= costs[v]
-            for j in range(n):
-                rem[j] -= sv
-            comm_sum += comm[v]
-            dist_load += _share(costs, shares, v, n)
+            else:
+                demoted = _roll_back(local, rem, lengths, s, n, rollback)
+                if demoted is None:
+                    return None
+                r, v = demoted
+                local_load[r] -= costs[v]
             dist.append(v)
+            if comm is not None:
+                comm_sum += comm[v]
+            dist_load += _share(costs, shares, v, n)
+            if v == i:  # placed; after a roll-back, retry the same sequence
+                break
     return dist, local
 
 
@@ -264,8 +238,8 @@ def dacp_best(lengths, costs, comm, latency, idx, cp_size, bucket_size, rollback
             if var == "paper":
                 cand = dacp_place(lengths, costs, idx, cp_size, bucket_size, rb, shares)
             else:
-                cand = dacp_place_balanced(lengths, costs, comm, latency, idx, cp_size,
-                                           bucket_size, rb, shares)
+                cand = dacp_place(lengths, costs, idx, cp_size, bucket_size, rb, shares,
+                                  balanced=True, comm=comm, latency=latency)
             if cand is None:
                 continue
             t = micro_batch_time(cand, costs, comm, latency, cp_size, shares)
