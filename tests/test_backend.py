@@ -41,13 +41,18 @@ def test_cpp_missing_in_a_fresh_interpreter(tmp_path):
     shutil.copytree(ROOT / "skrull_ext", tmp_path / "skrull_ext",
                     ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
     env = dict(os.environ, SKRULL_IMPL="cpp", PYTHONPATH=str(tmp_path))
-    run = subprocess.run([sys.executable, "-c", "import skrull_ext"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
+    # An editable install (pip install -e) maps skrull_ext to the source tree through a
+    # meta-path finder that would win over PYTHONPATH: drop it so the copy is imported.
+    prelude = ("import sys; sys.meta_path = [f for f in sys.meta_path "
+               "if '__editable__' not in getattr(f, '__module__', '')]; ")
+    run = subprocess.run([sys.executable, "-c", prelude + "import skrull_ext"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
     assert "SKRULL_IMPL=cpp but the C++ extension skrull_ext._C is not built" in run.stderr
     env["SKRULL_IMPL"] = "auto"
-    run = subprocess.run([sys.executable, "-c", "import skrull_ext; print(skrull_ext.BACKEND)"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", prelude + "import skrull_ext; print(skrull_ext.BACKEND)"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "python", run.stderr
 
 
