@@ -62,8 +62,8 @@ def test_two_nodes_of_two_processes_match_one_process(tmp_path):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
                    "--node-rank", str(node_rank), "--nproc-per-node", "2",
                    "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}",
-                   "--rdzv-id", run_id, "-m", "megatron.skrull.pretrain_gpt", *FLAGS,
-                   "--context-parallel-size", "2"]
+                   "--rdzv-id", run_id, "--local-addr", "127.0.0.1",  # no hostname lookup
+                   "-m", "megatron.skrull.pretrain_gpt", *FLAGS, "--context-parallel-size", "2"]
             with open(log, "w") as out:
                 procs.append(subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdout=out,
                                               stderr=subprocess.STDOUT,
