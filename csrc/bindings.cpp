@@ -283,6 +283,8 @@ PYBIND11_MODULE(_C, mod) {
           "Longest-processing-time bin packing: `bins` lists of sample ids.");
   mod.def("interleave", &interleave, py::arg("sorted_idx"), py::arg("m"),
           "Micro-batch j takes sorted_idx[j], sorted_idx[j + m], ...");
+  mod.def("can_pair", &skrull::can_pair, py::arg("sx"), py::arg("sy"), py::arg("cp_size"),
+          py::arg("bucket_size"), "Whether two sequences fit one micro-batch together.");
   mod.def("shard_tokens", &skrull::shard_tokens, py::arg("length"), py::arg("n"),
           "Tokens per rank of a sample zigzag-sharded over n ranks.");
 }

@@ -137,18 +137,63 @@ std::vector<RankSeqs> sort_bins(const std::vector<std::vector<Index>>& bins,
   return out;
 }
 
-// Fewest micro-batches (from ceil(tokens / (C N)) up) for which every one is feasible.
-RankSplit first_feasible_split(const Batch& batch, const RankSeqs& seqs,
-                               double latency, int cp_size, int64_t bucket_size,
-                               Rollback policy, Variant variant) {
+// (ours) Splits off the samples that fit no micro-batch with any other sample of the
+// rank (reference _isolate): whether one pairs with the rank's shortest other sample
+// decides it.  Both outputs keep the ascending order.
+void isolate(const RankSeqs& seqs, int cp_size, int64_t bucket_size, RankSeqs* rest,
+             std::vector<Index>* alone) {
+  const size_t count = seqs.ids.size();
+  if (count < 2) {
+    *rest = seqs;
+    return;
+  }
+  for (size_t p = 0; p < count; ++p) {
+    const int64_t other = seqs.lengths[p == 0 ? 1 : 0];
+    if (can_pair(seqs.lengths[p], other, cp_size, bucket_size)) {
+      rest->ids.push_back(seqs.ids[p]);
+      rest->lengths.push_back(seqs.lengths[p]);
+    } else {
+      alone->push_back(seqs.ids[p]);
+    }
+  }
+}
+
+// One DP rank's micro-batches (reference _plan_rank): the fewest feasible (m == 0) or
+// exactly m; GDS steps 2-4 on the samples that can share, then one per isolated sample.
+std::optional<RankSplit> plan_rank(const Batch& batch, const RankSeqs& seqs, int64_t m,
+                                   double latency, int cp_size, int64_t bucket_size,
+                                   Rollback policy, Variant variant) {
+  RankSeqs rest;
+  std::vector<Index> alone;
+  isolate(seqs, cp_size, bucket_size, &rest, &alone);
+  RankSplit singles;
+  for (Index i : alone) {
+    singles.push_back(*dacp_best(batch, {i}, latency, cp_size, bucket_size, policy, variant));
+  }
+  const auto n_alone = static_cast<int64_t>(alone.size());
+  auto with_singles = [&singles](RankSplit split) {
+    for (auto& p : singles) split.push_back(std::move(p));
+    return split;
+  };
+  if (rest.ids.empty()) {
+    if (m == 0 || m == n_alone) return singles;
+    return std::nullopt;
+  }
+  if (m != 0) {
+    if (m <= n_alone) return std::nullopt;
+    auto split = split_rank(batch, rest, m - n_alone, latency, cp_size, bucket_size, policy,
+                            variant);
+    if (!split) return std::nullopt;
+    return with_singles(std::move(*split));
+  }
   const int64_t cap = bucket_size * cp_size;
   int64_t total = 0;
-  for (int64_t s : seqs.lengths) total += s;
-  int64_t m = std::max<int64_t>(1, (total + cap - 1) / cap);
-  const int64_t count = static_cast<int64_t>(seqs.ids.size());
+  for (int64_t s : rest.lengths) total += s;
+  m = std::max<int64_t>(1, (total + cap - 1) / cap);
+  const int64_t count = static_cast<int64_t>(rest.ids.size());
   while (true) {
-    auto split = split_rank(batch, seqs, m, latency, cp_size, bucket_size, policy, variant);
-    if (split) return std::move(*split);
+    auto split = split_rank(batch, rest, m, latency, cp_size, bucket_size, policy, variant);
+    if (split) return with_singles(std::move(*split));
     if (m >= count) throw std::logic_error("one sample per micro-batch must be feasible");
     ++m;
   }
@@ -167,6 +212,14 @@ void check_fits(const Batch& batch, int cp_size, int64_t bucket_size) {
 }
 
 }  // namespace
+
+bool can_pair(int64_t sx, int64_t sy, int cp_size, int64_t bucket_size) {
+  const int64_t n = cp_size, c = bucket_size;
+  if (sx + sy <= c || (n > 1 && sx <= c && sy <= c)) return true;  // both local
+  if (n == 1) return false;
+  const int64_t hx = shard_tokens(sx, n), hy = shard_tokens(sy, n);
+  return (sx <= c && hy <= c - sx) || (sy <= c && hx <= c - sy) || hx + hy <= c;
+}
 
 std::vector<std::vector<Index>> lpt_partition(const double* costs,
                                               const std::vector<Index>& idx, int bins) {
@@ -230,8 +283,8 @@ std::vector<RankSplit> gds_schedule(const Batch& batch, double latency, int dp_s
   splits.reserve(sorted_bins.size());
   for (const auto& seqs : sorted_bins) {
     splits.push_back(seqs.ids.empty() ? RankSplit{}
-                                      : first_feasible_split(batch, seqs, latency, cp_size,
-                                                             bucket_size, policy, variant));
+                                      : *plan_rank(batch, seqs, 0, latency, cp_size,
+                                                   bucket_size, policy, variant));
   }
   size_t m_max = 0;
   for (const auto& s : splits) m_max = std::max(m_max, s.size());
@@ -239,8 +292,8 @@ std::vector<RankSplit> gds_schedule(const Batch& batch, double latency, int dp_s
     const auto& seqs = sorted_bins[d];
     if (!seqs.ids.empty() && splits[d].size() < m_max) {
       // (ours) Re-split into m_max micro-batches when that lowers this rank's time.
-      auto alt = split_rank(batch, seqs, static_cast<int64_t>(m_max), latency, cp_size,
-                            bucket_size, policy, variant);
+      auto alt = plan_rank(batch, seqs, static_cast<int64_t>(m_max), latency, cp_size,
+                           bucket_size, policy, variant);
       if (alt && rank_time(*alt, batch, latency, cp_size, overhead) <
                      rank_time(splits[d], batch, latency, cp_size, overhead)) {
         splits[d] = std::move(*alt);

@@ -72,6 +72,9 @@ double micro_batch_time(const Placement& placement, const Batch& batch, double l
 std::vector<std::vector<Index>> lpt_partition(const double* costs,
                                               const std::vector<Index>& idx, int bins);
 
+// Whether sequences of sx and sy tokens fit one micro-batch together.
+bool can_pair(int64_t sx, int64_t sy, int cp_size, int64_t bucket_size);
+
 // Micro-batch j takes sorted_idx[j], sorted_idx[j + m], ...  (m >= 1).
 std::vector<std::vector<Index>> interleave(const std::vector<Index>& sorted_idx, int64_t m);
 

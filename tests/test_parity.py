@@ -277,3 +277,24 @@ def test_parity_with_explicit_shares():
         cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, rollback=rb, dacp=var)
         assert (schedule(lengths, cfg, eff, backend="cpp").dp_ranks
                 == schedule(lengths, cfg, eff, backend="python").dp_ranks)
+
+
+def test_can_pair_parity_and_isolating_batches():
+    """``can_pair`` agrees; batches with samples that must be isolated schedule alike."""
+    rng = np.random.default_rng(5)
+    for _ in range(3000):
+        n = int(rng.choice(CP_SIZES))
+        c = int(rng.integers(2, 200))
+        sx, sy = (int(x) for x in rng.integers(1, 2 * n * c + 1, size=2))
+        assert _C.can_pair(sx, sy, n, c) == reference.can_pair(sx, sy, n, c)
+    isolated = 0
+    for _ in range(200):
+        cp = int(rng.choice([2, 4, 8]))
+        bucket = int(rng.integers(64, 512))
+        big = 2 * cp * (bucket // 2) - int(rng.integers(0, 2 * cp))  # shard == bucket
+        lengths = np.concatenate([rng.integers(1, bucket, size=int(rng.integers(2, 30))),
+                                  np.full(int(rng.integers(1, 4)), big)])
+        rng.shuffle(lengths)
+        isolated += not reference.can_pair(big, int(lengths.min()), cp, bucket)
+        assert_same_plan(lengths, int(rng.integers(1, 4)), cp, bucket, "auto")
+    assert isolated > 100, isolated

@@ -177,3 +177,36 @@ def test_every_policy_keeps_plan_invariants(policy, case, rollback):
     assert {len(mbs) for mbs in plan.dp_ranks} == {plan.num_micro_batches}
     assert plan.rank_tokens().max() <= bucket
     assert plan.predicted["iteration_time"] >= plan.predicted["lower_bound"]
+
+
+def test_a_sample_that_fills_the_bucket_gets_its_own_micro_batch():
+    # 512 tokens over CP=2 fill the 256-token bucket on both ranks: nothing can share its
+    # micro-batch.  Without isolation GDS would add micro-batches until every sample is
+    # alone (16); with it the 15 short ones share as few micro-batches as fit.
+    lengths = np.array([512] + [30 + 5 * k for k in range(15)])
+    costs = lengths.astype(np.float64) ** 2
+    comm = np.zeros(len(lengths))
+    assert not reference.can_pair(512, 30, 2, 256)
+    assert reference.can_pair(255, 1, 2, 256) and reference.can_pair(200, 50, 1, 256)
+    plan = reference.gds_schedule(lengths, costs, comm, 0.0, 1, 2, 256, variant="paper")
+    (split,) = plan
+    assert split[-1] == ([0], [[], []])  # the isolated sample, alone and distributed
+    # The others are split exactly as they would be without the big one.
+    (short,) = reference.gds_schedule(lengths[1:], costs[1:], comm[1:], 0.0, 1, 2, 256,
+                                      variant="paper")
+    assert len(split) == 1 + len(short) < 6
+    placed = sorted(i for dist, local in split for i in dist + [j for r in local for j in r])
+    assert placed == list(range(len(lengths)))
+
+
+def test_can_pair_matches_a_brute_force_placement():
+    # Two sequences fit together iff DACP can place them in one micro-batch.
+    for n in (1, 2, 3, 4):
+        for c in (8, 13, 20):
+            for sx in range(1, 2 * n * c):
+                for sy in range(1, sx + 1):
+                    if shard_tokens(sx, n) > c or shard_tokens(sy, n) > c:
+                        continue
+                    lengths = np.array([sx, sy])
+                    placed = reference.dacp_place(lengths, np.ones(2), [0, 1], n, c)
+                    assert reference.can_pair(sx, sy, n, c) == (placed is not None), (sx, sy, n, c)

@@ -20,7 +20,7 @@ ids held whole by CP rank ``r`` in placement order.
 from __future__ import annotations
 
 import heapq
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from skrull_ext.plan import shard_tokens
 
@@ -269,29 +269,97 @@ def interleave(sorted_idx: Sequence[int], m: int) -> list[list[int]]:
     return [list(sorted_idx[j::m]) for j in range(m)]
 
 
-def _split_rank(lengths, costs, comm, latency, seqs, m, cp_size, bucket_size, rollback,
-                variant, shares):
+class _Rank(NamedTuple):
+    """What the GDS helpers share: the batch's arrays and the scheduling settings."""
+
+    lengths: Sequence[int]
+    costs: Sequence[float]
+    comm: Sequence[float]
+    latency: float
+    cp_size: int
+    bucket_size: int
+    rollback: str
+    variant: str
+    shares: Optional[Sequence[float]]
+
+    def place(self, idx) -> Optional[Placement]:
+        return dacp_best(self.lengths, self.costs, self.comm, self.latency, idx, self.cp_size,
+                         self.bucket_size, self.rollback, self.variant, self.shares)
+
+    def time(self, split, overhead: float) -> float:
+        t = 0.0
+        for placement in split:
+            if placement[0] or any(placement[1]):
+                t += micro_batch_time(placement, self.costs, self.comm, self.latency,
+                                      self.cp_size, self.shares) + overhead
+        return t
+
+
+def _split_rank(ctx: _Rank, seqs, m: int) -> Optional[list[Placement]]:
     """Interleave into ``m`` micro-batches and place each; ``None`` if any is infeasible."""
-    cap = bucket_size * cp_size
-    groups = interleave(seqs, m)
+    cap = ctx.bucket_size * ctx.cp_size
     out = []
-    for g in groups:
-        if sum(int(lengths[i]) for i in g) > cap:
+    for g in interleave(seqs, m):
+        if sum(int(ctx.lengths[i]) for i in g) > cap:
             return None
-        placed = dacp_best(lengths, costs, comm, latency, g, cp_size, bucket_size, rollback,
-                           variant, shares)
+        placed = ctx.place(g)
         if placed is None:
             return None
         out.append(placed)
     return out
 
 
-def _rank_time(split, costs, comm, latency, cp_size, overhead, shares) -> float:
-    t = 0.0
-    for placement in split:
-        if placement[0] or any(placement[1]):
-            t += micro_batch_time(placement, costs, comm, latency, cp_size, shares) + overhead
-    return t
+def can_pair(sx: int, sy: int, cp_size: int, bucket_size: int) -> bool:
+    """Whether sequences of ``sx`` and ``sy`` tokens fit one micro-batch together."""
+    n, c = cp_size, bucket_size
+    if sx + sy <= c or (n > 1 and sx <= c and sy <= c):
+        return True  # both local (one rank, or two ranks)
+    if n == 1:
+        return False
+    hx, hy = shard_tokens(sx, n), shard_tokens(sy, n)
+    return (sx <= c and hy <= c - sx) or (sy <= c and hx <= c - sy) or hx + hy <= c
+
+
+def _isolate(ctx: _Rank, seqs) -> tuple[list[int], list[int]]:
+    """(ours) Splits off the samples that fit no micro-batch with any other sample.
+
+    Such a sample (its shard fills almost the whole bucket) would make every interleaved
+    split infeasible until there is one sample per micro-batch; it gets a micro-batch of
+    its own instead.  If it cannot pair with the rank's shortest other sample it can pair
+    with none.  Returns ``(rest, alone)``, both in ``seqs`` order.
+    """
+    if len(seqs) < 2:
+        return list(seqs), []
+    rest, alone = [], []
+    for i in seqs:
+        other = seqs[1] if i == seqs[0] else seqs[0]
+        fits = can_pair(int(ctx.lengths[i]), int(ctx.lengths[other]), ctx.cp_size,
+                        ctx.bucket_size)
+        (rest if fits else alone).append(i)
+    return rest, alone
+
+
+def _plan_rank(ctx: _Rank, seqs, m: Optional[int] = None) -> Optional[list[Placement]]:
+    """One DP rank's micro-batches: the fewest feasible (``m=None``) or exactly ``m``.
+
+    GDS steps 2-4 on the samples that can share, then one micro-batch per isolated sample.
+    """
+    rest, alone = _isolate(ctx, seqs)
+    singles = [ctx.place([i]) for i in alone]
+    if not rest:
+        return singles if m is None or m == len(singles) else None
+    if m is not None:
+        split = _split_rank(ctx, rest, m - len(alone)) if m > len(alone) else None
+        return None if split is None else split + singles
+    cap = ctx.bucket_size * ctx.cp_size
+    m = max(1, -(-sum(int(ctx.lengths[i]) for i in rest) // cap))
+    while True:
+        split = _split_rank(ctx, rest, m)
+        if split is not None:
+            return split + singles
+        if m >= len(rest):
+            raise AssertionError("one sample per micro-batch must be feasible")
+        m += 1
 
 
 def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: int,
@@ -303,36 +371,16 @@ def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: in
     need fewer micro-batches).  Every sample must already be known to fit alone
     (``shard_tokens(S, N) <= C``); the caller validates that.
     """
-    cap = bucket_size * cp_size
+    ctx = _Rank(lengths, costs, comm, latency, cp_size, bucket_size, rollback, variant, shares)
     bins = lpt_partition(costs, range(len(lengths)), dp_size)
-    splits: list[list[Placement]] = []
-    sorted_bins = []
-    for seqs in bins:
-        seqs = sorted(seqs, key=lambda i: (int(lengths[i]), i))
-        sorted_bins.append(seqs)
-        if not seqs:
-            splits.append([])
-            continue
-        total = sum(int(lengths[i]) for i in seqs)
-        m = max(1, -(-total // cap))
-        while True:
-            split = _split_rank(lengths, costs, comm, latency, seqs, m, cp_size, bucket_size,
-                                rollback, variant, shares)
-            if split is not None:
-                break
-            if m >= len(seqs):
-                raise AssertionError("one sample per micro-batch must be feasible")
-            m += 1
-        splits.append(split)
+    sorted_bins = [sorted(seqs, key=lambda i: (int(lengths[i]), i)) for seqs in bins]
+    splits = [_plan_rank(ctx, seqs) if seqs else [] for seqs in sorted_bins]
     m_max = max(len(s) for s in splits)
     for d, seqs in enumerate(sorted_bins):
         if seqs and len(splits[d]) < m_max:
             # (ours) Re-split into m_max micro-batches when that lowers this rank's time.
-            alt = _split_rank(lengths, costs, comm, latency, seqs, m_max, cp_size, bucket_size,
-                              rollback, variant, shares)
-            if alt is not None and (
-                    _rank_time(alt, costs, comm, latency, cp_size, overhead, shares)
-                    < _rank_time(splits[d], costs, comm, latency, cp_size, overhead, shares)):
+            alt = _plan_rank(ctx, seqs, m_max)
+            if alt is not None and ctx.time(alt, overhead) < ctx.time(splits[d], overhead):
                 splits[d] = alt
         while len(splits[d]) < m_max:
             splits[d].append(([], [[] for _ in range(cp_size)]))
