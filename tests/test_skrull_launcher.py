@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+import skrull_ext
+
 from mcore_helpers import TINY_FLAGS
 
 pytestmark = pytest.mark.multiprocess
@@ -44,6 +46,7 @@ def test_single_process_train_save_tensorboard_and_resume(tmp_path):
                   "--train-iters", "3"])
     assert _iterations(first) == [1, 2, 3]
     assert "starting at iteration 0" in first
+    assert f"on the {skrull_ext.BACKEND} backend" in first  # the scheduler backend is logged
     assert "(predicted" in first and "local tokens" in first
     assert open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).read() == "3"
     assert os.path.isfile(os.path.join(ckpt, "iter_0000002", "mp_rank_00", "model_optim_rng.pt"))

@@ -20,6 +20,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+import skrull_ext
+
 from megatron.skrull.arguments import ConfigError, RunConfig, parse_args
 from megatron.skrull.cpu_compat import apply_cpu_compat, resolve_device
 
@@ -168,7 +170,8 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                 f"{cfg.parallel.context_parallel_size} x TP "
                 f"{cfg.parallel.tensor_model_parallel_size} on {device.type}, "
                 f"{sum(p.numel() for p in trainer.params)} parameters per rank, "
-                f"starting at iteration {trainer.iteration}")
+                f"starting at iteration {trainer.iteration}; scheduler "
+                f"{cfg.skrull.scheduler} on the {skrull_ext.BACKEND} backend")
     try:
         return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
                      save_interval=cfg.checkpoint.save_interval, save_fn=save_fn)
