@@ -38,6 +38,8 @@ class Hardware:
         grad_busbw_intra / grad_busbw_inter: All-reduce bus bandwidth (bytes/s) of the
             gradient reduction inside one node / across nodes.
         grad_latency_s: Fixed seconds of the gradient reduction.
+        step_overhead_s: Fixed seconds per iteration outside the micro-batches and the
+            gradient reduction (optimizer step, clipping, planning; default 0).
         activation_bytes: Bytes per activation element (KV messages).
         grad_bytes: Bytes per gradient element reduced.
         overlap: Whether the ring overlaps communication with attention compute.
@@ -62,6 +64,7 @@ class Hardware:
     activation_bytes: int
     grad_bytes: int
     overlap: bool = True
+    step_overhead_s: float = 0.0
 
     def __post_init__(self):
         positive = ("peak_flops", "linear_efficiency", "attention_efficiency",
@@ -70,7 +73,8 @@ class Hardware:
             if not getattr(self, field) > 0:
                 raise ValueError(f"Hardware.{field} must be > 0, got {getattr(self, field)}")
         for field in ("linear_half_tokens", "attention_half_tokens", "attention_call_overhead_s",
-                      "layer_overhead_s", "micro_batch_overhead_s", "grad_latency_s"):
+                      "layer_overhead_s", "micro_batch_overhead_s", "grad_latency_s",
+                      "step_overhead_s"):
             if getattr(self, field) < 0:
                 raise ValueError(f"Hardware.{field} must be >= 0, got {getattr(self, field)}")
         if self.gpus_per_node < 1 or self.activation_bytes < 1 or self.grad_bytes < 1:
@@ -100,13 +104,19 @@ class Hardware:
     def micro_batch_fixed_seconds(self, model: ModelSpec) -> float:
         return self.micro_batch_overhead_s + model.num_layers * self.layer_overhead_s
 
-    def cost_model(self, model: ModelSpec, cp_size: int) -> CostModel:
-        """The scheduler's simple :class:`CostModel` consistent with this hardware."""
+    def cost_model(self, model: ModelSpec, cp_size: int, dp_size: int = 1) -> CostModel:
+        """The scheduler's simple :class:`CostModel` consistent with this hardware.
+
+        Its ``iteration_overhead`` is the step overhead plus the gradient reduction over
+        the ``dp_size x cp_size`` ranks.
+        """
+        grad = self.grad_reduce_seconds(model.param_count(), dp_size * cp_size)
         time = TimeModel(c_linear=1.0 / (self.peak_flops * self.linear_efficiency),
                          c_attention=1.0 / (self.peak_flops * self.attention_efficiency),
                          micro_batch_overhead=self.micro_batch_fixed_seconds(model),
                          attention_half_tokens=self.attention_half_tokens,
-                         attention_call_overhead=self.attention_call_overhead_s)
+                         attention_call_overhead=self.attention_call_overhead_s,
+                         iteration_overhead=self.step_overhead_s + grad)
         return CostModel(model=model, time=time, comm=self.ring_comm(cp_size),
                          bytes_per_element=self.activation_bytes)
 

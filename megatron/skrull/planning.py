@@ -10,6 +10,7 @@ any of::
 
     {"c_linear": s/FLOP, "c_attention": s/FLOP, "micro_batch_overhead": s,
      "attention_half_tokens": tokens, "attention_call_overhead": s per document and layer,
+     "iteration_overhead": s (optimizer step, gradient reduction),
      "comm_sizes_bytes": [...], "comm_seconds": [...], "bytes_per_element": 2}
 
 (``benchmarks/calibrate_training_cpu.py --json FILE`` writes such a file for a machine).
@@ -33,7 +34,7 @@ from megatron.skrull.cpu_compat import resolve_device
 Planner = Callable[[np.ndarray], Plan]
 
 _TIME_KEYS = ("c_linear", "c_attention", "micro_batch_overhead", "attention_half_tokens",
-              "attention_call_overhead")
+              "attention_call_overhead", "iteration_overhead")
 _CONFIG_KEYS = set(_TIME_KEYS) | {"comm_sizes_bytes", "comm_seconds", "bytes_per_element"}
 
 
@@ -42,7 +43,8 @@ def model_spec(cfg: RunConfig, vocab_size: int) -> ModelSpec:
     m = cfg.model
     return ModelSpec(name="run", num_layers=m.num_layers, hidden_size=m.hidden_size,
                      ffn_hidden_size=m.ffn_size, num_attention_heads=m.num_attention_heads,
-                     num_query_groups=m.query_groups, vocab_size=vocab_size, swiglu=m.swiglu)
+                     num_query_groups=m.query_groups, vocab_size=vocab_size, swiglu=m.swiglu,
+                     tied_embeddings=not m.untie_embeddings_and_output_weights)
 
 
 def _apply_config(cost: CostModel, path: str) -> CostModel:
@@ -75,8 +77,8 @@ def _apply_config(cost: CostModel, path: str) -> CostModel:
 def build_cost_model(cfg: RunConfig, vocab_size: int) -> CostModel:
     """Cost model for ``--skrull-hardware`` and ``--skrull-cost-model-config``.
 
-    The preset's :meth:`~skrull_ext.hardware.Hardware.cost_model` for the run's model and
-    CP size; on the ``cpu`` preset messages carry fp32 (``--fp64``: float64) activations.
+    The preset's :meth:`~skrull_ext.hardware.Hardware.cost_model` for the run's model, CP
+    and DP sizes; on the ``cpu`` preset messages carry fp32 (``--fp64``: float64) activations.
 
     Raises:
         ValueError: The config file has unknown keys or invalid values.
@@ -84,7 +86,8 @@ def build_cost_model(cfg: RunConfig, vocab_size: int) -> CostModel:
     hardware = cfg.skrull.hardware or ("h100" if resolve_device(cfg.device).type == "cuda"
                                        else "cpu")
     cost = get_hardware(hardware).cost_model(model_spec(cfg, vocab_size),
-                                             cfg.parallel.context_parallel_size)
+                                             cfg.parallel.context_parallel_size,
+                                             cfg.parallel.dp_size)
     if hardware == "cpu":
         cost = dataclasses.replace(cost, bytes_per_element=8 if cfg.fp64 else 4)
     if cfg.skrull.cost_model_config:

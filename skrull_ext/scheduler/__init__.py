@@ -235,8 +235,9 @@ def predict(plan: Plan, cost_model: CostModel) -> dict:
 
     Returns:
         ``{"iteration_time", "dp_rank_times" [D], "micro_batch_times" [D][M],
-        "lower_bound"}`` in seconds.  ``lower_bound`` spreads the total compute perfectly
-        over all ``D * N`` ranks with no communication or overhead.
+        "lower_bound"}`` in seconds.  ``iteration_time`` is the slowest DP rank's time plus
+        the cost model's ``iteration_overhead``; ``lower_bound`` spreads the total compute
+        perfectly over all ``D * N`` ranks with no communication or micro-batch overhead.
     """
     costs = cost_model.compute_seconds(plan.lengths)
     comm = cost_model.comm_seconds(plan.lengths, plan.cp_size)
@@ -250,11 +251,12 @@ def predict(plan: Plan, cost_model: CostModel) -> dict:
         ends = np.cumsum([len(mbs) for mbs in plan.dp_ranks]).tolist()
         mb_times = [flat_times[end - len(mbs):end] for mbs, end in zip(plan.dp_ranks, ends)]
     rank_times = [float(sum(t)) for t in mb_times]
+    fixed = cost_model.time.iteration_overhead
     return {
-        "iteration_time": max(rank_times),
+        "iteration_time": max(rank_times) + fixed,
         "dp_rank_times": rank_times,
         "micro_batch_times": mb_times,
-        "lower_bound": float(costs.sum()) / (plan.dp_size * plan.cp_size),
+        "lower_bound": float(costs.sum()) / (plan.dp_size * plan.cp_size) + fixed,
     }
 
 
