@@ -5,12 +5,13 @@ each, the model, data, attention and optimizer of ``megatron.skrull.pretrain_gpt
 global batches of the bundled synthetic long-tail corpus (``tools/preprocess_sft.py
 --synthetic``, longest sample 16K tokens, ~80% under 512), planned with several policies:
 
-* CP = 2, DP = 1: ``skrull``, ``skrull-paper`` (the paper's DACP: every sequence that fits
-  stays local), ``all-cp``, ``per-seq-cp``, ``sorted``;
+* CP = 2, DP = 1: ``skrull``, ``all-cp``, ``skrull-paper`` (the paper's DACP: every
+  sequence that fits stays local), ``per-seq-cp``;
 * CP = 1, DP = 2: ``skrull``, ``sorted`` (every sequence whole on one rank);
 
-global batches of 8 and 32 sequences, sampler seeds :data:`FIT_SEEDS` (the validation
-uses others).  Each case's time is the median of interleaved repeats (``A B C A B C``) of
+global batches of 8 and 32 sequences drawn with sampler seeds :data:`FIT_SEEDS` (the
+validation uses others), plus three composed batches of tiny, short and medium samples
+(:func:`fit_batches`; ``skrull`` and ``all-cp`` / ``sorted`` only).  Each case's time is the median of interleaved repeats (``A B C A B C``) of
 the slowest rank's iteration.  Then it fits the constants of
 :class:`skrull_ext.hardware.Hardware` so that :func:`skrull_ext.simulator.simulate`
 predicts the measured times (Levenberg-Marquardt on the log of the constants, minimising
@@ -49,7 +50,7 @@ FIT_SEEDS = (101, 102, 103)
 SEQ_LENGTH = 16384
 # (parallel config, CP, DP, bucket, policies)
 CONFIGS = (
-    ("cp2", 2, 1, 12288, ("skrull", "skrull-paper", "all-cp", "per-seq-cp", "sorted")),
+    ("cp2", 2, 1, 12288, ("skrull", "all-cp", "skrull-paper", "per-seq-cp")),
     ("dp2", 1, 2, 16384, ("skrull", "sorted")),
 )
 GLOBAL_BATCHES = (8, 32)
@@ -62,8 +63,25 @@ PARAMS = (("peak_flops", 1e9, 1e12), ("attention_efficiency", 0.01, 10.0),
           ("ring_latency_s", 1e-6, 1e-1))
 
 
+def fit_batches(source, seeds) -> list[tuple[str, np.ndarray]]:
+    """``(label, dataset ids)``: sampler batches of 8 and 32, and three composed batches.
+
+    The composed ones pin the per-document and short-block costs: the 64 shortest samples
+    (~40 tokens each), 24 samples of 300-600 tokens, 8 samples of 1.5-2.5K tokens.
+    """
+    out = [(f"s{seed}/{gb}", th.global_batches(source, gb, seed, 1)[0])
+           for seed in seeds for gb in GLOBAL_BATCHES]
+    lengths = source.lengths
+    out.append(("tiny64", np.argsort(lengths, kind="stable")[:64]))
+    out.append(("short24", np.flatnonzero((lengths >= 300) & (lengths <= 600))[:24]))
+    out.append(("mid8", np.flatnonzero((lengths >= 1500) & (lengths <= 2500))[:8]))
+    return out
+
+
 def measure(model: str, data_dir: str, seeds, repeats: int) -> list[dict]:
-    """Runs every case; returns ``{config, policy, seed, gb, ids, lengths, plan, seconds}``."""
+    """Runs every case; returns ``{config, policy, batch, ids, plan, seconds}`` rows."""
+    from megatron.skrull.planning import model_spec
+
     prefix = th.make_corpus(data_dir, seq_length=SEQ_LENGTH)
     hw = get_hardware("cpu")
     rows = []
@@ -71,19 +89,16 @@ def measure(model: str, data_dir: str, seeds, repeats: int) -> list[dict]:
         argv = th.model_argv(**th.MODELS[model], seq_length=SEQ_LENGTH, global_batch=8,
                              bucket=bucket, cp=cp, data_path=prefix)
         cfg, source, vocab = th.load_run(argv, cp * dp)
-        from megatron.skrull.planning import model_spec
-
         cost = hw.cost_model(model_spec(cfg, vocab), cp, dp)
         cases, meta = [], []
-        for seed in seeds:
-            for gb in GLOBAL_BATCHES:
-                ids = th.global_batches(source, gb, seed, 1)[0]
-                for policy in policies:
-                    plan = th.plan_batch(source.lengths[ids], cost, dp=dp, cp=cp, bucket=bucket,
-                                         policy=policy)
-                    cases.append((ids, plan))
-                    meta.append(dict(config=name, model=model, policy=policy, seed=seed, gb=gb,
-                                     vocab=vocab))
+        for label, ids in fit_batches(source, seeds):
+            composed = not label.startswith("s")
+            for policy in policies[:2] if composed else policies:
+                plan = th.plan_batch(source.lengths[ids], cost, dp=dp, cp=cp, bucket=bucket,
+                                     policy=policy)
+                cases.append((ids, plan))
+                meta.append(dict(config=name, model=model, policy=policy, batch=label,
+                                 vocab=vocab))
         t0 = time.time()
         res = th.run_cases(argv, cp * dp, cases, repeats=repeats)
         print(f"  measured {len(cases)} {name} cases x {repeats} in {time.time() - t0:.0f} s",
@@ -185,7 +200,7 @@ def fit(rows, comm: CommModel):
 
 
 def error_table(rows, preds) -> tuple[list[str], dict]:
-    lines = [f"{'config':6} {'policy':12} {'seed':>4} {'gb':>3} {'tokens':>6} {'max':>6} "
+    lines = [f"{'config':6} {'policy':12} {'batch':>8} {'tokens':>6} {'max':>6} "
              f"{'mbs':>3} {'local':>5} {'measured':>9} {'simulator':>9} {'err':>6} "
              f"{'scheduler':>9} {'err':>6}"]
     sim_err, cm_err = [], []
@@ -195,7 +210,7 @@ def error_table(rows, preds) -> tuple[list[str], dict]:
         sim_err.append(100 * (sim - m) / m)
         cm_err.append(100 * (cm - m) / m)
         local = _local_share(r["plan"])
-        lines.append(f"{r['config']:6} {r['policy']:12} {r['seed']:4d} {r['gb']:3d} "
+        lines.append(f"{r['config']:6} {r['policy']:12} {r['batch']:>8} "
                      f"{lengths.sum():6d} {lengths.max():6d} {_mbs(r['plan']):3d} "
                      f"{100 * local:4.0f}% {1e3 * m:7.0f}ms {1e3 * sim:7.0f}ms "
                      f"{sim_err[-1]:+5.0f}% {1e3 * cm:7.0f}ms {cm_err[-1]:+5.0f}%")

@@ -25,7 +25,7 @@ from skrull_ext.scheduler.baselines import BASELINES
 
 POLICIES = ("skrull",) + tuple(BASELINES)
 _ROLLBACK_CODES = {"shortest": 0, "best-fit": 1, "auto": 2}
-_VARIANT_CODES = {"paper": 0, "balanced": 1, "auto": 2}
+_VARIANT_CODES = {"paper": 0, "balanced": 1, "auto": 2, "lpt": 3}
 
 
 class ScheduleInputError(ValueError):
@@ -44,8 +44,9 @@ class SchedulerConfig:
         rollback: DACP roll-back victim choice: ``shortest`` (the paper), ``best-fit``
             (ours) or ``auto`` (both, keep the faster micro-batch).
         dacp: DACP step a: ``paper`` (keep every sequence that fits local), ``balanced``
-            (ours: distribute when that lowers the micro-batch objective) or ``auto``
-            (both, keep the faster micro-batch).
+            (ours: distribute when that lowers the micro-batch objective), ``lpt`` (ours:
+            distribute the ``k`` longest, pack the rest by LPT, best ``k``) or ``auto``
+            (all three, keep the fastest micro-batch).
     """
 
     dp_size: int
