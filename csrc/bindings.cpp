@@ -82,9 +82,9 @@ skrull::Rollback to_rollback(int code, bool allow_auto) {
 }
 
 skrull::Variant to_variant(int code) {
-  if (code < 0 || code > 2) {
+  if (code < 0 || code > 3) {
     throw py::value_error("variant code " + std::to_string(code) +
-                          " is not one of 0 (paper), 1 (balanced), 2 (auto)");
+                          " is not one of 0 (paper), 1 (balanced), 2 (auto), 3 (lpt)");
   }
   return static_cast<skrull::Variant>(code);
 }
@@ -274,7 +274,7 @@ PYBIND11_MODULE(_C, mod) {
   mod.def("dacp_best", &dacp_best, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
           py::arg("latency"), py::arg("idx"), py::arg("cp_size"), py::arg("bucket_size"),
           py::arg("rollback"), py::arg("variant") = 0, py::arg("shares") = py::none(),
-          "DACP with a roll-back policy and variant (paper/balanced); auto keeps the fastest.");
+          "DACP with a roll-back policy and variant (paper/balanced/lpt); auto keeps the fastest.");
   mod.def("micro_batch_time", &micro_batch_time, py::arg("placement"), py::arg("costs"),
           py::arg("comm"), py::arg("latency"), py::arg("cp_size"),
           py::arg("shares") = py::none(),

@@ -1,5 +1,7 @@
-// DACP (SKRULL.md section 3): local-first placement of one micro-batch with roll-back.
-// Mirrors dacp_place / _choose_victim / micro_batch_time / dacp_best of
+// DACP (SKRULL.md section 3): local-first placement of one micro-batch with roll-back,
+// and our balanced and LPT variants.
+// Mirrors dacp_place / _choose_victim / _roll_back / micro_batch_time /
+// dacp_place_lpt / dacp_best of
 // skrull_ext/scheduler/reference.py line for line; see scheduler.h.
 #include <algorithm>
 #include <cstddef>
@@ -214,6 +216,72 @@ double micro_batch_time(const Placement& placement, const Batch& batch, double l
   return worst;
 }
 
+namespace {
+
+// Each of rest (in order) to the least-loaded rank with room (reference _lpt_local).
+bool lpt_local(const Batch& batch, const std::vector<Index>& rest, size_t first, int n,
+               int64_t cap, std::vector<std::vector<Index>>* local) {
+  std::vector<int64_t> rem(n, cap);
+  std::vector<double> load(n, 0.0);
+  local->assign(n, {});
+  for (size_t p = first; p < rest.size(); ++p) {
+    const Index i = rest[p];
+    const int64_t s = batch.lengths[i];
+    int r = -1;
+    for (int j = 0; j < n; ++j) {
+      if (rem[j] >= s && (r < 0 || load[j] < load[r])) r = j;
+    }
+    if (r < 0) return false;
+    (*local)[r].push_back(i);
+    rem[r] -= s;
+    load[r] += batch.costs[i];
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<Placement> dacp_place_lpt(const Batch& batch, const std::vector<Index>& idx,
+                                        double latency, int cp_size, int64_t bucket_size) {
+  const int n = cp_size;
+  const int64_t* lengths = batch.lengths;
+  std::vector<Index> order(idx);
+  std::sort(order.begin(), order.end(), [lengths](Index a, Index b) {
+    return lengths[a] > lengths[b] || (lengths[a] == lengths[b] && a < b);
+  });
+  const size_t count = order.size();
+  std::vector<double> suffix(count + 1, 0.0);
+  for (size_t p = count; p-- > 0;) suffix[p] = suffix[p + 1] + batch.costs[order[p]];
+  std::optional<Placement> best;
+  double best_t = 0.0;
+  int64_t shard_sum = 0;
+  double comm_sum = 0.0, dist_load = 0.0;
+  Placement cand;
+  for (size_t k = 0; k <= count; ++k) {
+    if (k) {
+      if (n == 1) break;
+      const Index i = order[k - 1];
+      shard_sum += shard_tokens(lengths[i], n);
+      if (shard_sum > bucket_size) break;
+      comm_sum += batch.comm[i];
+      dist_load += batch.share(i, n);
+    }
+    const double t_comm = k ? comm_sum + latency : 0.0;
+    if (best) {
+      if (t_comm + dist_load >= best_t) break;  // the distributed part only grows with k
+      if (std::max(t_comm, suffix[k] / n) + dist_load >= best_t) continue;
+    }
+    if (!lpt_local(batch, order, k, n, bucket_size - shard_sum, &cand.local)) continue;
+    cand.distributed.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
+    const double t = micro_batch_time(cand, batch, latency, cp_size);
+    if (!best || t < best_t) {
+      best = cand;
+      best_t = t;
+    }
+  }
+  return best;
+}
+
 std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>& idx,
                                    double latency, int cp_size, int64_t bucket_size,
                                    Rollback policy, Variant variant) {
@@ -244,6 +312,9 @@ std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>&
     if (policy == Rollback::kAuto && chose_victim) {
       consider(run(Rollback::kBestFit, &chose_victim));
     }
+  }
+  if (variant == Variant::kAuto || variant == Variant::kLpt) {
+    consider(dacp_place_lpt(batch, idx, latency, cp_size, bucket_size));
   }
   return best;
 }

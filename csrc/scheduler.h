@@ -19,8 +19,9 @@ using Index = int64_t;
 enum class Rollback : int { kShortest = 0, kBestFit = 1, kAuto = 2 };
 
 // DACP step a: the paper's local-first rule, ours (distribute when that lowers the
-// micro-batch objective), or both keeping the faster; codes match _VARIANT_CODES.
-enum class Variant : int { kPaper = 0, kBalanced = 1, kAuto = 2 };
+// micro-batch objective), ours (distribute the k longest, LPT the rest, best k), or all
+// keeping the fastest; codes match _VARIANT_CODES.
+enum class Variant : int { kPaper = 0, kBalanced = 1, kAuto = 2, kLpt = 3 };
 
 // Non-owning view of one global batch: [size] token lengths, compute seconds of each
 // whole sequence and ring bandwidth seconds of each distributed sequence.  `comm` may be
@@ -58,8 +59,13 @@ int64_t shard_tokens(int64_t length, int64_t n);
 std::optional<Placement> dacp_place(const Batch& batch, std::vector<Index> idx, int cp_size,
                                     int64_t bucket_size, Rollback policy);
 
+// (ours) Distribute the k longest sequences, pack the rest local by LPT, keep the best k
+// (reference dacp_place_lpt); needs batch.comm.
+std::optional<Placement> dacp_place_lpt(const Batch& batch, const std::vector<Index>& idx,
+                                        double latency, int cp_size, int64_t bucket_size);
+
 // DACP with the chosen policy and variant; kAuto tries each and keeps the fastest
-// (candidates paper/shortest, paper/best-fit, balanced/shortest, balanced/best-fit).
+// (candidates paper/shortest, paper/best-fit, balanced/shortest, balanced/best-fit, lpt).
 std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>& idx,
                                    double latency, int cp_size, int64_t bucket_size,
                                    Rollback policy, Variant variant = Variant::kPaper);

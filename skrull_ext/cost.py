@@ -173,7 +173,9 @@ class TimeModel:
     ``S_half`` the attention term of a block of ``B`` query tokens is scaled by
     ``1 + S_half / B`` (efficiency ``B / (B + S_half)``), and every kernel call costs
     ``attention_call_overhead`` seconds per layer (fwd + bwd).  Both default to 0.
-    ``micro_batch_overhead`` is the fixed cost of running one (non-empty) micro-batch.
+    ``micro_batch_overhead`` is the fixed cost of running one (non-empty) micro-batch, and
+    ``iteration_overhead`` that of one iteration outside its micro-batches (gradient
+    reduction, optimizer step); it shifts every plan's prediction alike.
     """
 
     c_linear: float
@@ -181,10 +183,12 @@ class TimeModel:
     micro_batch_overhead: float = 0.0
     attention_half_tokens: float = 0.0
     attention_call_overhead: float = 0.0
+    iteration_overhead: float = 0.0
 
     def __post_init__(self):
         if min(self.c_linear, self.c_attention, self.micro_batch_overhead,
-               self.attention_half_tokens, self.attention_call_overhead) < 0:
+               self.attention_half_tokens, self.attention_call_overhead,
+               self.iteration_overhead) < 0:
             raise ValueError("TimeModel coefficients must be >= 0")
 
     def sequence_time(self, model: ModelSpec, lengths) -> np.ndarray:
@@ -197,18 +201,19 @@ class TimeModel:
     def shard_time(self, model: ModelSpec, lengths, cp_size: int) -> np.ndarray:
         """``[K]`` seconds each of ``cp_size`` ranks spends on a zigzag-sharded sequence.
 
-        Linear and attention FLOPs split evenly (zigzag balances causal attention); the
-        kernel blocks are one chunk (``pad(S) / 2N`` queries) long, and a rank makes about
-        ``2N`` block calls per layer over the ring's steps.
+        Linear and attention FLOPs split evenly (zigzag balances causal attention).  As in
+        :func:`skrull_ext.simulator.simulate`, the kernel runs at the efficiency of a block
+        of one shard (``pad(S) / N`` queries), and a rank makes ``N`` block calls per layer
+        (one per ring step, each forward + backward) where a local sequence makes one.
         """
         if cp_size <= 1:
             return self.sequence_time(model, lengths)
         s = np.asarray(lengths, dtype=np.float64)
         n = float(cp_size)
-        chunk = np.ceil(s / (2.0 * n))
-        attn = model.attention_flops(s) / n * (1.0 + self.attention_half_tokens / chunk)
+        shard = shard_tokens_array(np.asarray(lengths, dtype=np.int64), cp_size).astype(np.float64)
+        attn = model.attention_flops(s) / n * (1.0 + self.attention_half_tokens / shard)
         return (self.c_linear * model.linear_flops(s) / n + self.c_attention * attn
-                + self.attention_call_overhead * model.num_layers * 2.0 * n)
+                + self.attention_call_overhead * model.num_layers * n)
 
     @classmethod
     def calibrate(cls, model: ModelSpec, lengths: Sequence, measured_times: Sequence[float]

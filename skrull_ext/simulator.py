@@ -27,7 +27,8 @@ use).  For every micro-batch and CP rank ``r`` (times are forward + backward, al
   with local work.
 * The DP rank runs its micro-batches one after another; the iteration ends with the slowest
   DP rank, followed by the gradient all-reduce over the ``D x N`` ranks holding replicas:
-  ``2 (n-1)/n * params * grad_bytes / bus bandwidth``.
+  ``2 (n-1)/n * params * grad_bytes / bus bandwidth``, and the fixed per-iteration step
+  overhead (optimizer; ``Hardware.step_overhead_s``).
 """
 from __future__ import annotations
 
@@ -96,9 +97,10 @@ class SimResult:
     Attributes:
         policy: The plan's policy.
         hardware: Preset name.
-        iteration_time: ``compute_time + grad_reduce_time``.
+        iteration_time: ``compute_time + grad_reduce_time + step_time``.
         compute_time: Slowest DP rank's sum of micro-batch times.
         grad_reduce_time: Gradient all-reduce at the end.
+        step_time: Fixed per-iteration seconds (optimizer step; ``Hardware.step_overhead_s``).
         lower_bound: Total minimal compute spread over all ``D N`` ranks, plus one
             micro-batch's fixed overhead and the gradient reduction (see :func:`lower_bound`).
         dp_rank_times: ``[D]`` compute seconds per DP rank.
@@ -127,6 +129,7 @@ class SimResult:
     comm_total: np.ndarray
     tokens: np.ndarray
     padding: np.ndarray
+    step_time: float = 0.0
 
     def busy(self) -> np.ndarray:
         """``[D, M, N]`` seconds each rank works or waits on the ring."""
@@ -271,7 +274,8 @@ def lower_bound(lengths, model: ModelSpec, hardware: Hardware, dp_size: int, cp_
 
     A sequence's minimal compute is its matmuls at the best linear rate plus its attention
     run whole (sharding only shrinks blocks and adds padding, lowering the rate).  Adds
-    one micro-batch's fixed overhead and the gradient reduction, which no plan avoids.
+    one micro-batch's fixed overhead, the gradient reduction and the per-iteration step
+    overhead, which no plan avoids.
     """
     s = np.asarray(lengths, dtype=np.float64)
     lin = float(model.linear_flops(s).sum()) / (hardware.peak_flops * hardware.linear_efficiency)
@@ -279,7 +283,7 @@ def lower_bound(lengths, model: ModelSpec, hardware: Hardware, dp_size: int, cp_
     att += hardware.attention_call_overhead_s * model.num_layers * s.size
     ranks = dp_size * cp_size
     return ((lin + att) / ranks + hardware.micro_batch_fixed_seconds(model)
-            + hardware.grad_reduce_seconds(model.param_count(), ranks))
+            + hardware.grad_reduce_seconds(model.param_count(), ranks) + hardware.step_overhead_s)
 
 
 def simulate(plan: Plan, model: ModelSpec, hardware: Hardware | str = "h100", *,
@@ -312,8 +316,8 @@ def simulate(plan: Plan, model: ModelSpec, hardware: Hardware | str = "h100", *,
     compute = float(rank_times.max()) if d else 0.0
     grad = hw.grad_reduce_seconds(model.param_count(), d * n)
     return SimResult(
-        policy=plan.policy, hardware=hw.name, iteration_time=compute + grad,
-        compute_time=compute, grad_reduce_time=grad,
+        policy=plan.policy, hardware=hw.name, iteration_time=compute + grad + hw.step_overhead_s,
+        compute_time=compute, grad_reduce_time=grad, step_time=hw.step_overhead_s,
         lower_bound=lower_bound(plan.lengths, model, hw, d, n), dp_rank_times=rank_times,
         mb_times=mb_times, mb_starts=starts, overhead=overhead, comm_total=comm_total, **arrays)
 

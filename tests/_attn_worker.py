@@ -171,8 +171,9 @@ def check_overlap_order(rank, world):
             assert phase[1] == (kind, nl, True), f"local attention must follow the post: {phase[:4]}"
             assert phase.index((kind, nl, True)) < first_wait
         assert phase.count(("post", chan)) == world - 1
-    assert bwd.count(("post", "bwd_dkv")) == world
-    assert bwd.count(("wait", "bwd_dkv")) == world
+    # dK/dV accumulators make N - 1 hops (the owner keeps its step-0 gradients).
+    assert bwd.count(("post", "bwd_dkv")) == world - 1
+    assert bwd.count(("wait", "bwd_dkv")) == world - 1
 
 
 def check_grad_through_layout(rank, world):

@@ -21,7 +21,7 @@ _C = pytest.importorskip("skrull_ext._C", reason="C++ extension not built")
 
 ROLLBACKS = ("shortest", "best-fit", "auto")
 CODES = {"shortest": 0, "best-fit": 1, "auto": 2}
-VARIANTS = {"paper": 0, "balanced": 1, "auto": 2}
+VARIANTS = {"paper": 0, "balanced": 1, "auto": 2, "lpt": 3}
 CP_SIZES = (1, 2, 3, 4, 5, 8, 16)
 
 
@@ -64,7 +64,8 @@ def random_batch(rng: np.random.Generator):
     return lengths, int(rng.integers(1, 9)), cp, random_bucket(rng, lengths, cp)
 
 
-def assert_same_plan(lengths, dp, cp, bucket, rollback, dacps=("auto", "balanced", "paper")):
+def assert_same_plan(lengths, dp, cp, bucket, rollback,
+                     dacps=("auto", "balanced", "lpt", "paper")):
     for dacp in dacps:
         cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, rollback=rollback,
                               dacp=dacp)

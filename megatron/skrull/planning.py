@@ -2,14 +2,18 @@
 
 Every rank calls the planner with the same lengths and gets the same plan (the scheduler
 is deterministic), so no plan is ever broadcast.  The cost model comes from the run's
-model shape and ``--skrull-hardware`` (``h100``: the paper's H100 NVLink numbers; ``cpu``:
-rough defaults for this CPU/gloo stack; default: from the device), optionally overridden by
-``--skrull-cost-model-config FILE``, a JSON object with any of::
+model shape and a :mod:`skrull_ext.hardware` preset chosen by ``--skrull-hardware``
+(``h100``: the paper's H100 NVLink numbers; ``cpu``: fitted to real training iterations of
+this stack on CPU with gloo, ``benchmarks/calibrate_training_cpu.py``; default: from the
+device), optionally overridden by ``--skrull-cost-model-config FILE``, a JSON object with
+any of::
 
     {"c_linear": s/FLOP, "c_attention": s/FLOP, "micro_batch_overhead": s,
+     "attention_half_tokens": tokens, "attention_call_overhead": s per document and layer,
+     "iteration_overhead": s (optimizer step, gradient reduction),
      "comm_sizes_bytes": [...], "comm_seconds": [...], "bytes_per_element": 2}
 
-(fit ``c_*`` with ``skrull_ext.cost.TimeModel.calibrate`` on measured step times).
+(``benchmarks/calibrate_training_cpu.py --json FILE`` writes such a file for a machine).
 """
 from __future__ import annotations
 
@@ -19,8 +23,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from skrull_ext.cost import H100_NVLINK_COMM, CommModel, CostModel, ModelSpec, TimeModel
-from skrull_ext.cost import h100_time_model
+from skrull_ext.cost import CommModel, CostModel, ModelSpec
+from skrull_ext.hardware import get_hardware
 from skrull_ext.plan import Plan
 from skrull_ext.scheduler import SchedulerConfig, schedule
 
@@ -29,13 +33,9 @@ from megatron.skrull.cpu_compat import resolve_device
 
 Planner = Callable[[np.ndarray], Plan]
 
-# Rough CPU defaults (2-4 cores, fp32, gloo over loopback); calibrate for real numbers.
-CPU_TIME_MODEL = TimeModel(c_linear=1.0 / 20e9, c_attention=1.0 / 10e9,
-                           micro_batch_overhead=0.05)
-CPU_GLOO_COMM = CommModel(sizes_bytes=(64 * 1024.0, 64 * 1024.0 * 1024.0),
-                          seconds=(1e-4, 6.4e-2))
-_CONFIG_KEYS = {"c_linear", "c_attention", "micro_batch_overhead", "comm_sizes_bytes",
-                "comm_seconds", "bytes_per_element"}
+_TIME_KEYS = ("c_linear", "c_attention", "micro_batch_overhead", "attention_half_tokens",
+              "attention_call_overhead", "iteration_overhead")
+_CONFIG_KEYS = set(_TIME_KEYS) | {"comm_sizes_bytes", "comm_seconds", "bytes_per_element"}
 
 
 def model_spec(cfg: RunConfig, vocab_size: int) -> ModelSpec:
@@ -43,38 +43,56 @@ def model_spec(cfg: RunConfig, vocab_size: int) -> ModelSpec:
     m = cfg.model
     return ModelSpec(name="run", num_layers=m.num_layers, hidden_size=m.hidden_size,
                      ffn_hidden_size=m.ffn_size, num_attention_heads=m.num_attention_heads,
-                     num_query_groups=m.query_groups, vocab_size=vocab_size, swiglu=m.swiglu)
+                     num_query_groups=m.query_groups, vocab_size=vocab_size, swiglu=m.swiglu,
+                     tied_embeddings=not m.untie_embeddings_and_output_weights)
+
+
+def _apply_config(cost: CostModel, path: str) -> CostModel:
+    """``cost`` with the values of the JSON file ``path`` replacing its own."""
+    with open(path, encoding="utf-8") as f:
+        obj = json.load(f)
+    if not isinstance(obj, dict):
+        raise ValueError(f"--skrull-cost-model-config {path}: expected a JSON object with "
+                         f"keys among {sorted(_CONFIG_KEYS)}")
+    unknown = sorted(set(obj) - _CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"--skrull-cost-model-config {path}: unknown keys {unknown}; "
+                         f"allowed: {sorted(_CONFIG_KEYS)}")
+    try:
+        time = dataclasses.replace(cost.time, **{k: float(obj[k]) for k in _TIME_KEYS
+                                                 if k in obj})
+        comm = cost.comm
+        if "comm_sizes_bytes" in obj or "comm_seconds" in obj:
+            comm = CommModel(sizes_bytes=tuple(obj["comm_sizes_bytes"]),
+                             seconds=tuple(obj["comm_seconds"]))
+        width = int(obj.get("bytes_per_element", cost.bytes_per_element))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"--skrull-cost-model-config {path}: {exc} (comm_sizes_bytes and "
+                         "comm_seconds go together; values must be numbers >= 0)") from exc
+    if width < 1:
+        raise ValueError(f"--skrull-cost-model-config {path}: bytes_per_element must be >= 1")
+    return dataclasses.replace(cost, time=time, comm=comm, bytes_per_element=width)
 
 
 def build_cost_model(cfg: RunConfig, vocab_size: int) -> CostModel:
     """Cost model for ``--skrull-hardware`` and ``--skrull-cost-model-config``.
+
+    The preset's :meth:`~skrull_ext.hardware.Hardware.cost_model` for the run's model, CP
+    and DP sizes; on the ``cpu`` preset messages carry fp32 (``--fp64``: float64) activations.
 
     Raises:
         ValueError: The config file has unknown keys or invalid values.
     """
     hardware = cfg.skrull.hardware or ("h100" if resolve_device(cfg.device).type == "cuda"
                                        else "cpu")
-    if hardware == "h100":
-        time, comm, width = h100_time_model(), H100_NVLINK_COMM, 2
-    else:
-        time, comm, width = CPU_TIME_MODEL, CPU_GLOO_COMM, 8 if cfg.fp64 else 4
-    path = cfg.skrull.cost_model_config
-    if path:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-        unknown = sorted(set(obj) - _CONFIG_KEYS)
-        if unknown:
-            raise ValueError(f"--skrull-cost-model-config {path}: unknown keys {unknown}; "
-                             f"allowed: {sorted(_CONFIG_KEYS)}")
-        time = dataclasses.replace(time, **{k: float(obj[k]) for k in
-                                            ("c_linear", "c_attention", "micro_batch_overhead")
-                                            if k in obj})
-        if "comm_sizes_bytes" in obj or "comm_seconds" in obj:
-            comm = CommModel(sizes_bytes=tuple(obj["comm_sizes_bytes"]),
-                             seconds=tuple(obj["comm_seconds"]))
-        width = int(obj.get("bytes_per_element", width))
-    return CostModel(model=model_spec(cfg, vocab_size), time=time, comm=comm,
-                     bytes_per_element=width)
+    cost = get_hardware(hardware).cost_model(model_spec(cfg, vocab_size),
+                                             cfg.parallel.context_parallel_size,
+                                             cfg.parallel.dp_size)
+    if hardware == "cpu":
+        cost = dataclasses.replace(cost, bytes_per_element=8 if cfg.fp64 else 4)
+    if cfg.skrull.cost_model_config:
+        cost = _apply_config(cost, cfg.skrull.cost_model_config)
+    return cost
 
 
 def make_planner(cfg: RunConfig, vocab_size: int,

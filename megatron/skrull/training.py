@@ -227,6 +227,21 @@ class Trainer:
             torch.cuda.synchronize()
         start = time.perf_counter()
         batch_ids, plan = self.next_plan()
+        return self.run_plan(batch_ids, plan, start=start)
+
+    def run_plan(self, batch_ids: np.ndarray, plan: Plan, *,
+                 start: Optional[float] = None) -> IterationStats:
+        """One iteration of a given global batch and plan: gradients, clip, LR, AdamW step.
+
+        Args:
+            batch_ids: ``[K]`` dataset ids of the global batch.
+            plan: Its plan (the same on every rank).
+            start: ``time.perf_counter()`` the iteration's time counts from (default: now).
+        """
+        if start is None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
         loss = self.compute_gradients(batch_ids, plan)
         norm = clip_grad_norm(self.params, self.clip_grad, self.groups.tp_group)
         self.iteration += 1

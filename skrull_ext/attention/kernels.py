@@ -59,6 +59,10 @@ def _check_block(q, k, v, cu_q, cu_k, causal):
     if len(cu_q) != len(cu_k) or cu_q[-1] != q.shape[0] or cu_k[-1] != k.shape[0]:
         raise ValueError(f"cu_seqlens {tuple(cu_q)}/{tuple(cu_k)} do not match "
                          f"{q.shape[0]} queries / {k.shape[0]} keys")
+    if cu_q[0] != 0 or cu_k[0] != 0 or any(b < a for a, b in zip(cu_q, cu_q[1:])) or any(
+            b < a for a, b in zip(cu_k, cu_k[1:])):
+        raise ValueError(f"cu_seqlens {tuple(cu_q)}/{tuple(cu_k)} must start at 0 and not "
+                         "decrease")
     if causal and tuple(cu_q) != tuple(cu_k):
         raise ValueError("causal blocks must have square segments (cu_q == cu_k)")
 
@@ -133,23 +137,64 @@ class ReferenceKernel(_SegmentLoopKernel):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-class CpuFlashKernel(_SegmentLoopKernel):
-    """ATen's CPU flash attention (``[B, H, S, D]`` views of the ``[S, H, D]`` segments)."""
+class CpuFlashKernel(AttentionKernel):
+    """ATen's CPU flash attention, one call per segment on ``[1, H, S, D]`` views.
+
+    The per-segment Python work is what costs on CPU (a training step makes one call per
+    document, layer and ring step), so it is kept to one slice per tensor and the kernel
+    call: the ``[T, H, D]`` inputs are viewed as ``[1, H, T, D]`` once, the kernel writes
+    ``[S, H, D]``-ordered results for such views, and the pieces are joined by one
+    ``torch.cat`` per output instead of a copy per segment.
+    """
 
     name = "cpu_flash"
 
-    def _fwd(self, q, k, v, causal, scale):
-        o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            _bhsd(q), _bhsd(k), _bhsd(v), 0.0, causal, scale=scale)
-        return o[0].transpose(0, 1), l[0].to(lse_dtype(q.dtype))
+    def forward(self, q, k, v, cu_q, cu_k, *, causal, scale):
+        _check_block(q, k, v, cu_q, cu_k, causal)
+        op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        qt, kt, vt = _bhsd(q), _bhsd(k), _bhsd(v)
+        outs, lses = [], []
+        for a, b, c, d in _segments(cu_q, cu_k):
+            if b == a:
+                continue
+            if d == c:  # nothing to attend: out 0, lse -inf
+                outs.append(q.new_zeros((1, q.shape[1], b - a, q.shape[2])))
+                lses.append(torch.full((1, q.shape[1], b - a), -math.inf,
+                                       dtype=lse_dtype(q.dtype), device=q.device))
+                continue
+            o, l = op(qt[:, :, a:b], kt[:, :, c:d], vt[:, :, c:d], 0.0, causal, scale=scale)
+            outs.append(o)
+            lses.append(l)
+        if not outs:
+            return torch.zeros_like(q), torch.zeros((q.shape[1], 0), dtype=lse_dtype(q.dtype),
+                                                    device=q.device)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        lse = lses[0] if len(lses) == 1 else torch.cat(lses, dim=2)
+        return out[0].transpose(0, 1), lse[0].to(lse_dtype(q.dtype))
 
-    def _bwd(self, dout, q, k, v, out, lse, causal, scale):
+    def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, *, causal, scale):
+        _check_block(q, k, v, cu_q, cu_k, causal)
+        op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         # The kernel wants lse in its own dtype: float32 except for float64 inputs.
         want = torch.float64 if q.dtype == torch.float64 else torch.float32
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out), lse.to(want)[None],
-            0.0, causal, scale=scale)
-        return dq[0].transpose(0, 1), dk[0].transpose(0, 1), dv[0].transpose(0, 1)
+        dt, qt, kt, vt, ot = _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out)
+        lt = lse.to(want)[None]
+        dqs, dks, dvs = [], [], []
+        for a, b, c, d in _segments(cu_q, cu_k):
+            if b == a or d == c:  # no queries or no keys: zero gradients
+                dqs.append(q.new_zeros((1, q.shape[1], b - a, q.shape[2])))
+                dks.append(k.new_zeros((1, k.shape[1], d - c, k.shape[2])))
+                dvs.append(dks[-1])
+                continue
+            dq, dk, dv = op(dt[:, :, a:b], qt[:, :, a:b], kt[:, :, c:d], vt[:, :, c:d],
+                            ot[:, :, a:b], lt[:, :, a:b], 0.0, causal, scale=scale)
+            dqs.append(dq)
+            dks.append(dk)
+            dvs.append(dv)
+        if not dqs:
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        return tuple((xs[0] if len(xs) == 1 else torch.cat(xs, dim=2))[0].transpose(0, 1)
+                     for xs in (dqs, dks, dvs))
 
 
 def _bhsd(x):

@@ -12,14 +12,15 @@ K/V of rank ``src = (r - s) mod N`` and computes only the needed blocks:
   (both precede it; both follow chunk ``r``), full.
 
 Partial results are merged with the log-sum-exp update.  The backward pass replays the
-same schedule with the final ``out``/``lse`` and sends a dK/dV accumulator along with the
-K/V, so after ``N`` dK/dV hops every rank gets its own K/V's complete gradients back.
+same schedule with the final ``out``/``lse``; the dK/dV of a received K/V block travels
+on with it and after ``N - 1`` hops returns to its owner (see :func:`ring_backward`).
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from skrull_ext.attention.kernels import AttentionKernel, lse_dtype
@@ -43,16 +44,21 @@ class ZigzagBlocks:
 
 
 def zigzag_blocks(layout, device) -> ZigzagBlocks:
-    """Builds :class:`ZigzagBlocks` from a :class:`~skrull_ext.layout.RankLayout`."""
-    cu_half, first, second = [0], [], []
-    for doc, start in zip(layout.distributed, layout.dist_cu_seqlens):
-        c = doc.chunk_size
-        cu_half.append(cu_half[-1] + c)
-        first.append(torch.arange(start, start + c))
-        second.append(torch.arange(start + c, start + 2 * c))
-    cat = (lambda xs: torch.cat(xs).to(device)) if first else (lambda xs: torch.zeros(0, dtype=torch.long, device=device))
-    return ZigzagBlocks(cu_full=tuple(layout.dist_cu_seqlens), cu_half=tuple(cu_half),
-                        first=cat(first), second=cat(second))
+    """Builds :class:`ZigzagBlocks` from a :class:`~skrull_ext.layout.RankLayout`.
+
+    Vectorised over the documents (this runs in every layer's forward and backward).
+    """
+    c = np.fromiter((doc.chunk_size for doc in layout.distributed), dtype=np.int64,
+                    count=len(layout.distributed))
+    cu_half = np.zeros(c.size + 1, dtype=np.int64)
+    np.cumsum(c, out=cu_half[1:])
+    starts = np.asarray(layout.dist_cu_seqlens[:-1], dtype=np.int64)
+    # Token j of the first chunks belongs to document i with cu_half[i] <= j < cu_half[i+1].
+    first = np.repeat(starts - cu_half[:-1], c) + np.arange(cu_half[-1], dtype=np.int64)
+    second = first + np.repeat(c, c)
+    return ZigzagBlocks(cu_full=tuple(layout.dist_cu_seqlens), cu_half=tuple(cu_half.tolist()),
+                        first=torch.from_numpy(first).to(device),
+                        second=torch.from_numpy(second).to(device))
 
 
 def _fwd_block(kernel, q, k, v, src, rank, zz, scale):
@@ -147,6 +153,13 @@ def ring_backward(dout, q, k, v, out, lse, zz: ZigzagBlocks, comm, kernel: Atten
                   scale: float, during_first_exchange: Optional[Callable[[], None]] = None):
     """Zigzag ring attention backward of the distributed part.
 
+    The gradients of this rank's own K/V from step 0 stay here; those of the K/V received
+    at step ``s >= 1`` (owned by rank ``r - s``) go into an accumulator that travels on
+    with that K/V: rank ``r`` starts it at step 1, adds to the one received from rank
+    ``r - 1`` at later steps, and passes it to rank ``r + 1``, which holds the same K/V at
+    the next step; the hop after the last step returns it to its owner.  That is ``N - 1``
+    dK/dV messages per rank (one for ``N = 2``) besides the ``N - 1`` K/V messages.
+
     Args:
         dout: ``[Td, H, D]`` gradient of the output.
         q, k, v: Forward inputs of the distributed part.
@@ -160,6 +173,7 @@ def ring_backward(dout, q, k, v, out, lse, zz: ZigzagBlocks, comm, kernel: Atten
     rank, size = comm.rank, comm.size
     acc = lse_dtype(q.dtype)
     dq_acc = torch.zeros(q.shape, dtype=acc, device=q.device)
+    own = torch.zeros((2,) + tuple(k.shape), dtype=acc, device=k.device)
     cur = torch.stack([k, v])
     dkv_in = None
     for step in range(size):
@@ -171,15 +185,20 @@ def ring_backward(dout, q, k, v, out, lse, zz: ZigzagBlocks, comm, kernel: Atten
                                                 src, rank, zz, scale)
         _add_rows(dq_acc, dq, q_rows)
         if step == 0:
+            dkv = own
+        elif step == 1:  # first rank after the owner: a fresh accumulator
             dkv = torch.zeros((2,) + tuple(k.shape), dtype=acc, device=k.device)
-        else:  # the accumulator of the K/V we now hold travelled with it from rank - 1
+        else:  # the accumulator of the K/V we now hold, from rank - 1
             comm.wait("bwd_dkv")
             dkv = dkv_in
         _add_rows(dkv[0], dk, k_rows)
         _add_rows(dkv[1], dv, k_rows)
-        dkv_in = comm.send_recv_async(dkv, channel="bwd_dkv")
+        if step >= 1:
+            dkv_in = comm.send_recv_async(dkv, channel="bwd_dkv")
         if nxt is not None:
             comm.wait("bwd_kv")
             cur = nxt
-    comm.wait("bwd_dkv")  # the N-th hop brings our own K/V's gradients home
-    return dq_acc.to(q.dtype), dkv_in[0].to(k.dtype), dkv_in[1].to(v.dtype)
+    if size > 1:
+        comm.wait("bwd_dkv")  # our own K/V's gradients from the other ranks, home
+        own += dkv_in
+    return dq_acc.to(q.dtype), own[0].to(k.dtype), own[1].to(v.dtype)

@@ -25,7 +25,7 @@ from skrull_ext.scheduler.baselines import BASELINES
 
 POLICIES = ("skrull",) + tuple(BASELINES)
 _ROLLBACK_CODES = {"shortest": 0, "best-fit": 1, "auto": 2}
-_VARIANT_CODES = {"paper": 0, "balanced": 1, "auto": 2}
+_VARIANT_CODES = {"paper": 0, "balanced": 1, "auto": 2, "lpt": 3}
 
 
 class ScheduleInputError(ValueError):
@@ -44,8 +44,9 @@ class SchedulerConfig:
         rollback: DACP roll-back victim choice: ``shortest`` (the paper), ``best-fit``
             (ours) or ``auto`` (both, keep the faster micro-batch).
         dacp: DACP step a: ``paper`` (keep every sequence that fits local), ``balanced``
-            (ours: distribute when that lowers the micro-batch objective) or ``auto``
-            (both, keep the faster micro-batch).
+            (ours: distribute when that lowers the micro-batch objective), ``lpt`` (ours:
+            distribute the ``k`` longest, pack the rest by LPT, best ``k``) or ``auto``
+            (all three, keep the fastest micro-batch).
     """
 
     dp_size: int
@@ -235,8 +236,9 @@ def predict(plan: Plan, cost_model: CostModel) -> dict:
 
     Returns:
         ``{"iteration_time", "dp_rank_times" [D], "micro_batch_times" [D][M],
-        "lower_bound"}`` in seconds.  ``lower_bound`` spreads the total compute perfectly
-        over all ``D * N`` ranks with no communication or overhead.
+        "lower_bound"}`` in seconds.  ``iteration_time`` is the slowest DP rank's time plus
+        the cost model's ``iteration_overhead``; ``lower_bound`` spreads the total compute
+        perfectly over all ``D * N`` ranks with no communication or micro-batch overhead.
     """
     costs = cost_model.compute_seconds(plan.lengths)
     comm = cost_model.comm_seconds(plan.lengths, plan.cp_size)
@@ -250,11 +252,12 @@ def predict(plan: Plan, cost_model: CostModel) -> dict:
         ends = np.cumsum([len(mbs) for mbs in plan.dp_ranks]).tolist()
         mb_times = [flat_times[end - len(mbs):end] for mbs, end in zip(plan.dp_ranks, ends)]
     rank_times = [float(sum(t)) for t in mb_times]
+    fixed = cost_model.time.iteration_overhead
     return {
-        "iteration_time": max(rank_times),
+        "iteration_time": max(rank_times) + fixed,
         "dp_rank_times": rank_times,
         "micro_batch_times": mb_times,
-        "lower_bound": float(costs.sum()) / (plan.dp_size * plan.cp_size),
+        "lower_bound": float(costs.sum()) / (plan.dp_size * plan.cp_size) + fixed,
     }
 
 

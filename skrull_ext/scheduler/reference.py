@@ -25,7 +25,7 @@ from typing import NamedTuple, Optional, Sequence
 from skrull_ext.plan import shard_tokens
 
 ROLLBACK_POLICIES = ("shortest", "best-fit", "auto")
-DACP_VARIANTS = ("paper", "balanced", "auto")
+DACP_VARIANTS = ("paper", "balanced", "lpt", "auto")
 
 Placement = tuple[list[int], list[list[int]]]  # (distributed, local per CP rank)
 
@@ -223,20 +223,92 @@ def dacp_place(lengths, costs, idx: Sequence[int], cp_size: int, bucket_size: in
     return dist, local
 
 
+def _lpt_local(rest: Sequence[int], lengths, costs, n: int, cap: int
+               ) -> Optional[list[list[int]]]:
+    """Each of ``rest`` (in order) to the least-loaded rank with room; ``None`` if none has."""
+    rem = [cap] * n
+    load = [0.0] * n
+    local: list[list[int]] = [[] for _ in range(n)]
+    for i in rest:
+        s = int(lengths[i])
+        r = -1
+        for j in range(n):
+            if rem[j] >= s and (r < 0 or load[j] < load[r]):
+                r = j
+        if r < 0:
+            return None
+        local[r].append(i)
+        rem[r] -= s
+        load[r] += costs[i]
+    return local
+
+
+def dacp_place_lpt(lengths, costs, comm, latency: float, idx: Sequence[int], cp_size: int,
+                   bucket_size: int, shares=None) -> Optional[Placement]:
+    """(ours) Distribute the ``k`` longest sequences, pack the rest local by LPT; best ``k``.
+
+    The paper's step a (and the balanced variant) place sequences shortest first, one at a
+    time, so local sequences cannot be balanced against each other: the balanced variant
+    then distributes short sequences merely to even out the ranks.  Here, for
+    ``k = 0, 1, ...`` the ``k`` longest sequences (ties: lower index first) are distributed
+    and the others go longest first to the least-loaded rank with room (ties: lowest
+    rank); the ``k`` with the lowest :func:`micro_batch_time` wins (ties: smaller ``k``).
+    The search stops once the distributed part alone, ``T_comm + T_dist``, reaches the best
+    time (both only grow with ``k``) or the shards overflow the bucket, and skips a ``k``
+    whose bound ``max(T_comm, rest / N) + T_dist`` cannot beat the best.  ``None`` when no
+    ``k`` is feasible.
+    """
+    n = cp_size
+    order = sorted(idx, key=lambda i: (-int(lengths[i]), i))
+    suffix = [0.0] * (len(order) + 1)
+    for p in range(len(order) - 1, -1, -1):
+        suffix[p] = suffix[p + 1] + costs[order[p]]
+    best, best_t = None, 0.0
+    shard_sum, comm_sum, dist_load = 0, 0.0, 0.0
+    for k in range(len(order) + 1):
+        if k:
+            if n == 1:
+                break
+            i = order[k - 1]
+            shard_sum += shard_tokens(int(lengths[i]), n)
+            if shard_sum > bucket_size:
+                break
+            comm_sum += comm[i]
+            dist_load += _share(costs, shares, i, n)
+        t_comm = comm_sum + latency if k else 0.0
+        if best is not None:
+            if t_comm + dist_load >= best_t:
+                break
+            if max(t_comm, suffix[k] / n) + dist_load >= best_t:
+                continue
+        local = _lpt_local(order[k:], lengths, costs, n, int(bucket_size) - shard_sum)
+        if local is None:
+            continue
+        cand = (list(order[:k]), local)
+        t = micro_batch_time(cand, costs, comm, latency, n, shares)
+        if best is None or t < best_t:
+            best, best_t = cand, t
+    return best
+
+
 def dacp_best(lengths, costs, comm, latency, idx, cp_size, bucket_size, rollback,
               variant: str = "paper", shares=None):
     """DACP with the chosen roll-back and variant; ``auto`` tries each, keeps the fastest.
 
     Candidates in order (ties keep the earlier): paper/shortest, paper/best-fit,
-    balanced/shortest, balanced/best-fit, restricted to the requested settings.
+    balanced/shortest, balanced/best-fit, lpt (no roll-back), restricted to the requested
+    settings.
     """
     rollbacks = ("shortest", "best-fit") if rollback == "auto" else (rollback,)
-    variants = ("paper", "balanced") if variant == "auto" else (variant,)
+    variants = ("paper", "balanced", "lpt") if variant == "auto" else (variant,)
     best, best_t = None, 0.0
     for var in variants:
-        for rb in rollbacks:
+        for rb in rollbacks if var != "lpt" else ("none",):
             if var == "paper":
                 cand = dacp_place(lengths, costs, idx, cp_size, bucket_size, rb, shares)
+            elif var == "lpt":
+                cand = dacp_place_lpt(lengths, costs, comm, latency, idx, cp_size, bucket_size,
+                                      shares)
             else:
                 cand = dacp_place(lengths, costs, idx, cp_size, bucket_size, rb, shares,
                                   balanced=True, comm=comm, latency=latency)

@@ -1,0 +1,137 @@
+"""End-to-end training benchmark on CPU: ``skrull`` vs ``all-cp`` vs ``per-seq-cp`` (CP = 2).
+
+The same data (the bundled synthetic long-tail SFT corpus of ``tools/preprocess_sft.py
+--synthetic``: longest sample 16K tokens, ~80% under 512), model and sampler seed for every
+policy: iteration ``i`` trains the same global batch under each policy.  Two spawned gloo
+ranks (:mod:`train_harness`, the launcher's ``setup`` and ``Trainer``; one thread each as
+under torchrun) run, for every iteration, the policies one after another in a rotating
+order (``A B C``, ``B C A``, ...) so machine noise hits all of them alike; each iteration is
+planned by the launcher's planner (``--skrull-scheduler <policy>``, ``cpu`` cost-model
+preset; planning is timed) and then runs forward/backward, the gradient all-reduce, clipping
+and AdamW (:meth:`Trainer.run_plan`).
+
+Printed: per policy the median iteration time over the measured iterations, the ratio to
+``skrull``, tokens kept local, micro-batches, and the time split per iteration (median
+over iterations, rank 0; see :data:`train_harness.PARTS`); then the per-iteration times.
+Usage::
+
+    PYTHONPATH=$PWD python benchmarks/bench_e2e_cpu.py [--iters 8] [--warmup 1]
+        [--model h256] [--global-batch-size 32] [--bucket 12288] [--seed 1]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_harness as th  # noqa: E402
+
+POLICIES = ("skrull", "all-cp", "per-seq-cp")
+SEQ_LENGTH = 16384
+
+
+def build(args, prefix):
+    """``(argv, batches, plans)``: the run's flags, global batches and each policy's plans."""
+    from megatron.skrull.planning import make_planner
+
+    argv = th.model_argv(**th.MODELS[args.model], seq_length=SEQ_LENGTH,
+                         global_batch=args.global_batch_size, bucket=args.bucket, cp=2,
+                         data_path=prefix)
+    cfg, source, vocab = th.load_run(argv, 2)
+    batches = th.global_batches(source, args.global_batch_size, args.seed,
+                                args.warmup + args.iters)
+    plans = {}
+    for policy in POLICIES:
+        run = dataclasses.replace(cfg, skrull=dataclasses.replace(cfg.skrull, scheduler=policy))
+        planner = make_planner(run, vocab)
+        plans[policy] = [planner(source.lengths[ids]) for ids in batches]
+    return argv, batches, plans
+
+
+def schedule_cases(batches, start: int):
+    """``[(iteration, policy)]`` from ``start``: every batch under each policy, rotating."""
+    out = []
+    for i in range(start, len(batches)):
+        k = i % len(POLICIES)
+        out.extend((i, p) for p in POLICIES[k:] + POLICIES[:k])
+    return out
+
+
+def summarize(order, times, parts, plans, first: int):
+    """Per-policy medians over the measured iterations (``>= first``)."""
+    rows = {}
+    for p in POLICIES:
+        idx = [j for j, (i, q) in enumerate(order) if q == p and i >= first]
+        its = [order[j][0] for j in idx]
+        secs = [times[j] for j in idx]
+        split = {k: float(np.median([parts[j][k] for j in idx])) for k in th.PARTS} \
+            if parts else {}
+        rows[p] = dict(seconds=float(np.median(secs)), per_iter=dict(zip(its, secs)),
+                       local=float(np.mean([plans[p][i].local_token_share() for i in its])),
+                       mbs=float(np.mean([plans[p][i].num_micro_batches for i in its])),
+                       predicted=float(np.median([plans[p][i].predicted["iteration_time"]
+                                                  for i in its])),
+                       split=split)
+    return rows
+
+
+def print_tables(rows, plans, first):
+    base = rows["skrull"]["seconds"]
+    print(f"{'policy':11} {'median iter':>11} {'vs skrull':>9} {'local tok':>9} "
+          f"{'micro-b':>7} {'predicted':>9}")
+    for p, r in rows.items():
+        print(f"{p:11} {1e3 * r['seconds']:9.0f}ms {r['seconds'] / base:8.2f}x "
+              f"{100 * r['local']:8.1f}% {r['mbs']:7.1f} {1e3 * r['predicted']:7.0f}ms")
+    if rows["skrull"]["split"]:
+        print("\ntime split per iteration (median over iterations, rank 0, ms):")
+        print(f"{'policy':11} " + " ".join(f"{k:>14}" for k in th.PARTS))
+        for p, r in rows.items():
+            print(f"{p:11} " + " ".join(f"{1e3 * r['split'][k]:14.1f}" for k in th.PARTS))
+    print("\nper iteration (ms):")
+    print(f"{'iter':>4} {'tokens':>6} {'max len':>7} " + " ".join(f"{p:>11}" for p in POLICIES)
+          + "  skrull local / mbs")
+    for i in sorted(rows["skrull"]["per_iter"]):
+        lengths = plans["skrull"][i].lengths
+        sk = plans["skrull"][i]
+        print(f"{i:4d} {int(lengths.sum()):6d} {int(lengths.max()):7d} "
+              + " ".join(f"{1e3 * rows[p]['per_iter'][i]:11.0f}" for p in POLICIES)
+              + f"  {100 * sk.local_token_share():4.0f}% / {sk.num_micro_batches}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="h256", choices=sorted(th.MODELS))
+    ap.add_argument("--global-batch-size", type=int, default=32)
+    ap.add_argument("--bucket", type=int, default=12288)
+    ap.add_argument("--seed", type=int, default=1, help="sampler seed (same for all policies)")
+    ap.add_argument("--iters", type=int, default=8, help="measured iterations per policy")
+    ap.add_argument("--warmup", type=int, default=1, help="unmeasured first iterations")
+    ap.add_argument("--no-breakdown", action="store_true", help="skip the time split timers")
+    ap.add_argument("--data-dir", help="where the corpus goes (default: a temporary dir)")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = th.make_corpus(args.data_dir or tmp, seq_length=SEQ_LENGTH)
+        run_argv, batches, plans = build(args, prefix)
+        order = schedule_cases(batches, 0)
+        cases = [(batches[i], p) for i, p in order]
+        res = th.run_cases(run_argv, 2, cases, repeats=1, warmup=0,
+                           breakdown=not args.no_breakdown)
+    times = [t[0] for t in res["times"]]
+    parts = [p[0] for p in res["parts"]] if res["parts"] and res["parts"][0] else []
+    spec = th.MODELS[args.model]
+    print(f"model {spec}, seq {SEQ_LENGTH}, global batch {args.global_batch_size}, bucket "
+          f"{args.bucket}, CP 2 x DP 1 (2 processes, 1 thread each), sampler seed {args.seed}; "
+          f"{args.iters} measured iterations after {args.warmup} warm-up; {time.time() - t0:.0f} s")
+    rows = summarize(order, times, parts, plans, args.warmup)
+    print_tables(rows, plans, args.warmup)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The launcher's cost model: hardware presets, the JSON override, CPU planning decisions."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from megatron.skrull.planning import build_cost_model, make_planner, model_spec
+from skrull_ext.hardware import CPU, H100
+
+from mcore_helpers import tiny_config
+
+# The end-to-end CPU demo's shape (benchmarks/bench_e2e_cpu.py): 2 layers, hidden 256,
+# 4 heads / 2 KV groups, 16K-token samples, bucket 12288 per rank, CP = 2.
+DEMO = ["--hidden-size", "256", "--seq-length", "16384", "--max-position-embeddings", "16384",
+        "--skrull-bucket-size", "12288", "--context-parallel-size", "2"]
+VOCAB = 384
+
+
+def test_cpu_runs_use_the_cpu_preset_with_the_run_dtype():
+    cfg = tiny_config(DEMO, world_size=2)
+    cost = build_cost_model(cfg, VOCAB)
+    want = CPU.cost_model(model_spec(cfg, VOCAB), 2, 1)
+    assert cost.time == want.time and cost.comm == want.comm
+    assert cost.bytes_per_element == 4
+    assert build_cost_model(tiny_config(DEMO + ["--fp64"], world_size=2), VOCAB
+                            ).bytes_per_element == 8
+    h100 = build_cost_model(tiny_config(DEMO + ["--skrull-hardware", "h100"], world_size=2),
+                            VOCAB)
+    assert h100.time == H100.cost_model(model_spec(cfg, VOCAB), 2, 1).time
+    assert h100.bytes_per_element == 2
+
+
+def test_config_file_overrides_every_time_key(tmp_path):
+    path = tmp_path / "cost.json"
+    values = {"c_linear": 1e-11, "c_attention": 2e-11, "micro_batch_overhead": 0.5,
+              "attention_half_tokens": 128.0, "attention_call_overhead": 3e-4,
+              "iteration_overhead": 0.25, "bytes_per_element": 2,
+              "comm_sizes_bytes": [1024, 2048], "comm_seconds": [1e-5, 2e-5]}
+    path.write_text(json.dumps(values))
+    cost = build_cost_model(tiny_config(DEMO + ["--skrull-cost-model-config", str(path)],
+                                        world_size=2), VOCAB)
+    for key in ("c_linear", "c_attention", "micro_batch_overhead", "attention_half_tokens",
+                "attention_call_overhead", "iteration_overhead"):
+        assert getattr(cost.time, key) == values[key], key
+    assert cost.comm.sizes_bytes == (1024, 2048) and cost.bytes_per_element == 2
+    # Keys left out keep the preset's values.
+    path.write_text(json.dumps({"attention_call_overhead": 1e-3}))
+    partial = build_cost_model(tiny_config(DEMO + ["--skrull-cost-model-config", str(path)],
+                                           world_size=2), VOCAB)
+    preset = build_cost_model(tiny_config(DEMO, world_size=2), VOCAB)
+    assert partial.time == dataclasses.replace(preset.time, attention_call_overhead=1e-3)
+
+
+@pytest.mark.parametrize("content, match", [
+    ({"attention_half": 1.0}, "unknown keys"),
+    ({"comm_seconds": [1e-5, 2e-5]}, "go together"),
+    ({"attention_half_tokens": -1.0}, ">= 0"),
+    ([1, 2], "JSON object"),
+])
+def test_bad_config_files_name_the_problem(tmp_path, content, match):
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps(content))
+    cfg = tiny_config(DEMO + ["--skrull-cost-model-config", str(path)], world_size=2)
+    with pytest.raises(ValueError, match=match):
+        build_cost_model(cfg, VOCAB)
+
+
+def _long_tail_batch(seed: int) -> np.ndarray:
+    """32 lengths: one 11K-token sample, a few of 1-3K, the rest under 512."""
+    rng = np.random.default_rng(seed)
+    short = rng.integers(20, 512, size=27)
+    return np.concatenate([[11000, 2900, 1700, 1200, 800], short]).astype(np.int64)
+
+
+def test_cpu_planner_keeps_short_sequences_local_on_a_long_tail_batch():
+    """Regression: the old CPU guesses made distributing look free (0% local tokens)."""
+    planner = make_planner(tiny_config(DEMO, world_size=2), VOCAB)
+    for seed in range(3):
+        lengths = _long_tail_batch(seed)
+        plan = planner(lengths)
+        local = {i for mb in plan.dp_ranks[0] for rank in mb.local for i in rank}
+        dist = {i for mb in plan.dp_ranks[0] for i in mb.distributed}
+        short = set(np.flatnonzero(lengths < 512).tolist())
+        assert short <= local, f"short samples distributed: {sorted(short - local)}"
+        assert 0 in dist  # the 11K-token sample is split over both ranks
+        assert plan.local_token_share() > 0.3
+    # A batch of short samples only needs no ring at all.
+    plan = planner(np.random.default_rng(7).integers(20, 512, size=32))
+    assert plan.local_token_share() == 1.0
