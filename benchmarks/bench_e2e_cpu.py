@@ -10,9 +10,11 @@ planned by the launcher's planner (``--skrull-scheduler <policy>``, ``cpu`` cost
 preset; planning is timed) and then runs forward/backward, the gradient all-reduce, clipping
 and AdamW (:meth:`Trainer.run_plan`).
 
-Printed: per policy the median iteration time over the measured iterations, the ratio to
-``skrull``, tokens kept local, micro-batches, and the time split per iteration (median
-over iterations, rank 0; see :data:`train_harness.PARTS`); then the per-iteration times.
+Every (iteration, policy) runs ``--repeats`` times (in separate passes) and its median is
+its time.  Printed: per policy the median iteration time over the measured iterations and
+the total time, each with its ratio to ``skrull``, tokens kept local, micro-batches, the
+scheduler's predicted time (median), and the time split summed over the iterations
+(rank 0; see :data:`train_harness.PARTS`); then the per-iteration times.
 Usage::
 
     PYTHONPATH=$PWD python benchmarks/bench_e2e_cpu.py [--iters 8] [--warmup 1]
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import tempfile
@@ -70,7 +73,7 @@ def summarize(order, times, parts, plans, first: int):
         idx = [j for j, (i, q) in enumerate(order) if q == p and i >= first]
         its = [order[j][0] for j in idx]
         secs = [times[j] for j in idx]
-        split = {k: float(np.median([parts[j][k] for j in idx])) for k in th.PARTS} \
+        split = {k: float(np.sum([parts[j][k] for j in idx])) for k in th.PARTS} \
             if parts else {}
         rows[p] = dict(seconds=float(np.median(secs)), per_iter=dict(zip(its, secs)),
                        local=float(np.mean([plans[p][i].local_token_share() for i in its])),
@@ -83,16 +86,19 @@ def summarize(order, times, parts, plans, first: int):
 
 def print_tables(rows, plans, first):
     base = rows["skrull"]["seconds"]
-    print(f"{'policy':11} {'median iter':>11} {'vs skrull':>9} {'local tok':>9} "
-          f"{'micro-b':>7} {'predicted':>9}")
+    total = {p: sum(r["per_iter"].values()) for p, r in rows.items()}
+    print(f"{'policy':11} {'median iter':>11} {'vs skrull':>9} {'total':>8} {'vs skrull':>9} "
+          f"{'local tok':>9} {'micro-b':>7} {'predicted':>9}")
     for p, r in rows.items():
         print(f"{p:11} {1e3 * r['seconds']:9.0f}ms {r['seconds'] / base:8.2f}x "
+              f"{total[p]:7.1f}s {total[p] / total['skrull']:8.2f}x "
               f"{100 * r['local']:8.1f}% {r['mbs']:7.1f} {1e3 * r['predicted']:7.0f}ms")
     if rows["skrull"]["split"]:
-        print("\ntime split per iteration (median over iterations, rank 0, ms):")
-        print(f"{'policy':11} " + " ".join(f"{k:>14}" for k in th.PARTS))
+        print("\ntime split, summed over the measured iterations (rank 0, seconds):")
+        print(f"{'policy':11} " + " ".join(f"{k:>10}" for k in th.PARTS) + f" {'total':>8}")
         for p, r in rows.items():
-            print(f"{p:11} " + " ".join(f"{1e3 * r['split'][k]:14.1f}" for k in th.PARTS))
+            print(f"{p:11} " + " ".join(f"{r['split'][k]:10.2f}" for k in th.PARTS)
+                  + f" {sum(r['split'].values()):8.2f}")
     print("\nper iteration (ms):")
     print(f"{'iter':>4} {'tokens':>6} {'max len':>7} " + " ".join(f"{p:>11}" for p in POLICIES)
           + "  skrull local / mbs")
@@ -111,9 +117,12 @@ def main(argv=None):
     ap.add_argument("--bucket", type=int, default=12288)
     ap.add_argument("--seed", type=int, default=1, help="sampler seed (same for all policies)")
     ap.add_argument("--iters", type=int, default=8, help="measured iterations per policy")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs of every (iteration, policy); their median is the time")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured first iterations")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the time split timers")
     ap.add_argument("--data-dir", help="where the corpus goes (default: a temporary dir)")
+    ap.add_argument("--json", help="also write every run's times and split here")
     args = ap.parse_args(argv)
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,16 +130,21 @@ def main(argv=None):
         run_argv, batches, plans = build(args, prefix)
         order = schedule_cases(batches, 0)
         cases = [(batches[i], p) for i, p in order]
-        res = th.run_cases(run_argv, 2, cases, repeats=1, warmup=0,
+        res = th.run_cases(run_argv, 2, cases, repeats=args.repeats, warmup=0,
                            breakdown=not args.no_breakdown)
-    times = [t[0] for t in res["times"]]
-    parts = [p[0] for p in res["parts"]] if res["parts"] and res["parts"][0] else []
+    times = [th.median(t) for t in res["times"]]
+    parts = [{k: th.median([r[k] for r in reps]) for k in th.PARTS} for reps in res["parts"]] \
+        if res["parts"] and res["parts"][0] else []
     spec = th.MODELS[args.model]
     print(f"model {spec}, seq {SEQ_LENGTH}, global batch {args.global_batch_size}, bucket "
           f"{args.bucket}, CP 2 x DP 1 (2 processes, 1 thread each), sampler seed {args.seed}; "
-          f"{args.iters} measured iterations after {args.warmup} warm-up; {time.time() - t0:.0f} s")
+          f"{args.iters} measured iterations after {args.warmup} warm-up, each run "
+          f"{args.repeats}x (median); {time.time() - t0:.0f} s")
     rows = summarize(order, times, parts, plans, args.warmup)
     print_tables(rows, plans, args.warmup)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"order": order, "runs": res, "summary": rows}, f)
 
 
 if __name__ == "__main__":
