@@ -24,8 +24,8 @@ Prints the constants, every case with the simulator's and the scheduler's
     PYTHONPATH=$PWD python benchmarks/calibrate_training_cpu.py [--quick] [--json out.json]
         [--save-measurements m.json | --measurements m.json]
 
-``--json`` also writes a ``--skrull-cost-model-config`` file for the launcher
-(``cost_model_config`` key).
+``--cost-model-config FILE`` writes the fitted constants as a
+``--skrull-cost-model-config`` file for the launcher (``--json`` writes everything).
 """
 from __future__ import annotations
 
@@ -270,6 +270,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--data-dir", help="where the corpus goes (default: a temporary dir)")
     ap.add_argument("--json", help="write the fitted constants and measurements here")
+    ap.add_argument("--cost-model-config",
+                    help="write the fitted constants as a --skrull-cost-model-config file")
     ap.add_argument("--save-measurements", help="write the measured cases here")
     ap.add_argument("--measurements", help="fit these saved measurements (no runs)")
     args = ap.parse_args(argv)
@@ -290,6 +292,9 @@ def main(argv=None):
     lines, summary = error_table(rows, preds)
     print("\n".join(lines))
     print_preset(hw, summary, comm)
+    if args.cost_model_config:
+        with open(args.cost_model_config, "w", encoding="utf-8") as f:
+            json.dump(cost_model_config(hw, spec_for(rows[0])), f, indent=1)
     if args.json:
         out = {"preset": {k: v for k, v in dataclasses.asdict(hw).items()
                           if k not in ("intra_node_comm", "inter_node_comm")},

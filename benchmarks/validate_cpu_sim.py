@@ -4,7 +4,8 @@ For a few plans of small global batches (CP = 1, DP = 1, single process: every s
 runs whole on this process), the tiny model of :mod:`cpu_block` runs forward + backward
 over the plan's micro-batches one after another (gradient accumulation, as in training);
 the measured time (minimum over repeats) is compared with
-``simulate(plan, TINY_SPEC, "cpu").iteration_time``.  The plans come from the bundled
+``simulate(plan, TINY_SPEC, TINY_CPU).iteration_time`` (the tiny model's constants from
+``calibrate_cpu.py``; ``--training-preset`` uses the ``cpu`` preset instead).  The plans come from the bundled
 profiles scaled down to CPU sizes and from different policies, so they differ from the
 calibration runs of ``calibrate_cpu.py``.  Usage::
 
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cpu_block import TINY_SPEC, TinyModel, best_time  # noqa: E402
+from cpu_block import TINY_CPU, TINY_SPEC, TinyModel, best_time  # noqa: E402
 
 from skrull_ext.hardware import get_hardware  # noqa: E402
 from skrull_ext.profiles import load_profile, sample_global_batches  # noqa: E402
@@ -66,11 +67,14 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads; keep what calibrate_cpu.py used (default 1)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--training-preset", action="store_true",
+                        help="predict with the cpu preset (fitted to the launcher's training "
+                             "iterations) instead of the tiny model's own constants")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = TinyModel(TINY_SPEC)
-    hw = get_hardware("cpu")
+    hw = get_hardware("cpu") if args.training_preset else TINY_CPU
     cost = hw.cost_model(TINY_SPEC, 1)
     print(f"{'profile':18} {'scale':>6} {'K':>3} {'bucket':>6} {'policy':11} {'mbs':>4} "
           f"{'tokens':>6} {'measured s':>10} {'predicted s':>11} {'error':>7}")
