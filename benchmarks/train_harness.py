@@ -36,8 +36,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-PARTS = ("data", "attn_local", "attn_ring", "ring_wait", "ring_other", "grad_allreduce",
-         "optimizer", "model_other")
+PARTS = ("data", "attn_local", "attn_ring", "ring_wait", "ring_other", "linear",
+         "grad_allreduce", "optimizer", "model_other")
+
+# mcore's linear layers (QKV, output projection, MLP fc1/fc2, LM head): timed as "linear".
+LINEAR_CLASSES = ("ColumnParallelLinear", "RowParallelLinear")
 
 
 def make_corpus(directory: str, *, num_samples: int = 2000, seed: int = 1,
@@ -153,6 +156,39 @@ class _Timers:
             timers.add("optimizer", time.perf_counter() - t)
             return r
         trainer.optimizer.step = timed_step
+        self._time_linears(trainer.model)
+
+    def _time_linears(self, model):
+        """Forward and backward of every linear layer into ``linear``.
+
+        Forward: module pre-hook to hook.  Backward: tensor hooks (module backward hooks
+        would wrap the logits in a view that mcore's in-place cross entropy rejects): from the
+        gradient of the output being ready to the gradient of the input being done; every
+        timed layer's input has that layer as its only consumer, and with one thread the
+        autograd engine runs the layer's backward in between (plus at most a residual add).
+        """
+        timers = self
+        start = {}
+
+        def begin(module, args):
+            start[id(module)] = time.perf_counter()
+
+        def end(module, args, output):
+            timers.add("linear", time.perf_counter() - start.pop(id(module)))
+            out = output[0] if isinstance(output, tuple) else output
+            x = args[0] if args else None
+            if not (torch.is_tensor(out) and out.requires_grad and torch.is_tensor(x)
+                    and x.requires_grad):
+                return
+            t0 = []
+            out.register_hook(lambda g: t0.append(time.perf_counter()))
+            x.register_hook(lambda g: timers.add("linear", time.perf_counter() - t0.pop())
+                            if t0 else None)
+
+        for module in model.modules():
+            if type(module).__name__ in LINEAR_CLASSES:
+                module.register_forward_pre_hook(begin)
+                module.register_forward_hook(end)
 
     def take(self, total: float) -> dict:
         """This iteration's split (seconds); resets the accumulators."""
