@@ -1,4 +1,5 @@
-"""Training loop on 2 gloo ranks: CP/DP/TP equivalence with a single process, loss falls,
+"""Training loop on 2 gloo ranks: CP/DP/TP equivalence with a single process (fixed plans and
+the launcher's skrull and all-cp plans), loss falls (DP = 2 and CP = 2),
 resume reproduces the uninterrupted run.
 
 All cases run in ONE spawn of 2 processes (parallel state is re-initialised per case); the
@@ -93,22 +94,24 @@ def _equivalence(rank, flags, planner, with_reference=False):
     ids, plan = trainer.next_plan()
     loss = trainer.compute_gradients(ids, plan)
     out = {"ids": ids, "loss": loss, "grads": _grads(trainer),
-           "norm": grad_norm(trainer.params, trainer.groups.tp_group)}
+           "norm": grad_norm(trainer.params, trainer.groups.tp_group),
+           "local_share": plan.local_token_share(), "micro_batches": plan.num_micro_batches}
     if with_reference and rank == 0:
         out["reference"] = _single_process(trainer.source)
     return out
 
 
-def _loss_falls(rank):
+def _loss_falls(rank, flags=("--skrull-bucket-size", "128")):
     from megatron.skrull.training import train
 
     cfg = tiny_config(["--lr-decay-style", "constant", "--train-iters", "30",
-                       "--global-batch-size", "8", "--skrull-bucket-size", "128"], world_size=2)
+                       "--global-batch-size", "8", *flags], world_size=2)
     trainer = _setup(cfg)
     history = train(trainer, train_iters=30)
     params = torch.cat([p.detach().flatten() for p in trainer.params])
     return {"losses": [s.loss for s in history], "params": params,
-            "micro_batches": [s.micro_batches for s in history]}
+            "micro_batches": [s.micro_batches for s in history],
+            "local_share": [s.local_share for s in history]}
 
 
 def _resume(rank, tmp):
@@ -142,9 +145,16 @@ def _worker(rank, world, tmp):
     out = {
         "dp": _equivalence(rank, [], DP2, with_reference=True),
         "cp": _equivalence(rank, ["--context-parallel-size", "2"], CP2),
+        # The launcher's own planner; bucket 48 makes skrull distribute the 53-token sample
+        # and keep the rest local, and all-cp needs two micro-batches.
+        **{policy: _equivalence(rank, ["--context-parallel-size", "2", "--skrull-scheduler",
+                                       policy, "--skrull-bucket-size", "48"], None)
+           for policy in ("skrull", "all-cp")},
         "tp": _equivalence(rank, ["--tensor-model-parallel-size", "2",
                                    "--make-vocab-size-divisible-by", "64"], SINGLE),
         "falls": _loss_falls(rank),
+        "falls_cp": _loss_falls(rank, ("--context-parallel-size", "2",
+                                       "--skrull-bucket-size", "48")),
         "resume": _resume(rank, tmp),
     }
     torch.save(out, os.path.join(tmp, f"out{rank}.pt"))
@@ -157,7 +167,7 @@ def results(tmp_path_factory):
     return [torch.load(os.path.join(tmp, f"out{r}.pt"), weights_only=False) for r in range(2)]
 
 
-@pytest.mark.parametrize("case", ["cp", "dp"])
+@pytest.mark.parametrize("case", ["cp", "dp", "skrull", "all-cp"])
 def test_loss_and_gradients_equal_single_process(results, case):
     ref = results[0]["dp"]["reference"]
     for rank in range(2):
@@ -168,6 +178,13 @@ def test_loss_and_gradients_equal_single_process(results, case):
         for name, grad in got["grads"].items():
             torch.testing.assert_close(grad, ref["grads"][name], rtol=1e-10, atol=1e-13,
                                        msg=lambda m, n=name: f"{case} rank {rank} {n}: {m}")
+
+
+def test_scheduler_plans_of_the_equivalence_cases(results):
+    # What makes the "skrull" and "all-cp" equivalence cases worth running.
+    skrull, all_cp = results[0]["skrull"], results[0]["all-cp"]
+    assert 0.0 < skrull["local_share"] < 1.0
+    assert all_cp["local_share"] == 0.0 and all_cp["micro_batches"] == 2
 
 
 def test_tensor_parallel_matches_single_process(results):
@@ -188,6 +205,15 @@ def test_loss_falls_with_two_data_parallel_ranks(results):
     assert max(results[0]["falls"]["micro_batches"]) > 1  # gradient accumulation exercised
     torch.testing.assert_close(results[0]["falls"]["params"], results[1]["falls"]["params"],
                                rtol=0, atol=0)
+
+
+def test_loss_falls_with_context_parallel_two(results):
+    r = results[0]["falls_cp"]
+    assert r["losses"] == results[1]["falls_cp"]["losses"]  # CP ranks log the same loss
+    start, end = np.mean(r["losses"][:3]), np.mean(r["losses"][-3:])
+    assert end < start - 1.0 and end < 3.5, r["losses"]
+    # Bucket 48: the ring ran for the long samples while short ones stayed local.
+    assert min(r["local_share"]) < 1.0 and max(r["local_share"]) > 0.0, r["local_share"]
 
 
 def test_resume_reproduces_uninterrupted_run(results):
