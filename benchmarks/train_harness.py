@@ -234,9 +234,11 @@ def _worker(rank, world, store, out_path, argv, cases, repeats, warmup, breakdow
                 times[i].append(float(t[0]))
                 if split is not None:
                     parts[i].append(split)
+    every_rank = [None] * world
+    dist.all_gather_object(every_rank, parts)
     if rank == 0:
         with open(out_path, "w") as f:
-            json.dump({"times": times, "parts": parts}, f)
+            json.dump({"times": times, "parts": parts, "parts_by_rank": every_rank}, f)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -260,8 +262,9 @@ def run_cases(argv: Sequence[str], world: int, cases: list, *, repeats: int = 3,
     A policy name is planned in the workers by the launcher's planner (planning timed).
 
     Returns:
-        ``{"times": [case][repeat] seconds, "parts": [case][repeat] {part: seconds}}``
-        (``parts`` of rank 0, empty lists without ``breakdown``).
+        ``{"times": [case][repeat] seconds, "parts": [case][repeat] {part: seconds},
+        "parts_by_rank": [rank][case][repeat] {part: seconds}}`` (``parts`` of rank 0;
+        empty lists without ``breakdown``).
     """
     with tempfile.TemporaryDirectory(prefix="skrull-bench-") as tmp:
         out = os.path.join(tmp, "result.json")
