@@ -85,10 +85,15 @@ class _Timers:
         self.acc[key] += seconds
 
     def install(self, trainer):
-        from skrull_ext.attention import comm as comm_mod
-        from skrull_ext.attention import function as fn_mod
+        """Wraps the trainer's kernels, ring, data, all-reduce, optimizer and linear layers."""
+        self._time_kernels(trainer)
+        self._time_ring()
+        self._time_loop(trainer)
+        self._time_linears(trainer.model)
+
+    def _time_kernels(self, trainer):
+        """Attention kernel calls, by phase (local work or inside the ring)."""
         from skrull_ext.attention.kernels import AttentionKernel, get_kernel
-        from megatron.skrull import training as tr
 
         timers = self
         inner = get_kernel("auto", trainer.device, trainer.params[0].dtype)
@@ -109,6 +114,13 @@ class _Timers:
                 return r
 
         trainer.attention_backend = TimedKernel()
+
+    def _time_ring(self):
+        """Ring functions (minus the local work run inside them) and their waits."""
+        from skrull_ext.attention import comm as comm_mod
+        from skrull_ext.attention import function as fn_mod
+
+        timers = self
 
         def ring_wrap(orig):
             def run(*a, during_first_exchange=None, **k):
@@ -138,6 +150,12 @@ class _Timers:
             timers.add("ring_wait", time.perf_counter() - t)
 
         comm_mod.RingComm.wait = timed_wait
+
+    def _time_loop(self, trainer):
+        """Data packing, gradient all-reduce, clipping and the optimizer step."""
+        from megatron.skrull import training as tr
+
+        timers = self
         for name, key in (("materialize", "data"), ("allreduce_gradients", "grad_allreduce"),
                           ("clip_grad_norm", "optimizer")):
             orig = getattr(tr, name)
@@ -156,7 +174,6 @@ class _Timers:
             timers.add("optimizer", time.perf_counter() - t)
             return r
         trainer.optimizer.step = timed_step
-        self._time_linears(trainer.model)
 
     def _time_linears(self, model):
         """Forward and backward of every linear layer into ``linear``.
