@@ -19,6 +19,7 @@ Usage::
 
     PYTHONPATH=$PWD python benchmarks/bench_e2e_cpu.py [--iters 8] [--warmup 1]
         [--model h256] [--global-batch-size 32] [--bucket 12288] [--seed 1]
+        [--policies skrull all-cp per-seq-cp hybrid-cp ...]
 """
 from __future__ import annotations
 
@@ -50,26 +51,26 @@ def build(args, prefix):
     batches = th.global_batches(source, args.global_batch_size, args.seed,
                                 args.warmup + args.iters)
     plans = {}
-    for policy in POLICIES:
+    for policy in args.policies:
         run = dataclasses.replace(cfg, skrull=dataclasses.replace(cfg.skrull, scheduler=policy))
         planner = make_planner(run, vocab)
         plans[policy] = [planner(source.lengths[ids]) for ids in batches]
     return argv, batches, plans
 
 
-def schedule_cases(batches, start: int):
+def schedule_cases(batches, start: int, policies=POLICIES):
     """``[(iteration, policy)]`` from ``start``: every batch under each policy, rotating."""
     out = []
     for i in range(start, len(batches)):
-        k = i % len(POLICIES)
-        out.extend((i, p) for p in POLICIES[k:] + POLICIES[:k])
+        k = i % len(policies)
+        out.extend((i, p) for p in policies[k:] + policies[:k])
     return out
 
 
 def summarize(order, times, parts, plans, first: int):
     """Per-policy medians over the measured iterations (``>= first``)."""
     rows = {}
-    for p in POLICIES:
+    for p in plans:
         idx = [j for j, (i, q) in enumerate(order) if q == p and i >= first]
         its = [order[j][0] for j in idx]
         secs = [times[j] for j in idx]
@@ -85,29 +86,31 @@ def summarize(order, times, parts, plans, first: int):
 
 
 def print_tables(rows, plans, first):
-    base = rows["skrull"]["seconds"]
+    """The summary, the time split and the per-iteration table; ratios vs the first policy."""
+    ref = next(iter(rows))
+    base = rows[ref]["seconds"]
     total = {p: sum(r["per_iter"].values()) for p, r in rows.items()}
-    print(f"{'policy':11} {'median iter':>11} {'vs skrull':>9} {'total':>8} {'vs skrull':>9} "
+    vs = f"vs {ref}"
+    print(f"{'policy':11} {'median iter':>11} {vs:>9} {'total':>8} {vs:>9} "
           f"{'local tok':>9} {'micro-b':>7} {'predicted':>9}")
     for p, r in rows.items():
         print(f"{p:11} {1e3 * r['seconds']:9.0f}ms {r['seconds'] / base:8.2f}x "
-              f"{total[p]:7.1f}s {total[p] / total['skrull']:8.2f}x "
+              f"{total[p]:7.1f}s {total[p] / total[ref]:8.2f}x "
               f"{100 * r['local']:8.1f}% {r['mbs']:7.1f} {1e3 * r['predicted']:7.0f}ms")
-    if rows["skrull"]["split"]:
+    if rows[ref]["split"]:
         print("\ntime split, summed over the measured iterations (rank 0, seconds):")
         print(f"{'policy':11} " + " ".join(f"{k:>10}" for k in th.PARTS) + f" {'total':>8}")
         for p, r in rows.items():
             print(f"{p:11} " + " ".join(f"{r['split'][k]:10.2f}" for k in th.PARTS)
                   + f" {sum(r['split'].values()):8.2f}")
     print("\nper iteration (ms):")
-    print(f"{'iter':>4} {'tokens':>6} {'max len':>7} " + " ".join(f"{p:>11}" for p in POLICIES)
-          + "  skrull local / mbs")
-    for i in sorted(rows["skrull"]["per_iter"]):
-        lengths = plans["skrull"][i].lengths
-        sk = plans["skrull"][i]
-        print(f"{i:4d} {int(lengths.sum()):6d} {int(lengths.max()):7d} "
-              + " ".join(f"{1e3 * rows[p]['per_iter'][i]:11.0f}" for p in POLICIES)
-              + f"  {100 * sk.local_token_share():4.0f}% / {sk.num_micro_batches}")
+    print(f"{'iter':>4} {'tokens':>6} {'max len':>7} " + " ".join(f"{p:>11}" for p in rows)
+          + f"  {ref} local / mbs")
+    for i in sorted(rows[ref]["per_iter"]):
+        plan = plans[ref][i]
+        print(f"{i:4d} {int(plan.lengths.sum()):6d} {int(plan.lengths.max()):7d} "
+              + " ".join(f"{1e3 * rows[p]['per_iter'][i]:11.0f}" for p in rows)
+              + f"  {100 * plan.local_token_share():4.0f}% / {plan.num_micro_batches}")
 
 
 def main(argv=None):
@@ -120,6 +123,10 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3,
                     help="runs of every (iteration, policy); their median is the time")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured first iterations")
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES),
+                    choices=["skrull", "all-cp", "per-seq-cp", "sorted", "hybrid-cp", "kk"],
+                    help="schedulers to compare (the first one is the reference; default: "
+                         "%(default)s)")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the time split timers")
     ap.add_argument("--data-dir", help="where the corpus goes (default: a temporary dir)")
     ap.add_argument("--json", help="also write every run's times and split here")
@@ -128,7 +135,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         prefix = th.make_corpus(args.data_dir or tmp, seq_length=SEQ_LENGTH)
         run_argv, batches, plans = build(args, prefix)
-        order = schedule_cases(batches, 0)
+        order = schedule_cases(batches, 0, tuple(args.policies))
         cases = [(batches[i], p) for i, p in order]
         res = th.run_cases(run_argv, 2, cases, repeats=args.repeats, warmup=0,
                            breakdown=not args.no_breakdown)

@@ -21,12 +21,13 @@ def test_bench_e2e_cpu_runs_and_splits_time(tmp_path):
     # Sampler seed 3, batch of 8: 2.5K tokens, longest 1022, so skrull keeps everything local.
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_e2e_cpu.py"), "--iters", "1",
            "--warmup", "0", "--repeats", "1", "--model", "h128", "--seed", "3",
-           "--global-batch-size", "8", "--data-dir", str(tmp_path), "--json", str(out)]
+           "--global-batch-size", "8", "--data-dir", str(tmp_path), "--json", str(out),
+           "--policies", "skrull", "all-cp", "per-seq-cp", "hybrid-cp"]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "time split" in proc.stdout
     summary = json.loads(out.read_text())["summary"]
-    assert set(summary) == {"skrull", "all-cp", "per-seq-cp"}
+    assert list(summary) == ["skrull", "all-cp", "per-seq-cp", "hybrid-cp"]
     for policy, row in summary.items():
         split = row["split"]
         assert row["seconds"] > 0
@@ -39,3 +40,5 @@ def test_bench_e2e_cpu_runs_and_splits_time(tmp_path):
     assert all_cp["local"] == 0.0
     assert all_cp["split"]["attn_local"] == 0 and all_cp["split"]["attn_ring"] > 0
     assert per_seq["mbs"] == 8  # one sample per micro-batch
+    hybrid = summary["hybrid-cp"]  # every sample fits one rank's bucket: all whole
+    assert hybrid["local"] == 1.0 and hybrid["split"]["attn_ring"] == 0

@@ -45,6 +45,8 @@ def test_valid_flags_build_a_frozen_config():
     (["--mock-data", "--data-path", "x"], 1, ["exclusive"]),
     (["--skrull-cost-model-config", "/nonexistent.json"], 1, ["no such file"]),
     (["--hidden-size", "66"], 1, ["--hidden-size 66", "--num-attention-heads 4"]),
+    (["--skrull-scheduler", "hybrid-cp", "--context-parallel-size", "4"], 4,
+     ["hybrid-cp", "--context-parallel-size 4", "sub-groups", "--context-parallel-size 2"]),
 ])
 def test_each_bad_flag_gives_one_clear_message(extra, world, needles):
     problems = _problems(extra, world)

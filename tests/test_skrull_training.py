@@ -1,5 +1,5 @@
 """Training loop on 2 gloo ranks: CP/DP/TP equivalence with a single process (fixed plans and
-the launcher's skrull and all-cp plans), loss falls (DP = 2 and CP = 2),
+the launcher's skrull, all-cp and hybrid-cp plans), loss falls (DP = 2 and CP = 2),
 resume reproduces the uninterrupted run.
 
 All cases run in ONE spawn of 2 processes (parallel state is re-initialised per case); the
@@ -149,7 +149,7 @@ def _worker(rank, world, tmp):
         # and keep the rest local, and all-cp needs two micro-batches.
         **{policy: _equivalence(rank, ["--context-parallel-size", "2", "--skrull-scheduler",
                                        policy, "--skrull-bucket-size", "48"], None)
-           for policy in ("skrull", "all-cp")},
+           for policy in ("skrull", "all-cp", "hybrid-cp")},
         "tp": _equivalence(rank, ["--tensor-model-parallel-size", "2",
                                    "--make-vocab-size-divisible-by", "64"], SINGLE),
         "falls": _loss_falls(rank),
@@ -167,7 +167,7 @@ def results(tmp_path_factory):
     return [torch.load(os.path.join(tmp, f"out{r}.pt"), weights_only=False) for r in range(2)]
 
 
-@pytest.mark.parametrize("case", ["cp", "dp", "skrull", "all-cp"])
+@pytest.mark.parametrize("case", ["cp", "dp", "skrull", "all-cp", "hybrid-cp"])
 def test_loss_and_gradients_equal_single_process(results, case):
     ref = results[0]["dp"]["reference"]
     for rank in range(2):
@@ -185,6 +185,8 @@ def test_scheduler_plans_of_the_equivalence_cases(results):
     skrull, all_cp = results[0]["skrull"], results[0]["all-cp"]
     assert 0.0 < skrull["local_share"] < 1.0
     assert all_cp["local_share"] == 0.0 and all_cp["micro_batches"] == 2
+    # Hybrid CP with CP = 2: samples over the 48-token bucket sharded, the rest whole.
+    assert 0.0 < results[0]["hybrid-cp"]["local_share"] < 1.0
 
 
 def test_tensor_parallel_matches_single_process(results):
