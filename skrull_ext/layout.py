@@ -269,7 +269,8 @@ def layout_for_micro_batch(mb: MicroBatch, lengths: Sequence[int], cp_rank: int)
 
     Raises:
         ValueError: If the micro-batch has ``grouped`` placements (the hybrid-CP
-            baseline's, simulation only: the attention runs local and distributed).
+            baseline's with CP > 2, simulation only: the attention runs local and
+            distributed samples; with CP <= 2 hybrid CP emits only those).
     """
     if mb.grouped:
         raise ValueError(
