@@ -12,6 +12,7 @@ printed.  Speedups are ratios of mean iteration times.  No constant here or in t
 preset is tuned to the paper's numbers.  Usage::
 
     PYTHONPATH=$PWD python benchmarks/paper_table.py [--num-batches 20] [--seed 0]
+        [--objective paper|ring]
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def run_config(model_name, bucket, dataset, dp, cp, per_rank, args, hw):
                                     global_batch_size=dp * per_rank, seed=args.seed,
                                     max_length=limit, overflow="truncate")
     comp = compare_policies(sampled.batches, model, hw, dp_size=dp, cp_size=cp,
-                            bucket_size=bucket, backend=args.backend)
+                            bucket_size=bucket, backend=args.backend, objective=args.objective)
     return comp, sampled.overflow, limit
 
 
@@ -74,6 +75,8 @@ def main(argv=None) -> int:
     parser.add_argument("--num-batches", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=("cpp", "python"), default=None)
+    parser.add_argument("--objective", choices=("paper", "ring"), default="paper",
+                        help="the scheduler cost model's micro-batch objective")
     args = parser.parse_args(argv)
     hw = get_hardware("h100")
     t0 = time.time()

@@ -81,6 +81,14 @@ skrull::Rollback to_rollback(int code, bool allow_auto) {
   return static_cast<skrull::Rollback>(code);
 }
 
+skrull::Objective to_objective(int code) {
+  if (code < 0 || code > 1) {
+    throw py::value_error("objective code " + std::to_string(code) +
+                          " is not one of 0 (paper), 1 (ring)");
+  }
+  return static_cast<skrull::Objective>(code);
+}
+
 skrull::Variant to_variant(int code) {
   if (code < 0 || code > 3) {
     throw py::value_error("variant code " + std::to_string(code) +
@@ -162,8 +170,9 @@ struct BatchArgs {
 
 py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
                       int dp_size, int cp_size, int64_t bucket_size, int rollback,
-                      double overhead, int variant, py::object shares) {
+                      double overhead, int variant, py::object shares, int objective) {
   BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
+  args.view.objective = to_objective(objective);
   check_positive(dp_size, "dp_size");
   check_positive(cp_size, "cp_size");
   check_positive(bucket_size, "bucket_size");
@@ -204,8 +213,9 @@ py::object dacp_place(I64Array lengths, F64Array costs, I64Array idx, int cp_siz
 
 py::object dacp_best(I64Array lengths, F64Array costs, F64Array comm, double latency,
                      I64Array idx, int cp_size, int64_t bucket_size, int rollback,
-                     int variant, py::object shares) {
+                     int variant, py::object shares, int objective) {
   BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
+  args.view.objective = to_objective(objective);
   check_positive(cp_size, "cp_size");
   auto ids = to_indices(idx, args.view.size);
   const auto policy = to_rollback(rollback, true);
@@ -219,7 +229,7 @@ py::object dacp_best(I64Array lengths, F64Array costs, F64Array comm, double lat
 }
 
 double micro_batch_time(py::object placement, F64Array costs, F64Array comm, double latency,
-                        int cp_size, py::object shares) {
+                        int cp_size, py::object shares, int objective) {
   check_positive(cp_size, "cp_size");
   const int64_t k = size_1d(costs, "costs");
   check_same_size(k, size_1d(comm, "comm"), "comm");
@@ -229,6 +239,7 @@ double micro_batch_time(py::object placement, F64Array costs, F64Array comm, dou
   p.distributed = to_indices(pair[0].cast<I64Array>(), k);
   for (auto rank : pair[1]) p.local.push_back(to_indices(rank.cast<I64Array>(), k));
   skrull::Batch view{nullptr, costs.data(), comm.data(), k};
+  view.objective = to_objective(objective);
   F64Array share_arr;
   if (!shares.is_none()) {
     share_arr = shares.cast<F64Array>();
@@ -265,7 +276,7 @@ PYBIND11_MODULE(_C, mod) {
   mod.def("gds_schedule", &gds_schedule, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
           py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"),
           py::arg("rollback"), py::arg("overhead") = 0.0, py::arg("variant") = 2,
-          py::arg("shares") = py::none(),
+          py::arg("shares") = py::none(), py::arg("objective") = 0,
           "GDS over a global batch: list[DP] of list[micro-batch] of (distributed, local).");
   mod.def("dacp_place", &dacp_place, py::arg("lengths"), py::arg("costs"), py::arg("idx"),
           py::arg("cp_size"), py::arg("bucket_size"), py::arg("rollback") = 0,
@@ -274,10 +285,11 @@ PYBIND11_MODULE(_C, mod) {
   mod.def("dacp_best", &dacp_best, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
           py::arg("latency"), py::arg("idx"), py::arg("cp_size"), py::arg("bucket_size"),
           py::arg("rollback"), py::arg("variant") = 0, py::arg("shares") = py::none(),
+          py::arg("objective") = 0,
           "DACP with a roll-back policy and variant (paper/balanced/lpt); auto keeps the fastest.");
   mod.def("micro_batch_time", &micro_batch_time, py::arg("placement"), py::arg("costs"),
           py::arg("comm"), py::arg("latency"), py::arg("cp_size"),
-          py::arg("shares") = py::none(),
+          py::arg("shares") = py::none(), py::arg("objective") = 0,
           "Predicted seconds of one placed micro-batch (no overhead).");
   mod.def("lpt_partition", &lpt_partition, py::arg("costs"), py::arg("idx"), py::arg("bins"),
           "Longest-processing-time bin packing: `bins` lists of sample ids.");

@@ -116,14 +116,16 @@ bool roll_back(std::vector<std::vector<Index>>& local, std::vector<int64_t>& rem
   return true;
 }
 
-// max_j(max(t_comm, local_j) + t_dist), with `extra` added to rank r (reference _objective).
+// max_j rank_time(local_j, t_comm, t_dist), with `extra` added to rank r (reference
+// _objective).
 double objective(const std::vector<double>& local_load, double t_comm, double t_dist,
-                 int r = -1, double extra = 0.0) {
+                 Objective obj, int r = -1, double extra = 0.0) {
   double worst = 0.0;
-  for (int j = 0; j < static_cast<int>(local_load.size()); ++j) {
+  const int n = static_cast<int>(local_load.size());
+  for (int j = 0; j < n; ++j) {
     double x = local_load[j];
     if (j == r) x = x + extra;
-    const double t = std::max(t_comm, x) + t_dist;
+    const double t = rank_time(x, t_comm, t_dist, n, obj);
     if (t > worst) worst = t;
   }
   return worst;
@@ -155,9 +157,10 @@ std::optional<Placement> place(const Batch& batch, std::vector<Index> idx, int c
       if (rem[r] >= s) {  // steps a and b: local on the least loaded / emptiest rank
         if (balanced && can_dist) {  // (ours) unless distributing lowers the objective
           const double t_comm = dist.empty() ? 0.0 : comm_sum + latency;
-          const double keep = objective(local_load, t_comm, dist_load, r, costs[i]);
+          const double keep =
+              objective(local_load, t_comm, dist_load, batch.objective, r, costs[i]);
           const double move = objective(local_load, comm_sum + batch.comm[i] + latency,
-                                        dist_load + batch.share(i, n));
+                                        dist_load + batch.share(i, n), batch.objective);
           can_dist = move < keep;
         } else {
           can_dist = false;
@@ -197,6 +200,13 @@ std::optional<Placement> dacp_place(const Batch& batch, std::vector<Index> idx, 
                /*latency=*/0.0, &chose_victim);
 }
 
+double rank_time(double x, double t_comm, double t_dist, int n, Objective objective) {
+  if (objective == Objective::kPaper || n < 2) return std::max(t_comm, x) + t_dist;
+  const double b = t_dist / n;
+  const double c = t_comm / (n - 1);
+  return std::max(x + b, c) + b + static_cast<double>(n - 2) * std::max(b, c);
+}
+
 double micro_batch_time(const Placement& placement, const Batch& batch, double latency,
                         int cp_size) {
   double t_comm = 0.0;
@@ -210,7 +220,7 @@ double micro_batch_time(const Placement& placement, const Batch& batch, double l
   for (const auto& rank : placement.local) {
     double t_local = 0.0;
     for (Index i : rank) t_local += batch.costs[i];
-    const double t = std::max(t_comm, t_local) + t_dist;
+    const double t = rank_time(t_local, t_comm, t_dist, cp_size, batch.objective);
     if (t > worst) worst = t;
   }
   return worst;
@@ -268,8 +278,9 @@ std::optional<Placement> dacp_place_lpt(const Batch& batch, const std::vector<In
     }
     const double t_comm = k ? comm_sum + latency : 0.0;
     if (best) {
-      if (t_comm + dist_load >= best_t) break;  // the distributed part only grows with k
-      if (std::max(t_comm, suffix[k] / n) + dist_load >= best_t) continue;
+      // The distributed part alone only grows with k.
+      if (rank_time(0.0, t_comm, dist_load, n, batch.objective) >= best_t) break;
+      if (rank_time(suffix[k] / n, t_comm, dist_load, n, batch.objective) >= best_t) continue;
     }
     if (!lpt_local(batch, order, k, n, bucket_size - shard_sum, &cand.local)) continue;
     cand.distributed.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));

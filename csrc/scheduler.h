@@ -23,6 +23,10 @@ enum class Rollback : int { kShortest = 0, kBestFit = 1, kAuto = 2 };
 // keeping the fastest; codes match _VARIANT_CODES.
 enum class Variant : int { kPaper = 0, kBalanced = 1, kAuto = 2, kLpt = 3 };
 
+// How a micro-batch's time is composed (reference rank_time): the paper's objective or
+// ours, the ring step by step; codes match _OBJECTIVE_CODES.
+enum class Objective : int { kPaper = 0, kRing = 1 };
+
 // Non-owning view of one global batch: [size] token lengths, compute seconds of each
 // whole sequence and ring bandwidth seconds of each distributed sequence.  `comm` may be
 // null for functions that never read it (dacp_place, lpt_partition).
@@ -34,6 +38,8 @@ struct Batch {
   // Optional [size] seconds each CP rank spends on a distributed sequence; null means
   // costs[i] / cp_size (the reference's `shares=None`).
   const double* shares = nullptr;
+  // The cost model's objective; every time estimate of the core goes through rank_time.
+  Objective objective = Objective::kPaper;
 
   double share(Index i, int cp_size) const {
     return shares ? shares[i] : costs[i] / cp_size;
@@ -69,6 +75,10 @@ std::optional<Placement> dacp_place_lpt(const Batch& batch, const std::vector<In
 std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>& idx,
                                    double latency, int cp_size, int64_t bucket_size,
                                    Rollback policy, Variant variant = Variant::kPaper);
+
+// Seconds of one CP rank: local compute x, ring t_comm, per-rank distributed compute
+// t_dist, n CP ranks (reference rank_time).
+double rank_time(double x, double t_comm, double t_dist, int n, Objective objective);
 
 // Predicted seconds of one placed micro-batch (no fixed overhead).
 double micro_batch_time(const Placement& placement, const Batch& batch, double latency,

@@ -79,8 +79,8 @@ def _stats(policy: str, plans: Sequence[Plan], results: Sequence[SimResult]) -> 
 
 def compare_policies(batches: Sequence[np.ndarray], model: ModelSpec, hardware: Hardware, *,
                      dp_size: int, cp_size: int, bucket_size: int,
-                     policies: Sequence[str] = POLICIES, backend: Optional[str] = None
-                     ) -> Comparison:
+                     policies: Sequence[str] = POLICIES, backend: Optional[str] = None,
+                     objective: str = "paper") -> Comparison:
     """Schedules and simulates every batch with every policy.
 
     Args:
@@ -91,11 +91,12 @@ def compare_policies(batches: Sequence[np.ndarray], model: ModelSpec, hardware: 
         dp_size, cp_size, bucket_size: Parallel layout and token bucket.
         policies: Policies to run.
         backend: Skrull scheduler backend (``cpp``/``python``; default the build's).
+        objective: The schedulers' :attr:`~skrull_ext.cost.CostModel.objective`.
 
     Returns:
         :class:`Comparison`.
     """
-    cost = hardware.cost_model(model, cp_size)
+    cost = dataclasses.replace(hardware.cost_model(model, cp_size), objective=objective)
     stats, plans0, results0 = {}, {}, {}
     for policy in policies:
         cfg = SchedulerConfig(dp_size=dp_size, cp_size=cp_size, bucket_size=bucket_size,

@@ -10,6 +10,7 @@ Bad input exits with code 2 and one ``error:`` line that names the fix.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Optional, Sequence
@@ -38,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=POLICIES, default="skrull")
     p.add_argument("--rollback", choices=("shortest", "best-fit", "auto"), default="auto",
                    help="DACP roll-back victim choice")
+    p.add_argument("--objective", choices=("paper", "ring"), default="paper",
+                   help="micro-batch time: paper (SKRULL.md section 3) or ring (ours, step by "
+                        "step as the ring runs)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--model", choices=sorted(MODEL_PRESETS), default="qwen2.5-0.5b",
                        help="cost-model preset")
@@ -76,7 +80,7 @@ def _summary(plan: Plan, baselines: dict[str, float], quiet: bool) -> str:
 def run(args: argparse.Namespace) -> int:
     lengths = read_lengths(args.lengths)
     spec = get_model_spec(args.model_config) if args.model_config else get_model_spec(args.model)
-    cost: CostModel = default_cost_model(spec)
+    cost: CostModel = dataclasses.replace(default_cost_model(spec), objective=args.objective)
     cfg = SchedulerConfig(dp_size=args.dp_size, cp_size=args.cp_size,
                           bucket_size=args.bucket_size, policy=args.policy,
                           rollback=args.rollback)
@@ -94,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     out["predicted"]["local_token_share"] = plan.local_token_share()
     out["config"]["backend"] = skrull_ext.BACKEND
     out["config"]["rollback"] = args.rollback
+    out["config"]["objective"] = args.objective
     out["config"]["model"] = spec.name
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:

@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default=",".join(POLICIES),
                    help="comma-separated policies to compare (skrull is always included)")
     p.add_argument("--backend", choices=("cpp", "python"), default=None)
+    p.add_argument("--objective", choices=("paper", "ring"), default="paper",
+                   help="the scheduler's micro-batch objective: paper (SKRULL.md section 3) or "
+                        "ring (ours, step by step as the ring runs)")
     p.add_argument("--plot", metavar="FILE.png", help="write the figure here")
     p.add_argument("--json", metavar="FILE", help="write the summary as JSON here")
     return p
@@ -231,7 +234,8 @@ def run(args) -> dict:
         SchedulerConfig(dp_size=args.dp_size, cp_size=args.cp_size, bucket_size=mem["bucket"])
         comp = compare_policies(sampled.batches, model, hw, dp_size=args.dp_size,
                                 cp_size=args.cp_size, bucket_size=mem["bucket"],
-                                policies=policies, backend=args.backend)
+                                policies=policies, backend=args.backend,
+                                objective=args.objective)
     except (ValueError, ImportError) as exc:
         raise PlannerError(str(exc).splitlines()[0]) from None
     summary = summarize(comp, sampled, mem, limit)

@@ -1,13 +1,14 @@
 """C++ core (``skrull_ext._C``) vs the Python reference: identical plans, bit for bit.
 
 Random global batches (long-tail Pareto and bimodal lengths, DP 1-8, CP 1-16, tight to
-loose buckets, all three roll-back settings) go through ``schedule(..., backend=...)`` on
-both backends; the lower-level functions are compared on random inputs too.  Counters
+loose buckets, all three roll-back settings, both objectives) go through
+``schedule(..., backend=...)`` on both backends; the lower-level functions are compared on random inputs too.  Counters
 on the reference prove the batches really exercise roll-back and extra GDS rounds.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ _C = pytest.importorskip("skrull_ext._C", reason="C++ extension not built")
 ROLLBACKS = ("shortest", "best-fit", "auto")
 CODES = {"shortest": 0, "best-fit": 1, "auto": 2}
 VARIANTS = {"paper": 0, "balanced": 1, "auto": 2, "lpt": 3}
+OBJECTIVES = {"paper": 0, "ring": 1}
 CP_SIZES = (1, 2, 3, 4, 5, 8, 16)
 
 
@@ -65,13 +67,15 @@ def random_batch(rng: np.random.Generator):
 
 
 def assert_same_plan(lengths, dp, cp, bucket, rollback,
-                     dacps=("auto", "balanced", "lpt", "paper")):
+                     dacps=("auto", "balanced", "lpt", "paper"), objective="ring"):
+    cost_model = dataclasses.replace(default_cost_model(), objective=objective)
     for dacp in dacps:
         cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, rollback=rollback,
                               dacp=dacp)
-        py = schedule(lengths, cfg, backend="python")
-        cpp = schedule(lengths, cfg, backend="cpp")
-        assert cpp.dp_ranks == py.dp_ranks, (lengths.tolist(), dp, cp, bucket, rollback, dacp)
+        py = schedule(lengths, cfg, cost_model, backend="python")
+        cpp = schedule(lengths, cfg, cost_model, backend="cpp")
+        assert cpp.dp_ranks == py.dp_ranks, (lengths.tolist(), dp, cp, bucket, rollback, dacp,
+                                             objective)
     return py  # the paper variant's plan: the counters below look at its roll-backs
 
 
@@ -100,15 +104,17 @@ def test_schedule_parity_random_batches(monkeypatch):
     counters = _Counters(monkeypatch)
     rng = np.random.default_rng(20250519)
     n_batches, with_rollback, with_rounds, policies_differ = 1200, 0, 0, 0
-    for _ in range(n_batches):
+    for b in range(n_batches):
         lengths, dp, cp, bucket = random_batch(rng)
         victims, failed = counters.victims, counters.failed_splits
-        plans = {rb: assert_same_plan(lengths, dp, cp, bucket, rb) for rb in ROLLBACKS}
+        objective = ("ring", "paper")[b % 2]
+        plans = {rb: assert_same_plan(lengths, dp, cp, bucket, rb, objective=objective)
+                 for rb in ROLLBACKS}
         with_rollback += counters.victims > victims
         with_rounds += counters.failed_splits > failed
         policies_differ += plans["shortest"].dp_ranks != plans["best-fit"].dp_ranks
     # The batches must really exercise the hard paths, or parity proves little.
-    print(f"parity: {n_batches} batches x 3 rollbacks; roll-back in {with_rollback}, "
+    print(f"parity: {n_batches} batches x 3 rollbacks (half ring, half paper objective); roll-back in {with_rollback}, "
           f"extra GDS rounds in {with_rounds}, shortest != best-fit in {policies_differ}")
     assert with_rollback > n_batches // 5, with_rollback
     assert with_rounds > n_batches // 5, with_rounds
@@ -169,14 +175,17 @@ def test_dacp_place_and_best_parity():
             assert _C.dacp_place(lengths, costs, idx, cp, bucket, CODES[rb]) == want
             out[rb] = want
         for rb in ROLLBACKS:
-            for var, code in VARIANTS.items():
+            for (var, code), (obj, ocode) in itertools.product(VARIANTS.items(),
+                                                                OBJECTIVES.items()):
                 want = reference.dacp_best(lengths, costs, comm, lat, idx.tolist(), cp, bucket,
-                                           rb, var)
-                got = _C.dacp_best(lengths, costs, comm, lat, idx, cp, bucket, CODES[rb], code)
-                assert got == want, (lengths.tolist(), idx.tolist(), cp, bucket, rb, var)
+                                           rb, var, objective=obj)
+                got = _C.dacp_best(lengths, costs, comm, lat, idx, cp, bucket, CODES[rb], code,
+                                   objective=ocode)
+                assert got == want, (lengths.tolist(), idx.tolist(), cp, bucket, rb, var, obj)
                 if want is not None:
-                    assert (_C.micro_batch_time(want, costs, comm, lat, cp)
-                            == reference.micro_batch_time(want, costs, comm, lat, cp))
+                    assert (_C.micro_batch_time(want, costs, comm, lat, cp, objective=ocode)
+                            == reference.micro_batch_time(want, costs, comm, lat, cp,
+                                                          objective=obj))
         seen["none"] += out["shortest"] is None
         seen["differ"] += out["shortest"] != out["best-fit"]
     print("dacp:", seen)
@@ -224,10 +233,11 @@ def test_core_gds_parity_with_overhead():
         overhead = float(rng.choice([0.0, 1e-4, 2e-3, 1.0]))
         rb = str(rng.choice(ROLLBACKS))
         var = str(rng.choice(list(VARIANTS)))
+        obj = str(rng.choice(list(OBJECTIVES)))
         want = reference.gds_schedule(lengths, costs, comm, lat, dp, cp, bucket, rb, overhead,
-                                      var)
+                                      var, objective=obj)
         got = _C.gds_schedule(lengths, costs, comm, lat, dp, cp, bucket, CODES[rb], overhead,
-                              VARIANTS[var])
+                              VARIANTS[var], objective=OBJECTIVES[obj])
         assert got == want
 
 

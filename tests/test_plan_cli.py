@@ -37,6 +37,13 @@ def test_json_contract_and_summary(tmp_path, capsys):
     Plan.from_json(obj).validate()  # round-trips through the plan type
     text = capsys.readouterr().out
     assert "predicted speedup over all-cp" in text and "tokens/cp-rank" in text
+    assert obj["config"]["objective"] == "paper"
+    # The ring objective (ours) is accepted, planned with and recorded.
+    assert main(["--lengths", src, "--dp-size", "2", "--cp-size", "4", "--bucket-size", "9000",
+                 "--json", out, "--objective", "ring"]) == 0
+    ring = json.load(open(out))
+    assert ring["config"]["objective"] == "ring"
+    Plan.from_json(ring).validate()
 
 
 @pytest.mark.parametrize("content,name,needle", [

@@ -210,3 +210,50 @@ def test_can_pair_matches_a_brute_force_placement():
                     lengths = np.array([sx, sy])
                     placed = reference.dacp_place(lengths, np.ones(2), [0, 1], n, c)
                     assert reference.can_pair(sx, sy, n, c) == (placed is not None), (sx, sy, n, c)
+
+
+def test_rank_time_objectives():
+    # Nothing distributed: both objectives are the local compute.
+    for obj in reference.OBJECTIVES:
+        assert reference.rank_time(3.0, 0.0, 0.0, 4, obj) == 3.0
+    # paper: the local work hides the whole ring, the distributed compute hides nothing.
+    assert reference.rank_time(1.0, 6.0, 8.0, 4, "paper") == 6.0 + 8.0
+    # ring, compute-bound (block 2 > step 1.5): every exchange hides behind a block.
+    assert reference.rank_time(1.0, 4.5, 8.0, 4, "ring") == 1.0 + 8.0
+    # ring, comm-bound (step 3 > block 2), no local work: the exchanges plus the last block.
+    assert reference.rank_time(0.0, 9.0, 8.0, 4, "ring") == 9.0 + 2.0
+    # ring: local work overlaps only the first exchange.
+    assert reference.rank_time(5.0, 9.0, 8.0, 4, "ring") == (5.0 + 2.0) + 2.0 + 2 * 3.0
+
+
+@given(x=st.floats(0, 10), t_comm=st.floats(0, 10), t_dist=st.floats(0, 10),
+       n=st.integers(2, 16))
+@settings(max_examples=200, deadline=None)
+def test_ring_objective_is_the_simulators_ring(x, t_comm, t_dist, n):
+    """The scheduler's ``ring`` objective is the simulator's closed-form overlapped ring
+    (equal work per rank), and both objectives are monotone in every argument."""
+    from skrull_ext.simulator import _uniform_ring
+
+    want = _uniform_ring(x, t_dist / n, t_comm / (n - 1), n, overlap=True)
+    assert reference.rank_time(x, t_comm, t_dist, n, "ring") == pytest.approx(want, rel=1e-12)
+    for obj in reference.OBJECTIVES:
+        t = reference.rank_time(x, t_comm, t_dist, n, obj)
+        for dx, dc, dd in ((0.5, 0, 0), (0, 0.5, 0), (0, 0, 0.5)):
+            assert reference.rank_time(x + dx, t_comm + dc, t_dist + dd, n, obj) >= t
+
+
+def test_objective_changes_plans_and_predictions():
+    """The cost model's objective reaches the scheduler (default path, C++ or Python):
+    a long-tail batch on H100 costs gets a different plan, within the bucket either way."""
+    import dataclasses
+
+    from skrull_ext.cost import default_cost_model
+
+    rng = np.random.default_rng(4)
+    lengths = np.minimum((rng.pareto(1.2, 256) + 1) * 300, 100_000).astype(np.int64)
+    cfg = SchedulerConfig(dp_size=4, cp_size=8, bucket_size=26 * 1024)
+    ring = schedule(lengths, cfg, dataclasses.replace(default_cost_model(), objective="ring"))
+    paper = schedule(lengths, cfg, dataclasses.replace(default_cost_model(), objective="paper"))
+    assert ring.dp_ranks != paper.dp_ranks
+    for plan in (ring, paper):
+        assert plan.rank_tokens().max() <= cfg.bucket_size

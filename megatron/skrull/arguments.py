@@ -219,11 +219,14 @@ class SkrullArgs:
     scheduler: str = "skrull"
     hardware: Optional[str] = None  # None: cpu on --device cpu, h100 on cuda
     cost_model_config: Optional[str] = None
+    objective: str = "paper"  # how the scheduler composes a micro-batch's time
 
     def __post_init__(self) -> None:
         p = []
         if self.scheduler not in SCHEDULERS:
             p.append(f"--skrull-scheduler {self.scheduler!r}: use one of {', '.join(SCHEDULERS)}")
+        if self.objective not in ("ring", "paper"):
+            p.append(f"--skrull-objective {self.objective!r}: use ring or paper")
         if self.hardware not in (None, "cpu", "h100"):
             p.append(f"--skrull-hardware {self.hardware!r}: use cpu or h100")
         if self.cost_model_config is not None and not os.path.isfile(self.cost_model_config):
@@ -345,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("skrull")
     g.add_argument("--skrull-bucket-size", type=int, required=True, help="tokens per CP rank")
     g.add_argument("--skrull-scheduler", default="skrull", choices=SCHEDULERS)
+    g.add_argument("--skrull-objective", default="paper", choices=("paper", "ring"),
+                   help="micro-batch time the scheduler minimises: paper (SKRULL.md section 3) "
+                        "or ring (ours: step by step as the DACP ring runs)")
     g.add_argument("--skrull-hardware", choices=("cpu", "h100"),
                    help="cost-model preset (default: from the device)")
     g.add_argument("--skrull-cost-model-config")
@@ -389,6 +395,7 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                   mock_data=ns.mock_data, mock_num_samples=ns.mock_num_samples)
     skrull = _group(SkrullArgs, p, bucket_size=ns.skrull_bucket_size,
                     scheduler=ns.skrull_scheduler, hardware=ns.skrull_hardware,
+                    objective=ns.skrull_objective,
                     cost_model_config=ns.skrull_cost_model_config)
     ckpt = _group(CheckpointArgs, p, save=ns.save, load=ns.load,
                   save_interval=ns.save_interval)

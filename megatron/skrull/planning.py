@@ -92,7 +92,7 @@ def build_cost_model(cfg: RunConfig, vocab_size: int) -> CostModel:
         cost = dataclasses.replace(cost, bytes_per_element=8 if cfg.fp64 else 4)
     if cfg.skrull.cost_model_config:
         cost = _apply_config(cost, cfg.skrull.cost_model_config)
-    return cost
+    return dataclasses.replace(cost, objective=cfg.skrull.objective)
 
 
 def make_planner(cfg: RunConfig, vocab_size: int,

@@ -171,7 +171,9 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                 f"{cfg.parallel.tensor_model_parallel_size} on {device.type}, "
                 f"{sum(p.numel() for p in trainer.params)} parameters per rank, "
                 f"starting at iteration {trainer.iteration}; scheduler "
-                f"{cfg.skrull.scheduler} on the {skrull_ext.BACKEND} backend")
+                f"{cfg.skrull.scheduler} on the {skrull_ext.BACKEND} backend"
+                + (f" ({cfg.skrull.objective} objective)" if cfg.skrull.scheduler == "skrull"
+                   else ""))
     try:
         return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
                      save_interval=cfg.checkpoint.save_interval, save_fn=save_fn)

@@ -26,6 +26,7 @@ from skrull_ext.scheduler.baselines import BASELINES
 POLICIES = ("skrull",) + tuple(BASELINES)
 _ROLLBACK_CODES = {"shortest": 0, "best-fit": 1, "auto": 2}
 _VARIANT_CODES = {"paper": 0, "balanced": 1, "auto": 2, "lpt": 3}
+_OBJECTIVE_CODES = {"paper": 0, "ring": 1}
 
 
 class ScheduleInputError(ValueError):
@@ -119,13 +120,15 @@ def _to_micro_batch(placement, cp_size: int) -> MicroBatch:
 
 
 def _skrull(lengths, costs, shares, comm, latency, cfg: SchedulerConfig, overhead: float,
-            backend: str):
+            backend: str, objective: str):
     if backend == "cpp":
         return _backend.CPP.gds_schedule(
             lengths, costs, comm, float(latency), cfg.dp_size, cfg.cp_size, cfg.bucket_size,
-            _ROLLBACK_CODES[cfg.rollback], float(overhead), _VARIANT_CODES[cfg.dacp], shares)
+            _ROLLBACK_CODES[cfg.rollback], float(overhead), _VARIANT_CODES[cfg.dacp], shares,
+            objective=_OBJECTIVE_CODES[objective])
     return reference.gds_schedule(lengths, costs, comm, latency, cfg.dp_size, cfg.cp_size,
-                                  cfg.bucket_size, cfg.rollback, overhead, cfg.dacp, shares)
+                                  cfg.bucket_size, cfg.rollback, overhead, cfg.dacp, shares,
+                                  objective)
 
 
 def schedule(lengths: Sequence[int], config: SchedulerConfig,
@@ -155,7 +158,8 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
         shares = np.ascontiguousarray(cost_model.share_seconds(arr, config.cp_size),
                                       dtype=np.float64)
         placements = _skrull(arr, costs, shares, comm, cost_model.comm_latency(config.cp_size),
-                             config, cost_model.micro_batch_overhead, backend)
+                             config, cost_model.micro_batch_overhead, backend,
+                             cost_model.objective)
         ranks = [[_to_micro_batch(p, config.cp_size) for p in mbs] for mbs in placements]
     else:
         ranks = BASELINES[config.policy](arr, costs, config.dp_size, config.cp_size,
@@ -199,7 +203,17 @@ def micro_batch_seconds(mb: MicroBatch, lengths, costs, comm_full, cost_model: C
     if mb.distributed:
         t_comm += cost_model.comm_latency(n)
     _add_grouped(mb.grouped, t_dist, t_comm, lengths, costs, cost_model)
-    return float(np.max(np.maximum(t_comm, t_local) + t_dist)) + cost_model.micro_batch_overhead
+    return (float(np.max(_rank_times(t_local, t_comm, t_dist, n, cost_model.objective)))
+            + cost_model.micro_batch_overhead)
+
+
+def _rank_times(t_local, t_comm, t_dist, n: int, objective: str) -> np.ndarray:
+    """:func:`reference.rank_time` elementwise over ``[..., N]`` arrays (same float ops)."""
+    if objective == "paper" or n < 2:
+        return np.maximum(t_comm, t_local) + t_dist
+    b = t_dist / n
+    c = t_comm / (n - 1)
+    return np.maximum(t_local + b, c) + b + (n - 2) * np.maximum(b, c)
 
 
 def _micro_batch_times(plan: Plan, flat: FlatPlan, costs, comm, cost_model: CostModel, shares):
@@ -227,7 +241,8 @@ def _micro_batch_times(plan: Plan, flat: FlatPlan, costs, comm, cost_model: Cost
     for mb, grouped in by_mb.items():
         busy[mb] = True
         _add_grouped(grouped, t_dist[mb], t_comm[mb], plan.lengths, costs, cost_model)
-    times = np.max(np.maximum(t_comm, t_local) + t_dist, axis=1) + cost_model.micro_batch_overhead
+    times = (np.max(_rank_times(t_local, t_comm, t_dist, n, cost_model.objective), axis=1)
+             + cost_model.micro_batch_overhead)
     return np.where(busy, times, 0.0)
 
 

@@ -26,6 +26,7 @@ from skrull_ext.plan import shard_tokens
 
 ROLLBACK_POLICIES = ("shortest", "best-fit", "auto")
 DACP_VARIANTS = ("paper", "balanced", "lpt", "auto")
+OBJECTIVES = ("paper", "ring")
 
 Placement = tuple[list[int], list[list[int]]]  # (distributed, local per CP rank)
 
@@ -44,6 +45,26 @@ def _argmax(values: Sequence) -> int:
         if values[j] > values[best]:
             best = j
     return best
+
+
+def rank_time(x: float, t_comm: float, t_dist: float, n: int, objective: str = "paper"
+              ) -> float:
+    """Seconds of one CP rank in a micro-batch: local compute ``x``, ring ``t_comm``,
+    per-rank distributed compute ``t_dist``, ``n`` CP ranks.
+
+    ``paper`` (SKRULL.md section 3): ``max(t_comm, x) + t_dist``; the local work hides the
+    whole ring's communication, the distributed compute hides none.  ``ring`` (ours): the
+    ring as :mod:`skrull_ext.attention.ring` runs it, ``n`` compute blocks of
+    ``b = t_dist / n`` and ``n - 1`` exchanges of ``c = t_comm / (n - 1)``; the local work
+    and the first block overlap the first exchange, every later exchange overlaps one block:
+    ``max(x + b, c) + b + (n - 2) max(b, c)`` (the simulator's ring model).  Both are
+    non-decreasing in every argument; with nothing distributed both are ``x``.
+    """
+    if objective == "paper" or n < 2:
+        return max(t_comm, x) + t_dist
+    b = t_dist / n
+    c = t_comm / (n - 1)
+    return max(x + b, c) + b + (n - 2) * max(b, c)
 
 
 def _share(costs, shares, i: int, n: int) -> float:
@@ -84,11 +105,11 @@ def _choose_victim(local_r: list[int], lengths, rem: list[int], r: int, need: in
 
 
 def micro_batch_time(placement: Placement, costs, comm, latency: float, cp_size: int,
-                     shares=None) -> float:
+                     shares=None, objective: str = "paper") -> float:
     """Predicted seconds of one placed micro-batch (SKRULL.md section 3 objective).
 
-    ``max_j( max(T_comm(distributed), T_comp(local_j)) + T_comp(distributed) / N )``; the
-    caller adds the fixed per-micro-batch overhead.
+    ``max_j rank_time(T_comp(local_j), T_comm(distributed), T_comp(distributed) / N)``
+    (:func:`rank_time`); the caller adds the fixed per-micro-batch overhead.
     """
     dist, local = placement
     t_comm = 0.0
@@ -103,20 +124,21 @@ def micro_batch_time(placement: Placement, costs, comm, latency: float, cp_size:
         t_local = 0.0
         for i in rank:
             t_local += costs[i]
-        t = max(t_comm, t_local) + t_dist
+        t = rank_time(t_local, t_comm, t_dist, cp_size, objective)
         if t > worst:
             worst = t
     return worst
 
 
-def _objective(local_load, t_comm: float, t_dist: float, r: int = -1, extra: float = 0.0
-               ) -> float:
-    """``max_j(max(t_comm, local_j) + t_dist)`` with ``extra`` added to rank ``r``'s local load."""
+def _objective(local_load, t_comm: float, t_dist: float, r: int = -1, extra: float = 0.0,
+               objective: str = "paper") -> float:
+    """``max_j rank_time(local_j, t_comm, t_dist)`` with ``extra`` added to rank ``r``'s load."""
     worst = 0.0
+    n = len(local_load)
     for j, x in enumerate(local_load):
         if j == r:
             x = x + extra
-        t = max(t_comm, x) + t_dist
+        t = rank_time(x, t_comm, t_dist, n, objective)
         if t > worst:
             worst = t
     return worst
@@ -147,7 +169,8 @@ def _roll_back(local, rem, lengths, need: int, n: int, rollback: str):
 
 def dacp_place(lengths, costs, idx: Sequence[int], cp_size: int, bucket_size: int,
                rollback: str = "shortest", shares=None, *, balanced: bool = False,
-               comm=None, latency: float = 0.0) -> Optional[Placement]:
+               comm=None, latency: float = 0.0, objective: str = "paper"
+               ) -> Optional[Placement]:
     """DACP (SKRULL.md section 3) for one micro-batch on one CP group.
 
     Sequences go in ascending (length, index) order: a) local on the rank with the least
@@ -170,6 +193,7 @@ def dacp_place(lengths, costs, idx: Sequence[int], cp_size: int, bucket_size: in
         balanced: Use the objective test in step a (needs ``comm`` and ``latency``).
         comm: ``[K]`` ring seconds of each distributed sequence.
         latency: Ring seconds of a micro-batch with any distributed sequence.
+        objective: :func:`rank_time` composition used by ``balanced``.
 
     Returns:
         ``(distributed, local)`` or ``None`` when the micro-batch is infeasible.
@@ -193,9 +217,9 @@ def dacp_place(lengths, costs, idx: Sequence[int], cp_size: int, bucket_size: in
             if rem[r] >= s:
                 if balanced and can_dist:
                     t_comm = comm_sum + latency if dist else 0.0
-                    keep = _objective(local_load, t_comm, dist_load, r, costs[i])
+                    keep = _objective(local_load, t_comm, dist_load, r, costs[i], objective)
                     move = _objective(local_load, comm_sum + comm[i] + latency,
-                                      dist_load + _share(costs, shares, i, n))
+                                      dist_load + _share(costs, shares, i, n), objective=objective)
                     can_dist = move < keep
                 else:
                     can_dist = False
@@ -244,7 +268,8 @@ def _lpt_local(rest: Sequence[int], lengths, costs, n: int, cap: int
 
 
 def dacp_place_lpt(lengths, costs, comm, latency: float, idx: Sequence[int], cp_size: int,
-                   bucket_size: int, shares=None) -> Optional[Placement]:
+                   bucket_size: int, shares=None, objective: str = "paper"
+                   ) -> Optional[Placement]:
     """(ours) Distribute the ``k`` longest sequences, pack the rest local by LPT; best ``k``.
 
     The paper's step a (and the balanced variant) place sequences shortest first, one at a
@@ -253,10 +278,10 @@ def dacp_place_lpt(lengths, costs, comm, latency: float, idx: Sequence[int], cp_
     ``k = 0, 1, ...`` the ``k`` longest sequences (ties: lower index first) are distributed
     and the others go longest first to the least-loaded rank with room (ties: lowest
     rank); the ``k`` with the lowest :func:`micro_batch_time` wins (ties: smaller ``k``).
-    The search stops once the distributed part alone, ``T_comm + T_dist``, reaches the best
-    time (both only grow with ``k``) or the shards overflow the bucket, and skips a ``k``
-    whose bound ``max(T_comm, rest / N) + T_dist`` cannot beat the best.  ``None`` when no
-    ``k`` is feasible.
+    The search stops once the distributed part alone, ``rank_time(0, T_comm, T_dist)``,
+    reaches the best time (it only grows with ``k``) or the shards overflow the bucket, and
+    skips a ``k`` whose bound ``rank_time(rest / N, T_comm, T_dist)`` cannot beat the best.
+    ``None`` when no ``k`` is feasible.
     """
     n = cp_size
     order = sorted(idx, key=lambda i: (-int(lengths[i]), i))
@@ -277,22 +302,22 @@ def dacp_place_lpt(lengths, costs, comm, latency: float, idx: Sequence[int], cp_
             dist_load += _share(costs, shares, i, n)
         t_comm = comm_sum + latency if k else 0.0
         if best is not None:
-            if t_comm + dist_load >= best_t:
+            if rank_time(0.0, t_comm, dist_load, n, objective) >= best_t:
                 break
-            if max(t_comm, suffix[k] / n) + dist_load >= best_t:
+            if rank_time(suffix[k] / n, t_comm, dist_load, n, objective) >= best_t:
                 continue
         local = _lpt_local(order[k:], lengths, costs, n, int(bucket_size) - shard_sum)
         if local is None:
             continue
         cand = (list(order[:k]), local)
-        t = micro_batch_time(cand, costs, comm, latency, n, shares)
+        t = micro_batch_time(cand, costs, comm, latency, n, shares, objective)
         if best is None or t < best_t:
             best, best_t = cand, t
     return best
 
 
 def dacp_best(lengths, costs, comm, latency, idx, cp_size, bucket_size, rollback,
-              variant: str = "paper", shares=None):
+              variant: str = "paper", shares=None, objective: str = "paper"):
     """DACP with the chosen roll-back and variant; ``auto`` tries each, keeps the fastest.
 
     Candidates in order (ties keep the earlier): paper/shortest, paper/best-fit,
@@ -308,13 +333,14 @@ def dacp_best(lengths, costs, comm, latency, idx, cp_size, bucket_size, rollback
                 cand = dacp_place(lengths, costs, idx, cp_size, bucket_size, rb, shares)
             elif var == "lpt":
                 cand = dacp_place_lpt(lengths, costs, comm, latency, idx, cp_size, bucket_size,
-                                      shares)
+                                      shares, objective)
             else:
                 cand = dacp_place(lengths, costs, idx, cp_size, bucket_size, rb, shares,
-                                  balanced=True, comm=comm, latency=latency)
+                                  balanced=True, comm=comm, latency=latency,
+                                  objective=objective)
             if cand is None:
                 continue
-            t = micro_batch_time(cand, costs, comm, latency, cp_size, shares)
+            t = micro_batch_time(cand, costs, comm, latency, cp_size, shares, objective)
             if best is None or t < best_t:
                 best, best_t = cand, t
     return best
@@ -353,17 +379,19 @@ class _Rank(NamedTuple):
     rollback: str
     variant: str
     shares: Optional[Sequence[float]]
+    objective: str
 
     def place(self, idx) -> Optional[Placement]:
         return dacp_best(self.lengths, self.costs, self.comm, self.latency, idx, self.cp_size,
-                         self.bucket_size, self.rollback, self.variant, self.shares)
+                         self.bucket_size, self.rollback, self.variant, self.shares,
+                         self.objective)
 
     def time(self, split, overhead: float) -> float:
         t = 0.0
         for placement in split:
             if placement[0] or any(placement[1]):
                 t += micro_batch_time(placement, self.costs, self.comm, self.latency,
-                                      self.cp_size, self.shares) + overhead
+                                      self.cp_size, self.shares, self.objective) + overhead
         return t
 
 
@@ -436,14 +464,16 @@ def _plan_rank(ctx: _Rank, seqs, m: Optional[int] = None) -> Optional[list[Place
 
 def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: int,
                  bucket_size: int, rollback: str = "auto", overhead: float = 0.0,
-                 variant: str = "auto", shares=None) -> list[list[Placement]]:
+                 variant: str = "auto", shares=None, objective: str = "paper"
+                 ) -> list[list[Placement]]:
     """GDS (SKRULL.md section 4): split a global batch over DP ranks and micro-batches.
 
     Returns ``dp_size`` lists of equally many placements (empty placements pad ranks that
     need fewer micro-batches).  Every sample must already be known to fit alone
     (``shard_tokens(S, N) <= C``); the caller validates that.
     """
-    ctx = _Rank(lengths, costs, comm, latency, cp_size, bucket_size, rollback, variant, shares)
+    ctx = _Rank(lengths, costs, comm, latency, cp_size, bucket_size, rollback, variant, shares,
+                objective)
     bins = lpt_partition(costs, range(len(lengths)), dp_size)
     sorted_bins = [sorted(seqs, key=lambda i: (int(lengths[i]), i)) for seqs in bins]
     splits = [_plan_rank(ctx, seqs) if seqs else [] for seqs in sorted_bins]
