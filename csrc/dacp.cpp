@@ -229,8 +229,11 @@ double micro_batch_time(const Placement& placement, const Batch& batch, double l
 namespace {
 
 // Each of rest (in order) to the least-loaded rank with room (reference _lpt_local).
+// Gives up (false) when a rank has no room, or, with `best_t`, as soon as a rank's time
+// reaches *best_t: loads only grow, so the candidate could not win (reference _lpt_local).
 bool lpt_local(const Batch& batch, const std::vector<Index>& rest, size_t first, int n,
-               int64_t cap, std::vector<std::vector<Index>>* local) {
+               int64_t cap, std::vector<std::vector<Index>>* local, double t_comm,
+               double t_dist, const double* best_t) {
   std::vector<int64_t> rem(n, cap);
   std::vector<double> load(n, 0.0);
   local->assign(n, {});
@@ -245,6 +248,9 @@ bool lpt_local(const Batch& batch, const std::vector<Index>& rest, size_t first,
     (*local)[r].push_back(i);
     rem[r] -= s;
     load[r] += batch.costs[i];
+    if (best_t && rank_time(load[r], t_comm, t_dist, n, batch.objective) >= *best_t) {
+      return false;
+    }
   }
   return true;
 }
@@ -282,7 +288,10 @@ std::optional<Placement> dacp_place_lpt(const Batch& batch, const std::vector<In
       if (rank_time(0.0, t_comm, dist_load, n, batch.objective) >= best_t) break;
       if (rank_time(suffix[k] / n, t_comm, dist_load, n, batch.objective) >= best_t) continue;
     }
-    if (!lpt_local(batch, order, k, n, bucket_size - shard_sum, &cand.local)) continue;
+    if (!lpt_local(batch, order, k, n, bucket_size - shard_sum, &cand.local, t_comm, dist_load,
+                   best ? &best_t : nullptr)) {
+      continue;
+    }
     cand.distributed.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
     const double t = micro_batch_time(cand, batch, latency, cp_size);
     if (!best || t < best_t) {

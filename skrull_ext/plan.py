@@ -13,6 +13,7 @@ costs each of them ``pad(S, n) / n`` tokens.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any, Optional, Sequence
 
@@ -194,7 +195,7 @@ def _placements_valid(plan: "Plan") -> bool:
     first violation.
     """
     n, k = plan.cp_size, len(plan.lengths)
-    flat = flatten_placements(plan.dp_ranks, n)
+    flat = plan.flat
     if flat is None:
         return False
     if any(size < 1 or first < 0 or first + size > n for _, _, first, size in flat.grouped):
@@ -236,12 +237,18 @@ class Plan:
     def num_micro_batches(self) -> int:
         return len(self.dp_ranks[0]) if self.dp_ranks else 0
 
+    @functools.cached_property
+    def flat(self) -> Optional[FlatPlan]:
+        """:func:`flatten_placements` of this plan, computed once (validation, prediction
+        and token counts all walk it; the plan is immutable)."""
+        return flatten_placements(self.dp_ranks, self.cp_size)
+
     def micro_batch(self, dp_rank: int, index: int) -> MicroBatch:
         return self.dp_ranks[dp_rank][index]
 
     def rank_tokens(self) -> np.ndarray:
         """``[D, M, N]`` tokens held per DP rank, micro-batch and CP rank (padding included)."""
-        flat = flatten_placements(self.dp_ranks, self.cp_size)
+        flat = self.flat
         if (flat is not None and len(self.dp_ranks) == self.dp_size
                 and len({len(mbs) for mbs in self.dp_ranks}) <= 1
                 and all(0 <= f and f + n <= self.cp_size for _, _, f, n in flat.grouped)):

@@ -18,8 +18,7 @@ import numpy as np
 
 from skrull_ext import _backend
 from skrull_ext.cost import CostModel, default_cost_model
-from skrull_ext.plan import (FlatPlan, MicroBatch, Plan, flatten_placements, padded_length,
-                             shard_tokens)
+from skrull_ext.plan import FlatPlan, MicroBatch, Plan, padded_length, shard_tokens
 from skrull_ext.scheduler import reference
 from skrull_ext.scheduler.baselines import BASELINES
 
@@ -113,8 +112,12 @@ def check_lengths(lengths: Sequence[int], cp_size: int, bucket_size: int) -> np.
     return arr
 
 
-def _to_micro_batch(placement, cp_size: int) -> MicroBatch:
+def _to_micro_batch(placement, cp_size: int, exact_ints: bool = False) -> MicroBatch:
+    """``(distributed, local)`` lists -> :class:`MicroBatch`; ``exact_ints``: the ids are
+    already Python ints (the C++ binding's lists), so no per-id conversion."""
     dist, local = placement
+    if exact_ints:
+        return MicroBatch(distributed=tuple(dist), local=tuple(map(tuple, local)))
     return MicroBatch(distributed=tuple(map(int, dist)),
                       local=tuple(tuple(map(int, r)) for r in local))
 
@@ -160,7 +163,8 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
         placements = _skrull(arr, costs, shares, comm, cost_model.comm_latency(config.cp_size),
                              config, cost_model.micro_batch_overhead, backend,
                              cost_model.objective)
-        ranks = [[_to_micro_batch(p, config.cp_size) for p in mbs] for mbs in placements]
+        exact = backend == "cpp"
+        ranks = [[_to_micro_batch(p, config.cp_size, exact) for p in mbs] for mbs in placements]
     else:
         ranks = BASELINES[config.policy](arr, costs, config.dp_size, config.cp_size,
                                          config.bucket_size)
@@ -258,7 +262,7 @@ def predict(plan: Plan, cost_model: CostModel) -> dict:
     costs = cost_model.compute_seconds(plan.lengths)
     comm = cost_model.comm_seconds(plan.lengths, plan.cp_size)
     shares = cost_model.share_seconds(plan.lengths, plan.cp_size)
-    flat = flatten_placements(plan.dp_ranks, plan.cp_size)
+    flat = plan.flat
     if flat is None or flat.count == 0:
         mb_times = [[micro_batch_seconds(mb, plan.lengths, costs, comm, cost_model, shares)
                      for mb in mbs] for mbs in plan.dp_ranks]

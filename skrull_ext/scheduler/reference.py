@@ -247,9 +247,13 @@ def dacp_place(lengths, costs, idx: Sequence[int], cp_size: int, bucket_size: in
     return dist, local
 
 
-def _lpt_local(rest: Sequence[int], lengths, costs, n: int, cap: int
-               ) -> Optional[list[list[int]]]:
-    """Each of ``rest`` (in order) to the least-loaded rank with room; ``None`` if none has."""
+def _lpt_local(rest: Sequence[int], lengths, costs, n: int, cap: int,
+               stop: Optional[tuple] = None) -> Optional[list[list[int]]]:
+    """Each of ``rest`` (in order) to the least-loaded rank with room; ``None`` if none has.
+
+    ``stop = (t_comm, t_dist, objective, best_t)``: also ``None`` as soon as a rank's
+    :func:`rank_time` reaches ``best_t`` (loads only grow, so the candidate cannot win).
+    """
     rem = [cap] * n
     load = [0.0] * n
     local: list[list[int]] = [[] for _ in range(n)]
@@ -264,6 +268,8 @@ def _lpt_local(rest: Sequence[int], lengths, costs, n: int, cap: int
         local[r].append(i)
         rem[r] -= s
         load[r] += costs[i]
+        if stop is not None and rank_time(load[r], stop[0], stop[1], n, stop[2]) >= stop[3]:
+            return None
     return local
 
 
@@ -306,7 +312,8 @@ def dacp_place_lpt(lengths, costs, comm, latency: float, idx: Sequence[int], cp_
                 break
             if rank_time(suffix[k] / n, t_comm, dist_load, n, objective) >= best_t:
                 continue
-        local = _lpt_local(order[k:], lengths, costs, n, int(bucket_size) - shard_sum)
+        stop = None if best is None else (t_comm, dist_load, objective, best_t)
+        local = _lpt_local(order[k:], lengths, costs, n, int(bucket_size) - shard_sum, stop)
         if local is None:
             continue
         cand = (list(order[:k]), local)
