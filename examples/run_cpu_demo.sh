@@ -13,6 +13,8 @@
 #   GBS           --global-batch-size [16]           BUCKET     --skrull-bucket-size [1.5 x SEQ_LENGTH / CP]
 #   LOG_INTERVAL  [ITERS / 10, at least 1]           WARMUP     --lr-warmup-iters [ITERS / 10]
 #   SEQ_LENGTH, DEMO_SAMPLES, DEMO_SEED: the corpus (examples/configs/tiny_cpu.sh)
+#   COST_MODEL    --skrull-cost-model-config [examples/configs/tiny_cpu_cost_model.json: the
+#                 cpu constants fitted to this model; COST_MODEL= uses the built-in cpu preset]
 #   RESUME=1      continue from RUN_DIR/ckpt instead of starting over (deletes nothing)
 #   EXTRA_ARGS    more pretrain_gpt flags, e.g. "--skrull-hardware cpu"
 set -euo pipefail
@@ -41,6 +43,12 @@ done
 BUCKET="${BUCKET:-$(( SEQ_LENGTH / CP * 3 / 2 ))}"
 LOG_INTERVAL="${LOG_INTERVAL:-$(( ITERS >= 10 ? ITERS / 10 : 1 ))}"
 WARMUP="${WARMUP:-$(( ITERS / 10 ))}"
+COST_ARGS=()
+COST_MODEL="${COST_MODEL-examples/configs/tiny_cpu_cost_model.json}"
+if [ -n "$COST_MODEL" ]; then
+    [ -f "$COST_MODEL" ] || die "COST_MODEL=$COST_MODEL: no such file (COST_MODEL= uses the built-in cpu preset)"
+    COST_ARGS=(--skrull-cost-model-config "$COST_MODEL")
+fi
 
 # The repository first on the path, so a checkout works without 'pip install -e'.
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -82,7 +90,8 @@ echo "== train: $NPROC processes, CP=$CP, DP=$((NPROC / CP)), scheduler $SCHEDUL
     --train-iters "$ITERS" --lr-warmup-iters "$WARMUP" --global-batch-size "$GBS" \
     --context-parallel-size "$CP" --skrull-bucket-size "$BUCKET" --skrull-scheduler "$SCHEDULER" \
     --data-path "$DATA_PREFIX" --device cpu --log-interval "$LOG_INTERVAL" \
-    --save "$CKPT" ${LOAD_ARGS[@]+"${LOAD_ARGS[@]}"} ${TB_ARGS[@]+"${TB_ARGS[@]}"} ${EXTRA_ARGS:-} \
+    --save "$CKPT" ${LOAD_ARGS[@]+"${LOAD_ARGS[@]}"} ${TB_ARGS[@]+"${TB_ARGS[@]}"} \
+    ${COST_ARGS[@]+"${COST_ARGS[@]}"} ${EXTRA_ARGS:-} \
     2>&1 | tee "$RUN_DIR/train.log"
 
 echo "== done in $((SECONDS - start)) s"

@@ -83,6 +83,7 @@ def test_quickstart_and_cpu_demo_train_save_and_resume(tmp_path):
     (dict(NPROC="2", CP="3"), "NPROC=2 is not a multiple of CP=3"),
     (dict(ITERS="0"), "ITERS=0 must be a positive integer"),
     (dict(PYTHON="/nonexistent/python"), "PYTHON=/nonexistent/python is not an interpreter"),
+    (dict(COST_MODEL="/nonexistent.json"), "COST_MODEL=/nonexistent.json: no such file"),
 ])
 def test_cpu_demo_rejects_bad_settings_with_one_line(tmp_path, overrides, message):
     env = _env(**{"PYTHON": sys.executable, "RUN_DIR": str(tmp_path / "demo"), **overrides})
