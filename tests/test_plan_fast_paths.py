@@ -9,17 +9,18 @@ import pytest
 
 from skrull_ext.cost import default_cost_model
 from skrull_ext.plan import MicroBatch, Plan, PlanError, shard_tokens, shard_tokens_array
-from skrull_ext.scheduler import POLICIES, SchedulerConfig, micro_batch_seconds, schedule
+from skrull_ext.scheduler import (POLICIES, SchedulerConfig, micro_batch_seconds, reference,
+                                  schedule)
 
 
-def _plans():
+def _plans(cost_model=None):
     rng = np.random.default_rng(4)
     for policy in POLICIES:
         for cp in (1, 3, 4):
             lengths = np.minimum((rng.pareto(1.1, 120) + 1) * 150, 20_000).astype(np.int64)
             bucket = max(max(shard_tokens(int(s), cp) for s in lengths), 2 * cp) + 3000
             yield schedule(lengths, SchedulerConfig(dp_size=3, cp_size=cp, bucket_size=bucket,
-                                                    policy=policy))
+                                                    policy=policy), cost_model)
 
 
 def test_shard_tokens_array_matches_scalar():
@@ -30,9 +31,10 @@ def test_shard_tokens_array_matches_scalar():
     assert shard_tokens_array(np.array([[5, 9]]), 2).tolist() == [[4, 6]]
 
 
-def test_rank_tokens_and_predictions_match_the_per_micro_batch_walk():
-    cost_model = default_cost_model()
-    for plan in _plans():
+@pytest.mark.parametrize("objective", ["paper", "ring"])
+def test_rank_tokens_and_predictions_match_the_per_micro_batch_walk(objective):
+    cost_model = dataclasses.replace(default_cost_model(), objective=objective)
+    for plan in _plans(cost_model):
         walked = np.array([[mb.rank_tokens(plan.lengths) for mb in mbs] for mbs in plan.dp_ranks])
         assert np.array_equal(plan.rank_tokens(), walked)
         costs = cost_model.compute_seconds(plan.lengths)
@@ -42,6 +44,18 @@ def test_rank_tokens_and_predictions_match_the_per_micro_batch_walk():
                   for mb in mbs] for mbs in plan.dp_ranks]
         assert plan.predicted["micro_batch_times"] == times  # exact float equality
         assert plan.predicted["dp_rank_times"] == [float(sum(t)) for t in times]
+        if plan.policy != "skrull":
+            continue
+        # The prediction is the core's objective (what the scheduler minimised) + overhead.
+        latency = cost_model.comm_latency(plan.cp_size)
+        for mbs, row in zip(plan.dp_ranks, times):
+            for mb, t in zip(mbs, row):
+                if mb.is_empty():
+                    continue
+                core = reference.micro_batch_time(
+                    (list(mb.distributed), [list(r) for r in mb.local]), costs, comm, latency,
+                    plan.cp_size, shares, objective)
+                assert t == pytest.approx(core + cost_model.micro_batch_overhead, rel=1e-12)
 
 
 def _corrupt(plan: Plan, d: int, m: int, mb: MicroBatch) -> Plan:
