@@ -228,12 +228,13 @@ double micro_batch_time(const Placement& placement, const Batch& batch, double l
 
 namespace {
 
-// Each of rest (in order) to the least-loaded rank with room (reference _lpt_local).
-// Gives up (false) when a rank has no room, or, with `best_t`, as soon as a rank's time
-// reaches *best_t: loads only grow, so the candidate could not win (reference _lpt_local).
+// Each of rest (in order) to the least-loaded rank with room (reference _lpt_local);
+// *time gets the micro-batch time from the loads summed here.  Gives up (false) when a
+// rank has no room, or, with `best_t`, as soon as a rank's time reaches *best_t: loads only
+// grow, so the candidate could not win.
 bool lpt_local(const Batch& batch, const std::vector<Index>& rest, size_t first, int n,
                int64_t cap, std::vector<std::vector<Index>>* local, double t_comm,
-               double t_dist, const double* best_t) {
+               double t_dist, const double* best_t, double* time) {
   std::vector<int64_t> rem(n, cap);
   std::vector<double> load(n, 0.0);
   local->assign(n, {});
@@ -252,6 +253,9 @@ bool lpt_local(const Batch& batch, const std::vector<Index>& rest, size_t first,
       return false;
     }
   }
+  double worst = 0.0;
+  for (double x : load) worst = std::max(worst, rank_time(x, t_comm, t_dist, n, batch.objective));
+  *time = worst;
   return true;
 }
 
@@ -288,13 +292,13 @@ std::optional<Placement> dacp_place_lpt(const Batch& batch, const std::vector<In
       if (rank_time(0.0, t_comm, dist_load, n, batch.objective) >= best_t) break;
       if (rank_time(suffix[k] / n, t_comm, dist_load, n, batch.objective) >= best_t) continue;
     }
+    double t = 0.0;
     if (!lpt_local(batch, order, k, n, bucket_size - shard_sum, &cand.local, t_comm, dist_load,
-                   best ? &best_t : nullptr)) {
+                   best ? &best_t : nullptr, &t)) {
       continue;
     }
-    cand.distributed.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
-    const double t = micro_batch_time(cand, batch, latency, cp_size);
     if (!best || t < best_t) {
+      cand.distributed.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
       best = cand;
       best_t = t;
     }

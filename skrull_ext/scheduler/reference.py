@@ -247,12 +247,15 @@ def dacp_place(lengths, costs, idx: Sequence[int], cp_size: int, bucket_size: in
     return dist, local
 
 
-def _lpt_local(rest: Sequence[int], lengths, costs, n: int, cap: int,
-               stop: Optional[tuple] = None) -> Optional[list[list[int]]]:
-    """Each of ``rest`` (in order) to the least-loaded rank with room; ``None`` if none has.
+def _lpt_local(rest: Sequence[int], lengths, costs, n: int, cap: int, t_comm: float,
+               t_dist: float, objective: str, best_t: Optional[float] = None
+               ) -> Optional[tuple[list[list[int]], float]]:
+    """Each of ``rest`` (in order) to the least-loaded rank with room.
 
-    ``stop = (t_comm, t_dist, objective, best_t)``: also ``None`` as soon as a rank's
-    :func:`rank_time` reaches ``best_t`` (loads only grow, so the candidate cannot win).
+    Returns ``(local, t)`` with ``t`` the micro-batch's :func:`micro_batch_time` (the
+    loads summed here, in placement order, are the ones it would sum), or ``None`` if a
+    sample fits no rank or, with ``best_t``, as soon as a rank's :func:`rank_time` reaches
+    ``best_t`` (loads only grow, so the candidate cannot win).
     """
     rem = [cap] * n
     load = [0.0] * n
@@ -268,9 +271,12 @@ def _lpt_local(rest: Sequence[int], lengths, costs, n: int, cap: int,
         local[r].append(i)
         rem[r] -= s
         load[r] += costs[i]
-        if stop is not None and rank_time(load[r], stop[0], stop[1], n, stop[2]) >= stop[3]:
+        if best_t is not None and rank_time(load[r], t_comm, t_dist, n, objective) >= best_t:
             return None
-    return local
+    worst = 0.0
+    for x in load:
+        worst = max(worst, rank_time(x, t_comm, t_dist, n, objective))
+    return local, worst
 
 
 def dacp_place_lpt(lengths, costs, comm, latency: float, idx: Sequence[int], cp_size: int,
@@ -312,14 +318,13 @@ def dacp_place_lpt(lengths, costs, comm, latency: float, idx: Sequence[int], cp_
                 break
             if rank_time(suffix[k] / n, t_comm, dist_load, n, objective) >= best_t:
                 continue
-        stop = None if best is None else (t_comm, dist_load, objective, best_t)
-        local = _lpt_local(order[k:], lengths, costs, n, int(bucket_size) - shard_sum, stop)
-        if local is None:
+        packed = _lpt_local(order[k:], lengths, costs, n, int(bucket_size) - shard_sum, t_comm,
+                            dist_load, objective, None if best is None else best_t)
+        if packed is None:
             continue
-        cand = (list(order[:k]), local)
-        t = micro_batch_time(cand, costs, comm, latency, n, shares, objective)
+        local, t = packed
         if best is None or t < best_t:
-            best, best_t = cand, t
+            best, best_t = (list(order[:k]), local), t
     return best
 
 
