@@ -157,9 +157,9 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
     backend = backend or _backend.BACKEND
     if backend == "cpp" and _backend.CPP is None:
         raise ImportError("backend='cpp' but skrull_ext._C is not built")
+    shares = np.ascontiguousarray(cost_model.share_seconds(arr, config.cp_size),
+                                  dtype=np.float64)
     if config.policy == "skrull":
-        shares = np.ascontiguousarray(cost_model.share_seconds(arr, config.cp_size),
-                                      dtype=np.float64)
         placements = _skrull(arr, costs, shares, comm, cost_model.comm_latency(config.cp_size),
                              config, cost_model.micro_batch_overhead, backend,
                              cost_model.objective)
@@ -174,7 +174,7 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
                 bucket_size=config.bucket_size, policy=config.policy,
                 dp_ranks=tuple(tuple(r) for r in ranks))
     plan.validate()
-    return dataclasses.replace(plan, predicted=predict(plan, cost_model))
+    return dataclasses.replace(plan, predicted=_predict(plan, cost_model, costs, comm, shares))
 
 
 def _add_grouped(grouped, t_dist, t_comm, lengths, costs, cost_model: CostModel) -> None:
@@ -259,9 +259,13 @@ def predict(plan: Plan, cost_model: CostModel) -> dict:
         the cost model's ``iteration_overhead``; ``lower_bound`` spreads the total compute
         perfectly over all ``D * N`` ranks with no communication or micro-batch overhead.
     """
-    costs = cost_model.compute_seconds(plan.lengths)
-    comm = cost_model.comm_seconds(plan.lengths, plan.cp_size)
-    shares = cost_model.share_seconds(plan.lengths, plan.cp_size)
+    return _predict(plan, cost_model, cost_model.compute_seconds(plan.lengths),
+                    cost_model.comm_seconds(plan.lengths, plan.cp_size),
+                    cost_model.share_seconds(plan.lengths, plan.cp_size))
+
+
+def _predict(plan: Plan, cost_model: CostModel, costs, comm, shares) -> dict:
+    """:func:`predict` with the plan's ``[K]`` cost arrays already computed (by schedule)."""
     flat = plan.flat
     if flat is None or flat.count == 0:
         mb_times = [[micro_batch_seconds(mb, plan.lengths, costs, comm, cost_model, shares)
