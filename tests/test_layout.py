@@ -152,3 +152,16 @@ def test_pack_checks_lengths():
         lay.pack([torch.zeros(3), torch.zeros(5)])
     with pytest.raises(KeyError, match="sample 1"):
         lay.pack({0: torch.zeros(3)})
+
+
+def test_zigzag_blocks_index_the_chunks_and_are_built_once_per_layout():
+    from skrull_ext.attention.ring import zigzag_blocks
+
+    lay = build_rank_layout([5, 17, 3, 9], [1, 2], [[3, 0], []], 0, 2)
+    zz = zigzag_blocks(lay, torch.device("cpu"))
+    # Relative to the distributed part: sample 1 holds [0, 10) (chunks of 5), sample 2 [10, 12).
+    assert zz.cu_full == (0, 10, 12) and zz.cu_half == (0, 5, 6)
+    assert zz.first.tolist() == [0, 1, 2, 3, 4, 10] and zz.second.tolist() == [5, 6, 7, 8, 9, 11]
+    assert zigzag_blocks(lay, torch.device("cpu")) is zz  # every layer reuses it
+    other = build_rank_layout([5, 17, 3, 9], [1, 2], [[3, 0], []], 0, 2)
+    assert zigzag_blocks(other, torch.device("cpu")) is not zz

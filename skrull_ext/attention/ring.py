@@ -18,6 +18,7 @@ on with it and after ``N - 1`` hops returns to its owner (see :func:`ring_backwa
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Callable, Optional
 
 import numpy as np
@@ -43,11 +44,22 @@ class ZigzagBlocks:
     second: torch.Tensor
 
 
-def zigzag_blocks(layout, device) -> ZigzagBlocks:
-    """Builds :class:`ZigzagBlocks` from a :class:`~skrull_ext.layout.RankLayout`.
+# layout -> {device: ZigzagBlocks}: every layer's forward and backward of a micro-batch
+# share one layout, so its blocks are built once (entries go with the layout).
+_BLOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
-    Vectorised over the documents (this runs in every layer's forward and backward).
-    """
+
+def zigzag_blocks(layout, device) -> ZigzagBlocks:
+    """:class:`ZigzagBlocks` of a :class:`~skrull_ext.layout.RankLayout` (built once per
+    layout and device, vectorised over the documents)."""
+    per_device = _BLOCKS.setdefault(layout, {})
+    key = str(device)
+    if key not in per_device:
+        per_device[key] = _build_blocks(layout, device)
+    return per_device[key]
+
+
+def _build_blocks(layout, device) -> ZigzagBlocks:
     c = np.fromiter((doc.chunk_size for doc in layout.distributed), dtype=np.int64,
                     count=len(layout.distributed))
     cu_half = np.zeros(c.size + 1, dtype=np.int64)
