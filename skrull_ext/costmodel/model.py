@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -90,8 +90,11 @@ class ModelSpec:
         embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
         return self.num_layers * per_layer + embeddings + h
 
-    def activation_bytes_per_token(self) -> int:
+    def activation_bytes_per_token(self, num_layers: Optional[int] = None) -> int:
         """Estimated bf16 activation bytes kept for backward per token (``alpha``).
+
+        ``num_layers`` counts only that many layers (default all; a pipeline stage's
+        share), the logits term always included.
 
         Our count for a GQA + SwiGLU layer with a FlashAttention-style kernel (no S^2
         term), in the spirit of Korthikanti et al. 2022 ("Reducing Activation
@@ -103,7 +106,8 @@ class ModelSpec:
         """
         h, kv, f = self.hidden_size, self.kv_hidden_size, self.ffn_hidden_size
         per_layer = 12 * h + 4 * kv + (6 if self.swiglu else 4) * f
-        return self.num_layers * per_layer + 6 * self.vocab_size
+        layers = self.num_layers if num_layers is None else num_layers
+        return layers * per_layer + 6 * self.vocab_size
 
     def static_memory_bytes(self, optimizer_shards: int = 1, grad_bytes: int = 2,
                             weight_bytes: int = 2) -> float:

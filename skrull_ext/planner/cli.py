@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 from skrull_ext.costmodel.model import MODEL_PRESETS, MemoryModel, ModelSpec, get_model_spec
 from skrull_ext.planner.evaluate import compare_policies, max_fitting_length
+from skrull_ext.planner.pipeline import ORDERS, check_pipeline, pipeline_bucket
 from skrull_ext.costmodel.hardware import HARDWARE_PRESETS, Hardware, get_hardware
 from skrull_ext.planner.profiles import (OVERFLOW_POLICIES, LengthProfile, load_profile,
                                  profile_from_file, profile_from_megatron, profile_names,
@@ -52,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     mdl.add_argument("--model-config", metavar="FILE", help="JSON with ModelSpec fields")
     p.add_argument("--dp-size", type=int, default=1)
     p.add_argument("--cp-size", type=int, default=1, help="--context-parallel-size")
+    p.add_argument("--pp-size", type=int, default=1,
+                   help="--pipeline-model-parallel-size: 1F1B stages per DP x CP replica")
+    p.add_argument("--pp-order", choices=ORDERS + ("best",), default="best",
+                   help="order micro-batches enter the pipeline (best: fastest simulated)")
     p.add_argument("--global-batch-size", type=int, default=None,
                    help="sequences per global batch (default 64 x --dp-size)")
     p.add_argument("--hardware", choices=sorted(HARDWARE_PRESETS), default="h100")
@@ -105,6 +110,7 @@ def _model(args) -> ModelSpec:
 
 def _check_sizes(args):
     for flag, value in (("--dp-size", args.dp_size), ("--cp-size", args.cp_size),
+                        ("--pp-size", args.pp_size),
                         ("--global-batch-size", args.global_batch_size),
                         ("--num-batches", args.num_batches)):
         if value < 1:
@@ -134,8 +140,11 @@ def memory_plan(args, model: ModelSpec, hw: Hardware) -> dict:
     info = {"device_gib": device_gb, "margin_gib": margin_gb, "static_gib": static / GIB,
             "activation_bytes_per_token": alpha, "recommended_bucket": None}
     try:
-        info["recommended_bucket"] = MemoryModel(alpha=alpha).bucket_size(
-            device_gb * GIB, static, margin_gb * GIB)
+        if args.pp_size > 1:
+            info.update(_pipeline_memory(args, model, hw, device_gb, margin_gb))
+        else:
+            info["recommended_bucket"] = MemoryModel(alpha=alpha).bucket_size(
+                device_gb * GIB, static, margin_gb * GIB)
     except ValueError as exc:
         if args.bucket_size is None:
             raise PlannerError(f"{exc}; or raise --device-memory-gb, lower --memory-margin-gb, "
@@ -145,6 +154,41 @@ def memory_plan(args, model: ModelSpec, hw: Hardware) -> dict:
         raise PlannerError(f"bucket size {info['bucket']} < 2 x --cp-size ({2 * args.cp_size}): "
                            "raise --bucket-size/--device-memory-gb or lower --cp-size")
     return info
+
+
+def _pipeline_memory(args, model: ModelSpec, hw: Hardware, device_gb: float,
+                     margin_gb: float) -> dict:
+    """The 1F1B bucket: every stage's in-flight micro-batches within its memory."""
+    try:
+        check_pipeline(model, args.pp_size)
+    except ValueError as exc:
+        raise PlannerError(str(exc)) from None
+    bucket, info = pipeline_bucket(
+        model, hw, pp_size=args.pp_size, optimizer_shards=args.dp_size * args.cp_size,
+        device_bytes=device_gb * GIB, margin_bytes=margin_gb * GIB,
+        alpha=args.activation_bytes_per_token)
+    if bucket < 1:
+        raise ValueError("no room for activations on some pipeline stage")
+    stage0 = info["stages"][0]
+    return {"recommended_bucket": bucket, "static_gib": stage0["static_bytes"] / GIB,
+            "activation_bytes_per_token": stage0["bytes_per_token"], "pipeline": info}
+
+
+def best_pipeline_bucket(args, batches, model, hw, mem: dict) -> dict:
+    """Simulated skrull time at the memory bucket and at 1/2, 1/4 of it (more, smaller
+    micro-batches shrink the pipeline bubble); returns ``{bucket: seconds}``."""
+    longest = max(int(b.max()) for b in batches)
+    out = {}
+    for k in range(3):
+        bucket = mem["recommended_bucket"] >> k
+        if bucket < 2 * args.cp_size or max_fitting_length(args.cp_size, bucket) < longest:
+            break
+        comp = compare_policies(batches, model, hw, dp_size=args.dp_size,
+                                cp_size=args.cp_size, bucket_size=bucket, policies=("skrull",),
+                                backend=args.backend, objective=args.objective,
+                                pp_size=args.pp_size, pp_order=args.pp_order)
+        out[bucket] = comp.stats["skrull"].mean_time
+    return out
 
 
 def sample(args, prof: LengthProfile, limit: int, bucket: int):
@@ -190,13 +234,17 @@ def print_report(args, prof, model, hw, summary, out=None):
     w(f"model     {model.name}: {model.param_count() / 1e9:.3f}B parameters, "
       f"{model.num_layers} layers, h={model.hidden_size}, h_kv={model.kv_hidden_size}")
     w(f"hardware  {hw.name}: {hw.description}")
-    w(f"layout    DP={args.dp_size} CP={args.cp_size}, global batch {args.global_batch_size}, "
+    w(f"layout    DP={args.dp_size} CP={args.cp_size} PP={args.pp_size}, global batch {args.global_batch_size}, "
       f"{args.num_batches} sampled batches (seed {args.seed})")
     rec = mem["recommended_bucket"]
     w(f"memory    device {mem['device_gib']:.1f} GiB - static {mem['static_gib']:.2f} GiB "
       f"(weights + grads + Adam sharded over {args.dp_size * args.cp_size}) - margin "
       f"{mem['margin_gib']:.1f} GiB, {mem['activation_bytes_per_token'] / 2**20:.3f} MiB/token "
-      f"-> recommended bucket {rec if rec is not None else 'none'} tokens")
+      + (f"x {args.pp_size} micro-batches in flight on stage 0 (1F1B) " if args.pp_size > 1
+         else "") + f"-> recommended bucket {rec if rec is not None else 'none'} tokens")
+    for bucket, sec in mem.get("bucket_sweep", {}).items():
+        w(f"pipeline  bucket {bucket:>8}: skrull iteration {sec * 1e3:.1f} ms"
+          + ("  <- best" if bucket == summary["bucket_size"] else ""))
     w(f"bucket    {summary['bucket_size']} tokens per CP rank per micro-batch"
       f"{' (--bucket-size)' if args.bucket_size else ''}; longest sequence that fits "
       f"{summary['longest_that_fits']}")
@@ -232,10 +280,15 @@ def run(args) -> dict:
     sampled = sample(args, prof, limit, mem["bucket"])
     try:
         SchedulerConfig(dp_size=args.dp_size, cp_size=args.cp_size, bucket_size=mem["bucket"])
+        if args.pp_size > 1 and args.bucket_size is None:
+            mem["bucket_sweep"] = best_pipeline_bucket(args, sampled.batches, model, hw, mem)
+            mem["bucket"] = min(mem["bucket_sweep"], key=mem["bucket_sweep"].get)
+            limit = max_fitting_length(args.cp_size, mem["bucket"])
         comp = compare_policies(sampled.batches, model, hw, dp_size=args.dp_size,
                                 cp_size=args.cp_size, bucket_size=mem["bucket"],
                                 policies=policies, backend=args.backend,
-                                objective=args.objective)
+                                objective=args.objective, pp_size=args.pp_size,
+                                pp_order=args.pp_order)
     except (ValueError, ImportError) as exc:
         raise PlannerError(str(exc).splitlines()[0]) from None
     summary = summarize(comp, sampled, mem, limit)
@@ -243,7 +296,8 @@ def run(args) -> dict:
     if args.plot:
         from skrull_ext.planner.plotting import plot_planner
 
-        title = (f"{prof.name} | {model.name} | DP={args.dp_size} CP={args.cp_size} | bucket "
+        title = (f"{prof.name} | {model.name} | DP={args.dp_size} CP={args.cp_size} "
+                 f"PP={args.pp_size} | bucket "
                  f"{mem['bucket']} | {hw.name}")
         try:
             plot_planner(args.plot, sampled.batches, comp, comp.example_results["skrull"],

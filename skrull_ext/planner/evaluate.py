@@ -16,6 +16,7 @@ from skrull_ext.costmodel.model import ModelSpec
 from skrull_ext.costmodel.hardware import Hardware
 from skrull_ext.scheduler.plan import Plan
 from skrull_ext.scheduler import POLICIES, SchedulerConfig, schedule
+from skrull_ext.planner.pipeline import simulate_pipeline
 from skrull_ext.planner.simulator import SimResult, simulate
 
 
@@ -66,11 +67,13 @@ class Comparison:
         return self.stats[policy].iteration_times / self.stats[of].iteration_times
 
 
-def _stats(policy: str, plans: Sequence[Plan], results: Sequence[SimResult]) -> PolicyStats:
+def _stats(policy: str, plans: Sequence[Plan], results: Sequence[SimResult],
+           pipelined: Optional[Sequence] = None) -> PolicyStats:
+    timed = results if pipelined is None else pipelined
     return PolicyStats(
         policy=policy,
-        iteration_times=np.array([r.iteration_time for r in results]),
-        lower_bounds=np.array([r.lower_bound for r in results]),
+        iteration_times=np.array([r.iteration_time for r in timed]),
+        lower_bounds=np.array([r.lower_bound for r in timed]),
         micro_batches=np.array([p.num_micro_batches for p in plans]),
         local_shares=np.array([p.local_token_share() for p in plans]),
         padding_shares=np.array([r.summary()["padding_share"] for r in results]),
@@ -80,7 +83,8 @@ def _stats(policy: str, plans: Sequence[Plan], results: Sequence[SimResult]) -> 
 def compare_policies(batches: Sequence[np.ndarray], model: ModelSpec, hardware: Hardware, *,
                      dp_size: int, cp_size: int, bucket_size: int,
                      policies: Sequence[str] = POLICIES, backend: Optional[str] = None,
-                     objective: str = "paper") -> Comparison:
+                     objective: str = "paper", pp_size: int = 1,
+                     pp_order: str = "best") -> Comparison:
     """Schedules and simulates every batch with every policy.
 
     Args:
@@ -92,6 +96,11 @@ def compare_policies(batches: Sequence[np.ndarray], model: ModelSpec, hardware: 
         policies: Policies to run.
         backend: Skrull scheduler backend (``cpp``/``python``; default the build's).
         objective: The schedulers' :attr:`~skrull_ext.costmodel.model.CostModel.objective`.
+        pp_size: Pipeline stages; above 1 the iteration times are the 1F1B pipeline's
+            (:func:`~skrull_ext.planner.pipeline.simulate_pipeline`, micro-batches fed in
+            ``pp_order``) and so are the lower bounds; the rest of the stats are the
+            whole-model simulation's.
+        pp_order: Feed order of the pipeline (``best`` tries every order).
 
     Returns:
         :class:`Comparison`.
@@ -103,7 +112,11 @@ def compare_policies(batches: Sequence[np.ndarray], model: ModelSpec, hardware: 
                               policy=policy)
         plans = [schedule(b, cfg, cost, backend=backend) for b in batches]
         results = [simulate(p, model, hardware) for p in plans]
-        stats[policy] = _stats(policy, plans, results)
+        piped = None
+        if pp_size > 1:
+            piped = [simulate_pipeline(p, model, hardware, pp_size=pp_size, order=pp_order)
+                     for p in plans]
+        stats[policy] = _stats(policy, plans, results, piped)
         plans0[policy], results0[policy] = plans[0], results[0]
     return Comparison(stats=stats, example_plans=plans0, example_results=results0)
 
