@@ -108,6 +108,7 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     if cfg.model.vocab_size is not None and cfg.model.vocab_size < source.vocab_size:
         raise ValueError(f"--vocab-size {cfg.model.vocab_size} is smaller than the data's "
                          f"vocabulary {source.vocab_size}; drop --vocab-size or raise it")
+    attention_kernel = _attention_kernel(cfg, device)
     model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
                         cp_size=cfg.parallel.context_parallel_size,
                         dtype=torch.float64 if cfg.fp64 else torch.float32, device=device,
@@ -120,7 +121,18 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
         planner=planner or make_planner(cfg, vocab), groups=groups, device=device,
         clip_grad=cfg.optim.clip_grad, float64_loss=cfg.fp64 and tp == 1,
-        autocast_dtype=torch.bfloat16 if device.type == "cuda" else None)
+        autocast_dtype=torch.bfloat16 if device.type == "cuda" else None,
+        attention_backend=attention_kernel)
+
+
+def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
+    """Resolves ``--skrull-attention-kernel`` now, so a missing library stops the launch."""
+    from skrull_ext.attention import get_kernel
+
+    try:
+        return get_kernel(cfg.skrull.attention_kernel, device, torch.float32).name
+    except RuntimeError as exc:  # the kernel's library is missing: exit 2 naming the fix
+        raise ValueError(f"--skrull-attention-kernel {cfg.skrull.attention_kernel}: {exc}") from exc
 
 
 class SetupError(RuntimeError):
