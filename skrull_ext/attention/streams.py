@@ -12,16 +12,32 @@ from typing import Any, Callable, Optional
 
 import torch
 
-#: ``device -> stream API or None``; None means "no streams" (CPU: plain calls).  The API
-#: object needs ``Stream(device=)``, ``current_stream(device)`` and ``stream(s)`` (a
-#: context manager), like ``torch.cuda``; streams need ``wait_stream``, tensors
-#: ``record_stream``.
-_PROVIDER: Callable[[torch.device], Any] = lambda device: torch.cuda if device.type == "cuda" else None
+class CudaStreams:
+    """The stream operations the attention uses, on ``torch.cuda``."""
+
+    def new_stream(self, device: torch.device):
+        return torch.cuda.Stream(device=device)
+
+    def current(self, device: torch.device):
+        return torch.cuda.current_stream(device)
+
+    def use(self, stream):
+        """Context manager making ``stream`` current."""
+        return torch.cuda.stream(stream)
+
+    def record(self, tensor: torch.Tensor, stream) -> None:
+        tensor.record_stream(stream)
+
+
+_CUDA = CudaStreams()
+#: ``device -> stream API or None`` (None: no streams, plain calls on CPU).  Tests replace
+#: it with a recording fake of :class:`CudaStreams`.
+_PROVIDER: Callable[[torch.device], Any] = lambda device: _CUDA if device.type == "cuda" else None
 _STREAMS: dict = {}
 
 
 def api(device: torch.device):
-    """Stream API for ``device`` (``torch.cuda`` on CUDA, None on CPU)."""
+    """Stream API for ``device`` (:class:`CudaStreams` on CUDA, None on CPU)."""
     return _PROVIDER(device)
 
 
@@ -35,10 +51,10 @@ def named_stream(device: torch.device, name: str):
     cuda = api(device)
     if cuda is None:
         return None
-    key = (cuda, str(device), name)
+    key = (id(cuda), str(device), name)
     if key not in _STREAMS:
-        _STREAMS[key] = cuda.Stream(device=device)
-    return _STREAMS[key]
+        _STREAMS[key] = (cuda, cuda.new_stream(device))  # the API object is kept alive
+    return _STREAMS[key][1]
 
 
 class Overlap:
@@ -51,14 +67,14 @@ class Overlap:
     def __init__(self, device: torch.device):
         self.cuda = api(device)
         self.side = named_stream(device, "side")
-        self.main = self.cuda.current_stream(device) if self.cuda is not None else None
+        self.main = self.cuda.current(device) if self.cuda is not None else None
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """Calls ``fn`` on the side stream, after the work already queued on the main one."""
         if self.cuda is None:
             return fn()
         self.side.wait_stream(self.main)  # its inputs were produced on the main stream
-        with self.cuda.stream(self.side):
+        with self.cuda.use(self.side):
             return fn()
 
     def join(self, *tensors: Optional[torch.Tensor]) -> None:
@@ -73,4 +89,4 @@ class Overlap:
         self.main.wait_stream(self.side)
         for t in tensors:
             if t is not None:
-                t.record_stream(self.main)
+                self.cuda.record(t, self.main)
