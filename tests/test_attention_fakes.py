@@ -11,7 +11,7 @@ import torch
 import fakes
 from fakes import flash_attn as fake_flash
 from skrull_ext.attention import ReferenceKernel, dacp_attention, get_kernel
-from skrull_ext.layout import build_rank_layout
+from skrull_ext.attention.layout import build_rank_layout
 
 from _attn_worker import reference_attention
 

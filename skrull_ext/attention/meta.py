@@ -2,7 +2,7 @@
 
 Every layer's forward and backward of a micro-batch attend the same layout, so the
 segment offsets (``cu_seqlens``), their maxima (``max_seqlen``) and the zigzag index
-tensors are built from the host-side :class:`~skrull_ext.layout.RankLayout` once per
+tensors are built from the host-side :class:`~skrull_ext.attention.layout.RankLayout` once per
 layout and device (one host-to-device copy each) and cached with the layout.  Nothing in
 the per-layer code builds a tensor from a Python list or reads a value back from the
 device (``tests/test_attention_fakes.py`` counts such calls).
