@@ -8,9 +8,14 @@ recording fake (``tests/fakes/streams.py``) and check the order of operations on
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Optional
 
 import torch
+
+#: ``SKRULL_ATTENTION_SIDE_STREAM=0`` runs the local part on the current stream (no
+#: overlap on the GPU); for measuring what the side stream buys (tools/check_gpu.py).
+SIDE_STREAM_ENV = "SKRULL_ATTENTION_SIDE_STREAM"
 
 class CudaStreams:
     """The stream operations the attention uses, on ``torch.cuda``."""
@@ -65,8 +70,8 @@ class Overlap:
     """
 
     def __init__(self, device: torch.device):
-        self.cuda = api(device)
-        self.side = named_stream(device, "side")
+        self.cuda = api(device) if os.environ.get(SIDE_STREAM_ENV, "1") != "0" else None
+        self.side = named_stream(device, "side") if self.cuda is not None else None
         self.main = self.cuda.current(device) if self.cuda is not None else None
 
     def run(self, fn: Callable[[], Any]) -> Any:
