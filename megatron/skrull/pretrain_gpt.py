@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 import skrull_ext
 
+from megatron.skrull import errors
 from megatron.skrull.arguments import ConfigError, RunConfig, parse_args
 from megatron.skrull.cpu_compat import apply_cpu_compat, resolve_device
 
@@ -193,26 +194,26 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
         metrics.close()
 
 
-def _fail(lines: Sequence[str]) -> int:
-    for line in lines:
-        print(f"error: {line}", file=sys.stderr)
-    return 2
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console entry point (``skrull-pretrain-gpt``); returns the exit status.
 
-    Bad flags, data, tokenizer or checkpoint: one ``error:`` line per problem, status 2.
+    Bad flags, data, tokenizer or checkpoint: one ``error:`` line per problem, status 2;
+    under torchrun from rank 0 only (every rank parses the same flags and reads the same
+    data, so all find the problem before any collective), the others exit 2 silently.
+    Any other failure: one ``error:`` line from the failing rank, status 1; ``--debug`` or
+    ``SKRULL_DEBUG=1`` shows the traceback (see :mod:`megatron.skrull.errors`).
     """
+    argv, debug = errors.take_debug_flag(argv)
+    errors.filter_dependency_warnings()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        cfg = parse_args(argv, world_size=world)
+        cfg = errors.parse_quietly(lambda a: parse_args(a, world_size=world), argv)
         resolve_device(cfg.device)
     except ConfigError as exc:
-        return _fail(exc.problems)
+        return errors.report(exc.problems)
     except ValueError as exc:
-        return _fail([str(exc)])
-    rank0 = int(os.environ.get("RANK", "0")) == 0
+        return errors.report([str(exc)])
+    rank0 = errors.env_rank() == 0
     logging.basicConfig(level=logging.INFO if rank0 else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     logging.getLogger("megatron.core").setLevel(logging.WARNING)
@@ -220,7 +221,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         run(cfg, printer=printer)
     except SetupError as exc:
-        return _fail([str(exc)] if rank0 else [])
+        if debug:
+            raise
+        return errors.report([str(exc)])
+    except Exception as exc:  # noqa: BLE001 - the entry point turns any failure into status 1
+        return errors.report_failure(exc, debug=debug)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
