@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from skrull_ext.attention import RingComm, dacp_attention, get_kernel
 from skrull_ext.attention.kernels import AttentionKernel
-from skrull_ext.layout import build_rank_layout
+from skrull_ext.attention.layout import build_rank_layout
 
 
 def reference_attention(q, k, v, scale):

@@ -7,7 +7,7 @@ import torch
 from skrull_ext.attention import ReferenceKernel, dacp_attention, get_kernel
 from skrull_ext.attention.kernels import CpuFlashKernel, flash_attn_available
 from skrull_ext.attention.ring import _merge
-from skrull_ext.layout import build_rank_layout
+from skrull_ext.attention.layout import build_rank_layout
 
 from _attn_worker import reference_attention
 

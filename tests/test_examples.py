@@ -14,7 +14,7 @@ import pytest
 
 from megatron.skrull.arguments import parse_args
 from megatron.skrull.planning import model_spec
-from skrull_ext.cost import MODEL_PRESETS
+from skrull_ext.costmodel.model import MODEL_PRESETS
 
 pytestmark = pytest.mark.multiprocess
 

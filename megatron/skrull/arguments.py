@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from skrull_ext.plan import shard_tokens
+from skrull_ext.sharding import shard_tokens
 
 SCHEDULERS = ("skrull", "per-seq-cp", "all-cp", "sorted", "hybrid-cp", "kk")
 

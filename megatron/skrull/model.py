@@ -35,7 +35,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from skrull_ext.attention import dacp_attention
-from skrull_ext.layout import RankLayout
+from skrull_ext.attention.layout import RankLayout
 
 from megatron.skrull.arguments import ModelArgs
 
@@ -47,7 +47,7 @@ class SkrullPackedSeqParams(PackedSeqParams):
     """mcore ``PackedSeqParams`` carrying this rank's layout for one micro-batch.
 
     Attributes:
-        layout: :class:`skrull_ext.layout.RankLayout` of this CP rank.
+        layout: :class:`skrull_ext.attention.layout.RankLayout` of this CP rank.
         cp_group: CP process group the attention communicates over (inherited field).
         attention_backend: ``backend`` argument of ``dacp_attention`` (``"auto"``).
     """

@@ -135,7 +135,7 @@ def dacp_attention(q, k, v, layout, cp_group=None, *, softmax_scale=None, backen
         q: ``[T, H, D]`` queries in the layout's stream order (``T = layout.num_tokens``).
         k: ``[T, Hkv, D]`` keys, ``H % Hkv == 0`` (GQA).
         v: ``[T, Hkv, D]`` values.
-        layout: This rank's :class:`~skrull_ext.layout.RankLayout`.
+        layout: This rank's :class:`~skrull_ext.attention.layout.RankLayout`.
         cp_group: CP process group; None (or size 1) means no communication.
         softmax_scale: Defaults to ``1 / sqrt(D)``.
         backend: ``"auto"``, ``"reference"``, ``"cpu_flash"``, ``"flash_attn"`` or an

@@ -50,7 +50,7 @@ _BLOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def zigzag_blocks(layout, device) -> ZigzagBlocks:
-    """:class:`ZigzagBlocks` of a :class:`~skrull_ext.layout.RankLayout` (built once per
+    """:class:`ZigzagBlocks` of a :class:`~skrull_ext.attention.layout.RankLayout` (built once per
     layout and device, vectorised over the documents)."""
     per_device = _BLOCKS.setdefault(layout, {})
     key = str(device)
