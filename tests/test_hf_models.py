@@ -63,7 +63,7 @@ def _logits(tmp, kind):
     from megatron.skrull.hf.io import load_pretrained
     from megatron.skrull.model import SkrullPackedSeqParams, build_model
     from megatron.skrull.pretrain_gpt import init_model_parallel
-    from skrull_ext.layout import build_rank_layout
+    from skrull_ext.attention.layout import build_rank_layout
 
     cfg = parse_args(_flags(tmp, kind, []), world_size=2)
     ps.destroy_model_parallel()
