@@ -114,6 +114,12 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
                         cp_size=cfg.parallel.context_parallel_size,
                         dtype=torch.float64 if cfg.fp64 else torch.float32, device=device,
                         attention_fn=attention_fn)
+    if cfg.checkpoint.pretrained_hf:  # before the optimizer copies anything
+        from megatron.core import parallel_state as ps
+        from megatron.skrull.hf.io import load_pretrained
+
+        load_pretrained(model, cfg.checkpoint.pretrained_hf, cfg.model,
+                        tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp)
     groups = ParallelGroups.from_parallel_state()
     sync_parameters(model, groups.grad_group)
     return Trainer(
@@ -158,7 +164,10 @@ def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
         trainer = build_trainer(cfg, device)
         meta = ckpt.CheckpointMeta.from_parallel_state()
         if cfg.checkpoint.load:
-            ckpt.load_checkpoint(cfg.checkpoint.load, trainer, meta, dataclasses.asdict(cfg))
+            c = cfg.checkpoint  # a checkpoint of this run in --load wins over --pretrained-hf
+            ckpt.load_checkpoint(c.load, trainer, meta, dataclasses.asdict(cfg),
+                                 finetune=c.finetune, load_optim=not c.no_load_optim,
+                                 load_rng=not c.no_load_rng)
     except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
         raise SetupError(str(exc)) from exc
     return trainer, meta, device
