@@ -99,28 +99,33 @@ class ModelArgs:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ParallelArgs:
-    """World size, TP and CP; DP = world / (TP * CP)."""
+    """World size, TP, CP and PP; DP = world / (TP * CP * PP)."""
 
     world_size: int = 1
     tensor_model_parallel_size: int = 1
     context_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         p = []
-        for name in ("world_size", "tensor_model_parallel_size", "context_parallel_size"):
+        for name in ("world_size", "tensor_model_parallel_size", "context_parallel_size",
+                     "pipeline_model_parallel_size"):
             if getattr(self, name) < 1:
                 p.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        mp = self.tensor_model_parallel_size * self.context_parallel_size
+        mp = (self.tensor_model_parallel_size * self.context_parallel_size
+              * self.pipeline_model_parallel_size)
         if not p and self.world_size % mp:
             p.append(f"--tensor-model-parallel-size {self.tensor_model_parallel_size} x "
-                     f"--context-parallel-size {self.context_parallel_size} = {mp} does not "
-                     f"divide the world size {self.world_size}; launch a multiple of {mp} "
-                     "processes or lower TP/CP")
+                     f"--context-parallel-size {self.context_parallel_size} x "
+                     f"--pipeline-model-parallel-size {self.pipeline_model_parallel_size} = "
+                     f"{mp} does not divide the world size {self.world_size}; launch a multiple "
+                     f"of {mp} processes or lower TP/CP/PP")
         _raise_if(p)
 
     @property
     def dp_size(self) -> int:
-        return self.world_size // (self.tensor_model_parallel_size * self.context_parallel_size)
+        return self.world_size // (self.tensor_model_parallel_size * self.context_parallel_size
+                                   * self.pipeline_model_parallel_size)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -302,6 +307,10 @@ def cross_problems(cfg: RunConfig) -> list[str]:
     if m.num_attention_heads % tp or m.query_groups % tp:
         p.append(f"--num-attention-heads {m.num_attention_heads} and --num-query-groups "
                  f"{m.query_groups} must both be divisible by --tensor-model-parallel-size {tp}")
+    pp = par.pipeline_model_parallel_size
+    if m.num_layers % pp:
+        p.append(f"--num-layers {m.num_layers} is not divisible by --pipeline-model-parallel-size "
+                 f"{pp}; choose a pipeline size that divides the layer count")
     if cfg.device not in ("auto", "cpu", "cuda"):
         p.append(f"--device {cfg.device!r}: use auto, cpu or cuda")
     if cfg.fp64 and cfg.device == "cuda":
@@ -336,6 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("parallelism")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--context-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1,
+                   help="1F1B pipeline stages (docs/training.md, pipeline parallelism)")
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int,
+                   help="interleaved pipeline schedule: not supported (exits with an error)")
     g = ap.add_argument_group("batching and optimisation")
     g.add_argument("--global-batch-size", type=int, required=True, help="sequences per iteration")
     g.add_argument("--lr", type=float, required=True)
@@ -411,7 +424,13 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                    init_method_std=ns.init_method_std)
     parallel = _group(ParallelArgs, p, world_size=world_size,
                       tensor_model_parallel_size=ns.tensor_model_parallel_size,
-                      context_parallel_size=ns.context_parallel_size)
+                      context_parallel_size=ns.context_parallel_size,
+                      pipeline_model_parallel_size=ns.pipeline_model_parallel_size)
+    if ns.num_layers_per_virtual_pipeline_stage is not None:
+        # Megatron's interleaved schedule needs the same micro-batch shapes per model chunk
+        # round; not wired to Skrull's variable per-rank layouts (docs/training.md).
+        p.append("--num-layers-per-virtual-pipeline-stage: the interleaved pipeline schedule is "
+                 "not supported with Skrull; drop the flag (non-interleaved 1F1B is used)")
     optim = _group(OptimArgs, p, lr=ns.lr, train_iters=ns.train_iters, min_lr=ns.min_lr,
                    lr_warmup_iters=ns.lr_warmup_iters, lr_decay_style=ns.lr_decay_style,
                    lr_decay_iters=ns.lr_decay_iters, weight_decay=ns.weight_decay,

@@ -36,13 +36,16 @@ class CheckpointMeta:
     world_size: int = 1
     tp_rank: int = 0
     writes_model: bool = True
+    pp_rank: Optional[int] = None  # pipeline stage when PP > 1 (one model file per stage)
 
     @classmethod
     def from_parallel_state(cls) -> "CheckpointMeta":
         from megatron.core import parallel_state as ps
 
+        pp = ps.get_pipeline_model_parallel_world_size()
         return cls(rank=dist.get_rank(), world_size=dist.get_world_size(),
                    tp_rank=ps.get_tensor_model_parallel_rank(),
+                   pp_rank=ps.get_pipeline_model_parallel_rank() if pp > 1 else None,
                    writes_model=ps.get_data_parallel_rank(with_context_parallel=True) == 0)
 
 
@@ -50,9 +53,11 @@ def iteration_dir(root: str, iteration: int) -> str:
     return os.path.join(root, f"iter_{iteration:07d}")
 
 
-def _model_file(root: str, iteration: int, tp_rank: int) -> str:
-    return os.path.join(iteration_dir(root, iteration), f"mp_rank_{tp_rank:02d}",
-                        "model_optim_rng.pt")
+def _model_file(root: str, iteration: int, tp_rank: int,
+                pp_rank: Optional[int] = None) -> str:
+    # Megatron's legacy naming: mp_rank_TT, or mp_rank_TT_PPP with pipeline parallelism.
+    name = f"mp_rank_{tp_rank:02d}" + ("" if pp_rank is None else f"_{pp_rank:03d}")
+    return os.path.join(iteration_dir(root, iteration), name, "model_optim_rng.pt")
 
 
 def _rng_file(root: str, iteration: int, rank: int) -> str:
@@ -106,7 +111,7 @@ def save_checkpoint(root: str, trainer, meta: CheckpointMeta,
                       "model": trainer.model.state_dict(),
                       "optimizer": trainer.optimizer.state_dict(),
                       "sampler": trainer.sampler.state_dict(),
-                      "config": config or {}}, _model_file(root, it, meta.tp_rank))
+                      "config": config or {}}, _model_file(root, it, meta.tp_rank, meta.pp_rank))
     _atomic_save(_rng_state(), _rng_file(root, it, meta.rank))
     if dist.is_initialized():
         dist.barrier()
@@ -152,7 +157,7 @@ def load_checkpoint(root: str, trainer, meta: CheckpointMeta,
     if it is None:
         logger.warning("no checkpoint in %s (no %s): starting from scratch", root, TRACKER)
         return None
-    state = torch.load(_model_file(root, it, meta.tp_rank), map_location="cpu",
+    state = torch.load(_model_file(root, it, meta.tp_rank, meta.pp_rank), map_location="cpu",
                        weights_only=False)
     saved_model = state.get("config", {}).get("model")
     if config and saved_model is not None and saved_model != config.get("model"):

@@ -35,7 +35,8 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-__all__ = ["apply_cpu_compat", "cpu_compat_applied", "resolve_device", "original", "ORIGINALS"]
+__all__ = ["apply_cpu_compat", "apply_pipeline_cpu_compat", "cpu_compat_applied",
+           "cpu_tensor_cuda", "resolve_device", "original", "ORIGINALS"]
 
 # name -> object that was replaced (kept so tests can check the upstream behaviour).
 ORIGINALS: dict[str, Any] = {}
@@ -169,3 +170,60 @@ def cpu_compat_applied() -> bool:
 def original(name: str) -> Optional[Callable[..., Any]]:
     """The upstream object replaced under ``name`` (see :data:`ORIGINALS`), if patched."""
     return ORIGINALS.get(name)
+
+
+# --- Pipeline parallelism (megatron.skrull.pipeline) -------------------------------------
+# mcore's 1F1B schedule and P2P communication run on gloo except for three CUDA assumptions:
+#
+# * ``p2p_communication.P2PCommunicator._communicate_shapes`` calls ``torch.cuda.synchronize()``
+#   after exchanging tensor shapes (``variable_seq_lengths``): a no-op on CPU.
+# * ``schedules.forward_backward_pipelining_without_interleaving`` allocates its token
+#   counter with ``torch.zeros([], dtype=torch.int, device="cuda")``: the schedules module
+#   sees a ``torch`` whose ``zeros`` maps ``device="cuda"`` to the CPU (that module only).
+# * ``LanguageModule.setup_embeddings_and_output_layer`` moves the tied output weight with
+#   ``weight.data.cuda()`` before all-reducing it between the first and last stage:
+#   :func:`cpu_tensor_cuda` makes ``Tensor.cuda`` the identity only while a model is built.
+
+
+class _CpuZerosTorch:
+    """Stands for ``torch`` inside mcore's ``schedules`` module; ``zeros(device="cuda")``
+    allocates on the CPU, every other attribute is torch's own."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, **kwargs):
+        if str(kwargs.get("device", "")).startswith("cuda"):
+            kwargs["device"] = "cpu"
+        return torch.zeros(*args, **kwargs)
+
+
+def _cpu_synchronize(device=None) -> None:
+    """CPU stand-in for ``torch.cuda.synchronize``: CPU ops already ran in order."""
+
+
+def apply_pipeline_cpu_compat(device: Union[str, torch.device, None] = None) -> tuple[str, ...]:
+    """Patches the pipeline-schedule paths above (CPU only, idempotent); returns their names."""
+    if resolve_device(device).type == "cuda":
+        return ()
+    from megatron.core.pipeline_parallel import schedules
+
+    if "schedules.torch" not in ORIGINALS:
+        _patch(torch.cuda, "synchronize", _cpu_synchronize, "torch.cuda.synchronize")
+        _patch(schedules, "torch", _CpuZerosTorch(), "schedules.torch")
+    return ("schedules.torch", "torch.cuda.synchronize")
+
+
+@contextlib.contextmanager
+def cpu_tensor_cuda():
+    """``Tensor.cuda()`` returns the tensor itself inside the block (CPU model building)."""
+    if torch.cuda.is_available():
+        yield
+        return
+    original_cuda = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original_cuda

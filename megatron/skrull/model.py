@@ -157,9 +157,15 @@ class SkrullGPTModel(GPTModel):
 
 
 def transformer_config(args: ModelArgs, *, tp_size: int, cp_size: int, dtype: torch.dtype,
-                       use_cpu_initialization: bool) -> TransformerConfig:
-    """mcore ``TransformerConfig`` for ``args`` (parameters in ``dtype``)."""
-    return TransformerConfig(
+                       use_cpu_initialization: bool, pp_size: int = 1) -> TransformerConfig:
+    """mcore ``TransformerConfig`` for ``args`` (parameters in ``dtype``).
+
+    With ``pp_size > 1`` activations between stages have a different token count per
+    micro-batch and per CP rank, so P2P first exchanges shapes (``variable_seq_lengths``);
+    P2P runs as plain isend/irecv pairs (no batched ops), which gloo and NCCL both run.
+    """
+    config = TransformerConfig(
+        pipeline_model_parallel_size=pp_size, batch_p2p_comm=False,
         num_layers=args.num_layers, hidden_size=args.hidden_size,
         num_attention_heads=args.num_attention_heads, num_query_groups=args.query_groups,
         kv_channels=args.head_dim, ffn_hidden_size=args.ffn_size,
@@ -174,6 +180,10 @@ def transformer_config(args: ModelArgs, *, tp_size: int, cp_size: int, dtype: to
         bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
         apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
     )
+    # Set after construction: __post_init__ rejects it with the (default) allgather MoE
+    # token dispatcher, which a dense model never runs.
+    config.variable_seq_lengths = pp_size > 1
+    return config
 
 
 def layer_spec(args: ModelArgs, attention_fn: Optional[AttentionFn] = None) -> ModuleSpec:
@@ -185,9 +195,19 @@ def layer_spec(args: ModelArgs, attention_fn: Optional[AttentionFn] = None) -> M
     return spec
 
 
+def _stage_build(cpu_pipeline: bool):
+    """Context for building a model: on CPU with PP, mcore's tied-embedding setup moves the
+    last stage's copy with ``.cuda()`` (see :func:`megatron.skrull.cpu_compat.cpu_tensor_cuda`)."""
+    import contextlib
+
+    from megatron.skrull.cpu_compat import cpu_tensor_cuda
+
+    return cpu_tensor_cuda() if cpu_pipeline else contextlib.nullcontext()
+
+
 def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: int = 1,
                 dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu"),
-                attention_fn: Optional[AttentionFn] = None) -> SkrullGPTModel:
+                attention_fn: Optional[AttentionFn] = None, pp_size: int = 1) -> SkrullGPTModel:
     """Builds the model on ``device`` (parallel state must be initialised).
 
     Args:
@@ -199,14 +219,23 @@ def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: 
         device: Where the parameters live; CPU initialisation is used on CPU.
         attention_fn: Replacement of ``skrull_ext.attention.dacp_attention`` (same
             signature; tests wrap it to record calls).
+        pp_size: Pipeline stages (must match ``parallel_state``): this rank builds its
+            stage's layers, the embedding on the first stage, norm + output on the last.
     """
     cpu = device.type == "cpu"
     config = transformer_config(args, tp_size=tp_size, cp_size=cp_size, dtype=dtype,
-                                use_cpu_initialization=cpu)
-    model = SkrullGPTModel(
-        config=config, transformer_layer_spec=layer_spec(args, attention_fn),
-        vocab_size=vocab_size, max_sequence_length=args.max_position_embeddings,
-        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type="rope", rotary_base=args.rotary_base, parallel_output=True)
+                                use_cpu_initialization=cpu, pp_size=pp_size)
+    stage = {}
+    if pp_size > 1:
+        from megatron.skrull.pipeline import stage_flags
+
+        stage = stage_flags()
+    with _stage_build(cpu and pp_size > 1):
+        model = SkrullGPTModel(
+            config=config, transformer_layer_spec=layer_spec(args, attention_fn),
+            vocab_size=vocab_size, max_sequence_length=args.max_position_embeddings,
+            share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+            position_embedding_type="rope", rotary_base=args.rotary_base, parallel_output=True,
+            **stage)
     # mcore's torch norms ignore params_dtype; cast everything to one dtype.
     return model.to(device=device, dtype=dtype)

@@ -55,6 +55,7 @@ def init_model_parallel(cfg: RunConfig, device: torch.device) -> None:
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=cfg.parallel.tensor_model_parallel_size,
         context_parallel_size=cfg.parallel.context_parallel_size,
+        pipeline_model_parallel_size=cfg.parallel.pipeline_model_parallel_size,
         create_gloo_process_groups=device.type == "cpu")
     torch.manual_seed(cfg.optim.seed)
     tensor_parallel.model_parallel_cuda_manual_seed(cfg.optim.seed)
@@ -113,13 +114,19 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
                         cp_size=cfg.parallel.context_parallel_size,
                         dtype=torch.float64 if cfg.fp64 else torch.float32, device=device,
-                        attention_fn=attention_fn)
+                        attention_fn=attention_fn,
+                        pp_size=cfg.parallel.pipeline_model_parallel_size)
     if cfg.checkpoint.pretrained_hf:  # before the optimizer copies anything
         from megatron.core import parallel_state as ps
         from megatron.skrull.hf.io import load_pretrained
 
+        rename = None
+        if cfg.parallel.pipeline_model_parallel_size > 1:
+            from megatron.skrull.pipeline import whole_model_name
+
+            rename = whole_model_name(model)
         load_pretrained(model, cfg.checkpoint.pretrained_hf, cfg.model,
-                        tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp)
+                        tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp, rename=rename)
     groups = ParallelGroups.from_parallel_state()
     sync_parameters(model, groups.grad_group)
     return Trainer(

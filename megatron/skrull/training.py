@@ -48,6 +48,7 @@ class ParallelGroups:
         cp_group: CP group (attention communication).
         tp_group: Tensor-parallel group (gradient-norm reduction).
         grad_group: DP x CP group over which gradients and the loss are summed.
+        pp_size: Pipeline stages (``megatron.skrull.pipeline`` runs them when > 1).
     """
 
     dp_rank: int = 0
@@ -56,6 +57,7 @@ class ParallelGroups:
     cp_group: Optional[dist.ProcessGroup] = None
     tp_group: Optional[dist.ProcessGroup] = None
     grad_group: Optional[dist.ProcessGroup] = None
+    pp_size: int = 1
 
     @classmethod
     def from_parallel_state(cls) -> "ParallelGroups":
@@ -66,7 +68,8 @@ class ParallelGroups:
                    cp_size=ps.get_context_parallel_world_size(),
                    cp_group=ps.get_context_parallel_group(),
                    tp_group=ps.get_tensor_model_parallel_group(),
-                   grad_group=ps.get_data_parallel_group(with_context_parallel=True))
+                   grad_group=ps.get_data_parallel_group(with_context_parallel=True),
+                   pp_size=ps.get_pipeline_model_parallel_world_size())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +210,10 @@ class Trainer:
         normaliser = max(1, self.source.num_loss_tokens(batch_ids))
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.groups.pp_size > 1:
+            from megatron.skrull.pipeline import pipeline_gradients
+
+            return pipeline_gradients(self, batch_ids, plan, normaliser)
         loss_sum = 0.0
         for mb in plan.dp_ranks[self.groups.dp_rank]:
             inputs = materialize(self.source, batch_ids, plan, mb, self.groups, self.device,
@@ -243,7 +250,13 @@ class Trainer:
                 torch.cuda.synchronize()
             start = time.perf_counter()
         loss = self.compute_gradients(batch_ids, plan)
-        norm = clip_grad_norm(self.params, self.clip_grad, self.groups.tp_group)
+        if self.groups.pp_size > 1:
+            from megatron.skrull.pipeline import clip_pipeline_grads
+
+            norm = clip_pipeline_grads(self.model, self.params, self.clip_grad,
+                                       self.groups.tp_group)
+        else:
+            norm = clip_grad_norm(self.params, self.clip_grad, self.groups.tp_group)
         self.iteration += 1
         lr = self.schedule.lr_at(self.iteration)
         for group in self.optimizer.param_groups:

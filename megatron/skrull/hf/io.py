@@ -103,7 +103,7 @@ def save_safetensors(tensors: dict[str, torch.Tensor], directory: str,
 
 
 def load_pretrained(model: torch.nn.Module, directory: str, model_args: Any, *,
-                    tp_rank: int = 0, tp_size: int = 1) -> int:
+                    tp_rank: int = 0, tp_size: int = 1, rename: Any = None) -> int:
     """Initialises ``model`` (this TP rank's shards) from a Hugging Face directory.
 
     Args:
@@ -111,6 +111,7 @@ def load_pretrained(model: torch.nn.Module, directory: str, model_args: Any, *,
             ``config.json``, see :mod:`megatron.skrull.hf.config`).
         directory: ``--pretrained-hf`` directory.
         model_args: :class:`megatron.skrull.arguments.ModelArgs` (head counts).
+        rename: Stage-to-whole-model parameter names (pipeline parallelism).
 
     Returns:
         Number of parameters loaded.
@@ -125,4 +126,4 @@ def load_pretrained(model: torch.nn.Module, directory: str, model_args: Any, *,
     shape = AttentionShape(heads=model_args.num_attention_heads, groups=model_args.query_groups,
                            head_dim=model_args.head_dim)
     return load_into_model(model, weights.get, weights.has, shape, tp_rank=tp_rank,
-                           tp_size=tp_size, source=directory)
+                           tp_size=tp_size, source=directory, rename=rename)

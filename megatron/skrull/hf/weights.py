@@ -139,7 +139,8 @@ def mcore_to_hf(full: dict[str, torch.Tensor], shape: AttentionShape
 @torch.no_grad()
 def load_into_model(model: torch.nn.Module, get: Callable[[str], torch.Tensor],
                     has: Callable[[str], bool], shape: AttentionShape, *, tp_rank: int = 0,
-                    tp_size: int = 1, source: str = "checkpoint") -> int:
+                    tp_size: int = 1, source: str = "checkpoint",
+                    rename: Optional[Callable[[str], str]] = None) -> int:
     """Copies Hugging Face weights into ``model``'s parameters (this TP rank's shards).
 
     One parameter's Hugging Face tensors are read at a time, so the whole model is never
@@ -153,6 +154,8 @@ def load_into_model(model: torch.nn.Module, get: Callable[[str], torch.Tensor],
         tp_rank: This rank's TP rank.
         tp_size: TP size.
         source: Name used in error messages.
+        rename: Maps this rank's parameter names to whole-model names (a pipeline
+            stage's; see :func:`megatron.skrull.pipeline.whole_model_name`).
 
     Returns:
         Number of parameters loaded.
@@ -162,6 +165,7 @@ def load_into_model(model: torch.nn.Module, get: Callable[[str], torch.Tensor],
     """
     loaded = 0
     for name, param in model.named_parameters():
+        name = rename(name) if rename is not None else name
         found = rule_for(name)
         if found is None:
             raise ValueError(f"model parameter {name} has no Hugging Face counterpart")
