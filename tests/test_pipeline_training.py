@@ -255,3 +255,19 @@ def test_pipeline_cpu_shims_still_needed_and_scoped():
     if not torch.cuda.is_available():
         with pytest.raises((AssertionError, RuntimeError)):
             t.cuda()  # scoped: the identity ends with the block
+
+
+def test_planner_feeds_the_pipeline_short_micro_batches_first():
+    from megatron.skrull.planning import build_cost_model, make_planner
+
+    cfg = tiny_config(["--pipeline-model-parallel-size", "2", "--skrull-bucket-size", "96",
+                       "--global-batch-size", "16"], world_size=2)
+    lengths = np.array([96, 5, 40, 60, 7, 90, 33, 12, 80, 8, 70, 9, 50, 11, 30, 6])
+    plan = make_planner(cfg, 128)(lengths)
+    plan.validate()
+    cost = build_cost_model(cfg, 128)
+    full = cost.compute_seconds(lengths)
+    times = [max(float(full[list(r)].sum()) for r in mb.local) for mb in plan.dp_ranks[0]]
+    assert len(times) >= 3
+    assert times[0] == min(times) and times[-1] == sorted(times)[1], times
+    assert times[1:-1] == sorted(times[1:-1], reverse=True)

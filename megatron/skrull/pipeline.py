@@ -21,6 +21,7 @@ whose loss mask is 0 (its gradient contribution is exactly zero).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional, Sequence
 
@@ -36,7 +37,7 @@ from megatron.skrull.model import SkrullPackedSeqParams
 
 __all__ = ["stage_flags", "pipeline_micro_batches", "filler_inputs", "run_pipeline",
            "pipeline_gradients", "reduce_tied_embedding_grads", "full_to_stage_state_dict",
-           "pipeline_grad_norm", "clip_pipeline_grads", "whole_model_name"]
+           "pipeline_grad_norm", "clip_pipeline_grads", "whole_model_name", "pipeline_order"]
 
 
 def stage_flags() -> dict:
@@ -60,6 +61,26 @@ def filler_inputs(cp_rank: int, cp_size: int, cp_group, device: torch.device,
         loss_mask=torch.zeros((1, 1), dtype=torch.float32, device=device),
         packed_seq_params=SkrullPackedSeqParams(layout=layout, cp_group=cp_group,
                                                 attention_backend=attention_backend))
+
+
+def pipeline_order(plan: Plan, cost, order: str = "small-ends") -> Plan:
+    """``plan`` with each DP rank's micro-batches in the feed order that shrinks the bubble.
+
+    A micro-batch's time is its slowest CP rank's under the scheduler's cost model (local
+    compute + distributed shares); ``small-ends`` (shortest first, second shortest last)
+    is usually the fastest order in the 1F1B simulation (``benchmarks/pp_table.py``).
+    Deterministic, so every rank reorders alike.
+    """
+    from skrull_ext.planner.pipeline import order_micro_batches
+
+    full = cost.compute_seconds(plan.lengths)
+    share = cost.share_seconds(plan.lengths, plan.cp_size)
+    ranks = []
+    for mbs in plan.dp_ranks:
+        times = [max(float(full[list(r)].sum()) for r in mb.local)
+                 + float(share[list(mb.distributed)].sum()) for mb in mbs]
+        ranks.append(tuple(mbs[i] for i in order_micro_batches(times, order)))
+    return dataclasses.replace(plan, dp_ranks=tuple(ranks))
 
 
 def pipeline_micro_batches(source, batch_ids: np.ndarray, plan: Plan, groups, device,

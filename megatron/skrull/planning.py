@@ -102,6 +102,10 @@ def make_planner(cfg: RunConfig, vocab_size: int,
                              cp_size=cfg.parallel.context_parallel_size,
                              bucket_size=cfg.skrull.bucket_size, policy=cfg.skrull.scheduler)
     cost = cost_model or build_cost_model(cfg, vocab_size)
+    if cfg.parallel.pipeline_model_parallel_size > 1:
+        from megatron.skrull.pipeline import pipeline_order
+
+        return lambda lengths: pipeline_order(schedule(lengths, config, cost), cost)
     return lambda lengths: schedule(lengths, config, cost)
 
 
