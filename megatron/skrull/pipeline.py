@@ -258,13 +258,11 @@ def full_to_stage_state_dict(full: dict, *, num_layers: int, pp_rank: int, pp_si
 def clip_pipeline_grads(model: torch.nn.Module, params: Sequence[torch.nn.Parameter],
                         max_norm: float, tp_group) -> float:
     """Clips to a global norm over all stages (0 disables); returns the norm before."""
-    norm = float(pipeline_grad_norm(model, params, tp_group).sqrt())
-    if max_norm > 0 and norm > max_norm:
-        coeff = max_norm / (norm + 1e-6)
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(coeff)
-    return norm
+    norm = pipeline_grad_norm(model, params, tp_group).sqrt()
+    if max_norm > 0:  # coefficient max_norm / (norm + 1e-6), capped at 1, as torch clips
+        torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None],
+                                             max_norm, norm.to(params[0].dtype))
+    return float(norm)
 
 
 def whole_model_name(model: torch.nn.Module):
