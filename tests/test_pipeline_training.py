@@ -2,10 +2,9 @@
 launcher's skrull planner equal one process (fp64 losses, grad norms and weights over
 several iterations, long-tailed synthetic corpus), checkpoint save/resume with PP.
 
-One spawn per layout.  Every rank first builds the whole model under a PP = 1 parallel
-state (same seed as the reference) and rank 0 trains the single-process reference; then
-the parallel state is re-initialised with PP and each stage loads its slice of the same
-initial weights (:func:`megatron.skrull.pipeline.full_to_stage_state_dict`).
+Three spawns: the one-process reference (world 1, the same mcore trainer), then one per
+layout.  Every stage loads its slice of the reference's initial weights
+(:func:`megatron.skrull.pipeline.full_to_stage_state_dict`).
 """
 from __future__ import annotations
 
@@ -40,34 +39,20 @@ def _all_local(lengths):
                 policy="reference", dp_ranks=((mb,),))
 
 
-def _full_model_and_reference(rank, world, cfg, tmp):
-    """Whole-model initial weights (every rank) and the one-process run (rank 0 writes it)."""
-    from megatron.core import parallel_state
-    from megatron.skrull.data import GlobalBatchSampler
-    from megatron.skrull.model import build_model
-    from megatron.skrull.optimizer import LRSchedule, build_optimizer
-    from megatron.skrull.pretrain_gpt import build_sample_source
-    from megatron.skrull.training import ParallelGroups, Trainer, train
+def _reference(rank, world, tmp):
+    """World 1: initial weights and ITERS iterations with every sample in one micro-batch."""
+    from megatron.skrull.cpu_compat import apply_cpu_compat
+    from megatron.skrull.pretrain_gpt import build_trainer, init_model_parallel
+    from megatron.skrull.training import train
 
-    parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(create_gloo_process_groups=True)
-    torch.manual_seed(cfg.optim.seed)
-    model = build_model(cfg.model, vocab_size=128, dtype=torch.float64)
-    init = _tensors(model)
-    if rank == 0:
-        source = build_sample_source(cfg)
-        ref = Trainer(model=model, optimizer=build_optimizer(model, cfg.optim),
-                      schedule=LRSchedule.from_args(cfg.optim), source=source,
-                      sampler=GlobalBatchSampler(len(source), cfg.global_batch_size,
-                                                 cfg.optim.seed),
-                      planner=_all_local, groups=ParallelGroups(), device=CPU,
-                      clip_grad=cfg.optim.clip_grad, float64_loss=True)
-        stats = train(ref, train_iters=ITERS)
-        torch.save({"losses": [s.loss for s in stats], "norms": [s.grad_norm for s in stats],
-                    "params": _tensors(model)},
-                   os.path.join(tmp, "reference.pt"))
-    parallel_state.destroy_model_parallel()
-    return init
+    apply_cpu_compat("cpu")
+    init_model_parallel(tiny_config(COMMON), CPU)
+    ref = build_trainer(tiny_config(COMMON), CPU, planner=_all_local)
+    init = _tensors(ref.model.module)
+    stats = train(ref, train_iters=ITERS)
+    torch.save({"init": init, "losses": [s.loss for s in stats],
+                "norms": [s.grad_norm for s in stats], "params": _tensors(ref.model.module)},
+               os.path.join(tmp, "reference.pt"))
 
 
 def _pipeline_trainer(cfg, init, planner=None):
@@ -81,16 +66,17 @@ def _pipeline_trainer(cfg, init, planner=None):
         init, num_layers=cfg.model.num_layers, pp_rank=ps.get_pipeline_model_parallel_rank(),
         pp_size=ps.get_pipeline_model_parallel_world_size(),
         tied=not cfg.model.untie_embeddings_and_output_weights)
-    missing, unexpected = trainer.model.load_state_dict(stage, strict=False)
+    model = trainer.model.module  # in place: DDP's buffers and the optimizer keep the params
+    missing, unexpected = model.load_state_dict(stage, strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing), missing
     # --pretrained-hf's stage -> whole-model names agree with the slicing.
-    rename = whole_model_name(trainer.model)
-    for name, _ in trainer.model.named_parameters():
+    rename = whole_model_name(model)
+    for name, _ in model.named_parameters():
         assert stage[name] is init[rename(name)], name
     return trainer
 
 
-def _worker(rank, world, tmp, flags, resume):
+def _worker(rank, world, tmp, ref_path, flags, resume):
     from megatron.core import parallel_state as ps
     from megatron.skrull.cpu_compat import apply_cpu_compat
     from megatron.skrull.training import train
@@ -98,14 +84,14 @@ def _worker(rank, world, tmp, flags, resume):
     apply_cpu_compat("cpu")
     cfg = tiny_config([*COMMON, "--pipeline-model-parallel-size", "2", *flags],
                       world_size=world)
-    init = _full_model_and_reference(rank, world, tiny_config(COMMON, world_size=world), tmp)
+    init = torch.load(ref_path, weights_only=False)["init"]
     trainer = _pipeline_trainer(cfg, init)
     history = train(trainer, train_iters=ITERS)
     out = {"losses": [s.loss for s in history], "norms": [s.grad_norm for s in history],
            "micro_batches": [s.micro_batches for s in history],
            "local_share": [s.local_share for s in history],
            "pp_rank": ps.get_pipeline_model_parallel_rank(),
-           "params": _tensors(trainer.model)}
+           "params": _tensors(trainer.model.module)}
     if resume:
         out.update(_resume(cfg, init, tmp))
     if cfg.parallel.context_parallel_size == 2:
@@ -148,12 +134,11 @@ def _resume(cfg, init, tmp) -> dict:
             "resumed": [s.loss for s in part1 + train(second, train_iters=ITERS)]}
 
 
-def _run(tmp_path_factory, world, flags, resume):
-    tmp = tmp_path_factory.mktemp(f"pp{world}")
-    spawn(_worker, world, tmp, flags, resume, timeout=360)
-    return (torch.load(os.path.join(tmp, "reference.pt"), weights_only=False),
-            [torch.load(os.path.join(tmp, f"out{r}.pt"), weights_only=False)
-             for r in range(world)])
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("reference")
+    spawn(_reference, 1, tmp, timeout=240)
+    return os.path.join(tmp, "reference.pt")
 
 
 # PP2: DP 1 x PP 2, bucket 96 -> several micro-batches (1F1B steady state); also resumes.
@@ -164,8 +149,13 @@ LAYOUTS = {"pp2": (2, ["--skrull-bucket-size", "96"], True),
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
-def results(request, tmp_path_factory):
-    return request.param, *_run(tmp_path_factory, *LAYOUTS[request.param])
+def results(request, reference, tmp_path_factory):
+    world, flags, resume = LAYOUTS[request.param]
+    tmp = tmp_path_factory.mktemp(request.param)
+    spawn(_worker, world, tmp, reference, flags, resume, timeout=360)
+    return (request.param, torch.load(reference, weights_only=False),
+            [torch.load(os.path.join(tmp, f"out{r}.pt"), weights_only=False)
+             for r in range(world)])
 
 
 def test_pipeline_equals_single_process(results):
@@ -175,12 +165,14 @@ def test_pipeline_equals_single_process(results):
     for r, out in enumerate(outs):
         torch.testing.assert_close(out["losses"], ref["losses"], rtol=1e-9, atol=0,
                                    msg=lambda m: f"{name} rank {r} losses: {m}")
-        torch.testing.assert_close(out["norms"], ref["norms"], rtol=1e-9, atol=0)
+        # mcore's optimizer sums the squared norm in float32 (get_grad_norm_fp32).
+        torch.testing.assert_close(out["norms"], ref["norms"], rtol=1e-6, atol=0)
         expect = full_to_stage_state_dict(ref["params"], num_layers=2, pp_rank=out["pp_rank"],
                                           pp_size=2, tied=True)
         assert out["params"].keys() <= expect.keys()
         for key, value in out["params"].items():
-            torch.testing.assert_close(value, expect[key], rtol=1e-9, atol=1e-12,
+            # atol: the clipping coefficient carries the fp32 norm's ~1e-8 (lr 3e-3).
+            torch.testing.assert_close(value, expect[key], rtol=1e-9, atol=1e-9,
                                        msg=lambda m, k=key: f"{name} rank {r} {k}: {m}")
     assert {o["pp_rank"] for o in outs} == {0, 1}
     assert max(max(o["micro_batches"]) for o in outs) >= 3  # 1F1B past its warm-up
@@ -231,7 +223,7 @@ def test_bad_pipeline_layouts_exit_2_with_one_error(world, flags, needle, monkey
     assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
 
 
-def test_pipeline_cpu_shims_still_needed_and_scoped():
+def test_pipeline_cpu_shims_still_needed():
     # Fails when mcore stops assuming CUDA on these paths (then drop the shim) or moves them.
     import inspect
 
@@ -240,21 +232,17 @@ def test_pipeline_cpu_shims_still_needed_and_scoped():
     from megatron.skrull import cpu_compat
 
     src = inspect.getsource(p2p_communication.P2PCommunicator._communicate_shapes)
-    assert "torch.cuda.synchronize()" in src
+    assert "torch.cuda.synchronize()" in src  # apply_pipeline_cpu_compat
     src = inspect.getsource(schedules.forward_backward_pipelining_without_interleaving)
-    assert 'torch.zeros([], dtype=torch.int, device="cuda")' in src
+    assert 'device="cuda"' in src  # the schedule runs inside cuda_to_cpu
     src = inspect.getsource(language_module.LanguageModule.setup_embeddings_and_output_layer)
-    assert "weight.data = weight.data.cuda()" in src
-    cpu_compat.apply_pipeline_cpu_compat("cpu")
-    assert schedules.torch.zeros([], dtype=torch.int, device="cuda").device.type == "cpu"
-    assert schedules.torch.ones is torch.ones and torch.zeros is not schedules.torch.zeros
+    assert "weight.data = weight.data.cuda()" in src  # PP models are built inside cuda_to_cpu
+    assert cpu_compat.apply_pipeline_cpu_compat("cpu") == ("torch.cuda.synchronize",)
     torch.cuda.synchronize()  # a no-op now
-    t = torch.ones(2)
-    with cpu_compat.cpu_tensor_cuda():
-        assert t.cuda() is t
+    assert cpu_compat.apply_pipeline_cpu_compat("cpu") == ("torch.cuda.synchronize",)
     if not torch.cuda.is_available():
         with pytest.raises((AssertionError, RuntimeError)):
-            t.cuda()  # scoped: the identity ends with the block
+            cpu_compat.ORIGINALS["torch.cuda.synchronize"]()
 
 
 def test_planner_feeds_the_pipeline_short_micro_batches_first():

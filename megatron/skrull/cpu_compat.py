@@ -18,12 +18,21 @@ paths our training stack reaches are patched here, in ONE place, by
   ``get_cuda_rng_tracker().fork()`` work and still give tensor-parallel ranks separate
   streams.
 
+Scoped, not patched: :func:`cuda_to_cpu` is a context manager (a torch function mode) under
+which mcore's ``DistributedDataParallel``, optimizers (``get_megatron_optimizer``, the
+distributed optimizer, grad scalers, clipping) and pipeline schedules run on CPU.  Those
+hard-code ``device='cuda'`` in tensor factories (``torch.zeros(..., device='cuda')``), call
+``Tensor.cuda()`` and check ``param.type() == 'torch.cuda.FloatTensor'``.  Inside the mode
+factory calls get ``device='cpu'``, ``.cuda()`` returns the CPU tensor, and ``type()`` of a
+CPU tensor reports the CUDA name mcore expects -- float64 reports ``torch.cuda.FloatTensor``
+because our parity mode (``--fp64``) gives float64 the role float32 has in mcore (full
+precision params that are their own main params).  The training loop enters the mode around
+its mcore calls only; nothing outside it changes.
+
 Not patched because our stack never reaches them: RoPE's CP slicing
 (``get_pos_emb_on_this_cp_rank``, which also calls ``.cuda()``) -- :mod:`megatron.skrull.model`
 computes rotary frequencies from the global position ids of the packed stream and never
-calls ``RotaryEmbedding.forward``; mcore's ``DistributedDataParallel`` / optimizer (their
-``device='cuda'`` buffers) -- :mod:`megatron.skrull.training` all-reduces gradients itself
-and uses ``torch.optim.AdamW``.
+calls ``RotaryEmbedding.forward``.
 
 ``tests/test_cpu_compat.py`` fails when upstream changes under these shims.
 """
@@ -34,9 +43,10 @@ import functools
 from typing import Any, Callable, Optional, Union
 
 import torch
+from torch.overrides import TorchFunctionMode
 
-__all__ = ["apply_cpu_compat", "apply_pipeline_cpu_compat", "cpu_compat_applied",
-           "cpu_tensor_cuda", "resolve_device", "original", "ORIGINALS"]
+__all__ = ["apply_cpu_compat", "apply_pipeline_cpu_compat", "cpu_compat_applied", "cuda_to_cpu",
+           "resolve_device", "original", "ORIGINALS"]
 
 # name -> object that was replaced (kept so tests can check the upstream behaviour).
 ORIGINALS: dict[str, Any] = {}
@@ -172,31 +182,50 @@ def original(name: str) -> Optional[Callable[..., Any]]:
     return ORIGINALS.get(name)
 
 
-# --- Pipeline parallelism (megatron.skrull.pipeline) -------------------------------------
-# mcore's 1F1B schedule and P2P communication run on gloo except for three CUDA assumptions:
-#
-# * ``p2p_communication.P2PCommunicator._communicate_shapes`` calls ``torch.cuda.synchronize()``
-#   after exchanging tensor shapes (``variable_seq_lengths``): a no-op on CPU.
-# * ``schedules.forward_backward_pipelining_without_interleaving`` allocates its token
-#   counter with ``torch.zeros([], dtype=torch.int, device="cuda")``: the schedules module
-#   sees a ``torch`` whose ``zeros`` maps ``device="cuda"`` to the CPU (that module only).
-# * ``LanguageModule.setup_embeddings_and_output_layer`` moves the tied output weight with
-#   ``weight.data.cuda()`` before all-reducing it between the first and last stage:
-#   :func:`cpu_tensor_cuda` makes ``Tensor.cuda`` the identity only while a model is built.
+_CUDA_TYPE_NAMES = {torch.float32: "torch.cuda.FloatTensor", torch.float64: "torch.cuda.FloatTensor",
+                    torch.float16: "torch.cuda.HalfTensor",
+                    torch.bfloat16: "torch.cuda.BFloat16Tensor"}
 
 
-class _CpuZerosTorch:
-    """Stands for ``torch`` inside mcore's ``schedules`` module; ``zeros(device="cuda")``
-    allocates on the CPU, every other attribute is torch's own."""
+def _is_cuda_device(device: Any) -> bool:
+    if isinstance(device, int):
+        return True  # a bare ordinal means a CUDA device to torch
+    return device is not None and torch.device(device).type == "cuda"
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
 
-    @staticmethod
-    def zeros(*args, **kwargs):
-        if str(kwargs.get("device", "")).startswith("cuda"):
-            kwargs["device"] = "cpu"
-        return torch.zeros(*args, **kwargs)
+class _CudaToCpuMode(TorchFunctionMode):
+    """Redirects the CUDA device of mcore's factories, ``.cuda()`` and ``type()`` to CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            tensor = args[0]
+            if tensor.device.type == "cpu" and tensor.dtype in _CUDA_TYPE_NAMES:
+                return _CUDA_TYPE_NAMES[tensor.dtype]
+        elif "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            kwargs = dict(kwargs, device="cpu")
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_to_cpu(device: Union[str, torch.device, None] = "cpu"):
+    """Runs mcore's DDP/optimizer/schedule code on CPU inside the block (no-op on CUDA).
+
+    Args:
+        device: The training device; the mode is entered only when it is the CPU.
+    """
+    if resolve_device(device).type != "cpu":
+        yield
+        return
+    with _CudaToCpuMode():
+        yield
+
+
+# Pipeline parallelism (megatron.skrull.pipeline): mcore's 1F1B schedule runs inside
+# cuda_to_cpu, except that ``P2PCommunicator._communicate_shapes`` (variable sequence
+# lengths) calls ``torch.cuda.synchronize()``, which no torch function mode intercepts.
 
 
 def _cpu_synchronize(device=None) -> None:
@@ -204,26 +233,9 @@ def _cpu_synchronize(device=None) -> None:
 
 
 def apply_pipeline_cpu_compat(device: Union[str, torch.device, None] = None) -> tuple[str, ...]:
-    """Patches the pipeline-schedule paths above (CPU only, idempotent); returns their names."""
+    """Makes ``torch.cuda.synchronize`` a no-op on CPU (idempotent); returns the names."""
     if resolve_device(device).type == "cuda":
         return ()
-    from megatron.core.pipeline_parallel import schedules
-
-    if "schedules.torch" not in ORIGINALS:
+    if "torch.cuda.synchronize" not in ORIGINALS:
         _patch(torch.cuda, "synchronize", _cpu_synchronize, "torch.cuda.synchronize")
-        _patch(schedules, "torch", _CpuZerosTorch(), "schedules.torch")
-    return ("schedules.torch", "torch.cuda.synchronize")
-
-
-@contextlib.contextmanager
-def cpu_tensor_cuda():
-    """``Tensor.cuda()`` returns the tensor itself inside the block (CPU model building)."""
-    if torch.cuda.is_available():
-        yield
-        return
-    original_cuda = torch.Tensor.cuda
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self
-    try:
-        yield
-    finally:
-        torch.Tensor.cuda = original_cuda
+    return ("torch.cuda.synchronize",)

@@ -261,8 +261,8 @@ def print_report(args, prof, model, hw, summary, out=None):
     w(f"model     {model.name}: {model.param_count() / 1e9:.3f}B parameters, "
       f"{model.num_layers} layers, h={model.hidden_size}, h_kv={model.kv_hidden_size}")
     w(f"hardware  {hw.name}: {hw.description}")
-    w(f"layout    DP={args.dp_size} CP={args.cp_size} PP={args.pp_size}, global batch {args.global_batch_size}, "
-      f"{args.num_batches} sampled batches (seed {args.seed})")
+    w(f"layout    DP={args.dp_size} CP={args.cp_size} PP={args.pp_size}, global batch "
+      f"{args.global_batch_size}, {args.num_batches} sampled batches (seed {args.seed})")
     rec = mem["recommended_bucket"]
     w(f"memory    device {mem['device_gib']:.1f} GiB - static {mem['static_gib']:.2f} GiB "
       f"(weights + grads + Adam sharded over {args.dp_size * args.cp_size}) - margin "
