@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import tempfile
 from typing import Any, Callable, Optional, Sequence
@@ -123,6 +124,27 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         autocast_dtype=torch.bfloat16 if device.type == "cuda" else None)
 
 
+class ExitSignalHandler:
+    """Megatron's ``--exit-signal-handler``: SIGTERM sets a flag, and at the next iteration
+    boundary every rank learns (one MAX all-reduce) whether any rank received it."""
+
+    def __init__(self, device: torch.device, sig: int = signal.SIGTERM):
+        self.device, self.received = device, False
+        signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = True
+
+    def __call__(self, trainer) -> bool:
+        flag = torch.tensor([int(self.received)], device=self.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item():
+            logger.warning("SIGTERM received: saving a checkpoint of iteration %d and exiting",
+                           trainer.iteration)
+        return bool(flag.item())
+
+
 class SetupError(RuntimeError):
     """Bad input found while building the run (data, tokenizer, checkpoint): exit 2."""
 
@@ -143,9 +165,13 @@ def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
     init_model_parallel(cfg, device)
     try:
         trainer = build_trainer(cfg, device)
-        meta = ckpt.CheckpointMeta.from_parallel_state()
-        if cfg.checkpoint.load:
-            ckpt.load_checkpoint(cfg.checkpoint.load, trainer, meta, dataclasses.asdict(cfg))
+        meta = ckpt.CheckpointMeta.from_parallel_state(device)
+        c = cfg.checkpoint
+        if c.load:
+            ckpt.load_checkpoint(c.load, trainer, meta, dataclasses.asdict(cfg),
+                                 ckpt.LoadOptions(finetune=c.finetune,
+                                                  load_optim=not c.no_load_optim,
+                                                  load_rng=not c.no_load_rng))
     except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
         raise SetupError(str(exc)) from exc
     return trainer, meta, device
@@ -175,8 +201,10 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                 + (f" ({cfg.skrull.objective} objective)" if cfg.skrull.scheduler == "skrull"
                    else ""))
     try:
+        exit_fn = ExitSignalHandler(device) if cfg.checkpoint.exit_signal_handler else None
         return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
-                     save_interval=cfg.checkpoint.save_interval, save_fn=save_fn)
+                     save_interval=cfg.checkpoint.save_interval, save_fn=save_fn,
+                     exit_fn=exit_fn)
     finally:
         metrics.close()
 
