@@ -206,6 +206,10 @@ class CheckpointArgs:
                      "(megatron.core.dist_checkpointing, loads at any TP/CP/DP layout)")
         if self.save_interval is not None and self.save_interval < 1:
             p.append(f"--save-interval must be >= 1, got {self.save_interval}")
+        if self.load is not None and not os.path.isdir(self.load):
+            # A typo must not silently start a fresh run (Megatron's behaviour).
+            p.append(f"--load {self.load}: no such directory; fix the path (or drop --load "
+                     "to start from scratch)")
         if self.exit_signal_handler and not self.save:
             p.append("--exit-signal-handler saves a checkpoint on SIGTERM: give --save DIR")
         if self.save_interval is not None and not self.save:
