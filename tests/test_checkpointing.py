@@ -55,7 +55,7 @@ def _load(root, trainer, cfg, **opts):
     from megatron.skrull import checkpointing as ckpt
 
     return ckpt.load_checkpoint(root, trainer, ckpt.CheckpointMeta.from_parallel_state(),
-                                dataclasses.asdict(cfg), ckpt.LoadOptions(**opts))
+                                dataclasses.asdict(cfg), **opts)
 
 
 def _save_at_dp2(rank, world, tmp):

@@ -307,29 +307,38 @@ def _dcp_exception() -> type:
 
 
 def load_checkpoint(root: str, trainer, meta: CheckpointMeta,
-                    config: Optional[dict[str, Any]] = None,
-                    options: LoadOptions = LoadOptions()) -> Optional[int]:
+                    config: Optional[dict[str, Any]] = None, *, finetune: bool = False,
+                    load_optim: bool = True, load_rng: bool = True,
+                    allow_missing: bool = False) -> Optional[int]:
     """Restores ``trainer`` from ``root``'s latest intact checkpoint; collective.
+
+    Megatron's fine-tuning flags: ``finetune`` loads the model weights only and keeps the
+    trainer at iteration 0 (fresh optimizer, sampler and RNG); ``load_optim=False`` /
+    ``load_rng=False`` skip the optimizer / RNG state.
+
+    ``allow_missing``: a missing ``root`` means "no checkpoint yet" (``--load`` equal to
+    ``--save``, or ``--pretrained-hf`` gives the start) instead of an error.
 
     Returns:
         The resumed iteration (0 with ``finetune``), or ``None`` (trainer untouched) when
-        ``root`` exists but holds no checkpoint yet (``--save X --load X`` restart loops).
+        ``root`` holds no checkpoint yet (``--save X --load X`` restart loops).
 
     Raises:
         CheckpointError: ``root`` does not exist, the checkpoint is of another model, or
             no checkpoint in ``root`` can be read.
     """
-    if not os.path.isdir(root):
+    if not os.path.isdir(root) and not allow_missing:
         raise CheckpointError(f"--load {root}: no such directory; fix the path (or drop "
                               "--load to start from scratch)")
-    candidates = candidate_iterations(root)
+    candidates = candidate_iterations(root) if os.path.isdir(root) else []
     if not candidates:
         logger.warning("no checkpoint in %s (no %s): starting from scratch", root, TRACKER)
         return None
     for n, it in enumerate(candidates):
         path = iteration_dir(root, it)
         try:
-            resumed = _load_one(path, trainer, meta, config, options)
+            resumed = _load_one(path, trainer, meta, config, LoadOptions(
+                finetune=finetune, load_optim=load_optim, load_rng=load_rng))
         except CheckpointError:
             raise
         # torch.distributed.checkpoint raises CheckpointException, a BaseException, on every
@@ -343,7 +352,8 @@ def load_checkpoint(root: str, trainer, meta: CheckpointMeta,
                 logger.error("checkpoint %s is unreadable (%s); %s", path, reason, nxt)
             continue
         if meta.rank == 0:
-            logger.info("loaded checkpoint %s (iteration %d)", path, it)
+            logger.info("loaded checkpoint %s (iteration %d)%s", path, it,
+                    " -- --finetune: model weights only, starting at 0" if finetune else "")
         return resumed
     raise CheckpointError(f"--load {root}: no readable checkpoint (tried iterations "
                           f"{', '.join(map(str, candidates))}); see the log above")
