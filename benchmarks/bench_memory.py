@@ -18,6 +18,8 @@ whose flags the launcher does not accept are reported as skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
@@ -107,7 +109,7 @@ def spec_of(cfg, vocab: int):
 
     m = cfg.model
     return ModelSpec(name="tiny", num_layers=m.num_layers, hidden_size=m.hidden_size,
-                     ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size,
+                     ffn_hidden_size=m.ffn_size,
                      num_attention_heads=m.num_attention_heads,
                      num_query_groups=m.num_query_groups or m.num_attention_heads,
                      vocab_size=vocab, swiglu=m.swiglu,
@@ -123,7 +125,8 @@ def run_setting(flags: list[str], fields: dict[str, Any]) -> Optional[dict[str, 
     from skrull_ext.costmodel.memory import TrainingMemory
 
     try:
-        cfg = parse_args(TINY + flags)
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage text
+            cfg = parse_args(TINY + flags)
     except (ConfigError, SystemExit):
         return None
     device = torch.device("cpu")
