@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import tempfile
 from typing import Any, Callable, Optional, Sequence
@@ -150,6 +151,27 @@ def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
         raise ValueError(f"--skrull-attention-kernel {cfg.skrull.attention_kernel}: {exc}") from exc
 
 
+class ExitSignalHandler:
+    """Megatron's ``--exit-signal-handler``: SIGTERM sets a flag, and at the next iteration
+    boundary every rank learns (one MAX all-reduce) whether any rank received it."""
+
+    def __init__(self, device: torch.device, sig: int = signal.SIGTERM):
+        self.device, self.received = device, False
+        signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = True
+
+    def __call__(self, trainer) -> bool:
+        flag = torch.tensor([int(self.received)], device=self.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item():
+            logger.warning("SIGTERM received: saving a checkpoint of iteration %d and exiting",
+                           trainer.iteration)
+        return bool(flag.item())
+
+
 class SetupError(RuntimeError):
     """Bad input found while building the run (data, tokenizer, checkpoint): exit 2."""
 
@@ -170,12 +192,13 @@ def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
     init_model_parallel(cfg, device)
     try:
         trainer = build_trainer(cfg, device)
-        meta = ckpt.CheckpointMeta.from_parallel_state()
+        meta = ckpt.CheckpointMeta.from_parallel_state(device)
         if cfg.checkpoint.load:
             c = cfg.checkpoint  # a checkpoint of this run in --load wins over --pretrained-hf
             ckpt.load_checkpoint(c.load, trainer, meta, dataclasses.asdict(cfg),
                                  finetune=c.finetune, load_optim=not c.no_load_optim,
-                                 load_rng=not c.no_load_rng)
+                                 load_rng=not c.no_load_rng,
+                                 allow_missing=c.load == c.save or bool(c.pretrained_hf))
     except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
         raise SetupError(str(exc)) from exc
     return trainer, meta, device
@@ -205,8 +228,10 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                 + (f" ({cfg.skrull.objective} objective)" if cfg.skrull.scheduler == "skrull"
                    else ""))
     try:
+        exit_fn = ExitSignalHandler(device) if cfg.checkpoint.exit_signal_handler else None
         return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
-                     save_interval=cfg.checkpoint.save_interval, save_fn=save_fn)
+                     save_interval=cfg.checkpoint.save_interval, save_fn=save_fn,
+                     exit_fn=exit_fn)
     finally:
         metrics.close()
 
