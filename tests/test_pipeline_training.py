@@ -232,17 +232,18 @@ def test_pipeline_cpu_shims_still_needed():
     from megatron.skrull import cpu_compat
 
     src = inspect.getsource(p2p_communication.P2PCommunicator._communicate_shapes)
-    assert "torch.cuda.synchronize()" in src  # apply_pipeline_cpu_compat
+    assert "torch.cuda.synchronize()" in src  # cpu_pipeline_p2p
     src = inspect.getsource(schedules.forward_backward_pipelining_without_interleaving)
     assert 'device="cuda"' in src  # the schedule runs inside cuda_to_cpu
     src = inspect.getsource(language_module.LanguageModule.setup_embeddings_and_output_layer)
     assert "weight.data = weight.data.cuda()" in src  # PP models are built inside cuda_to_cpu
-    assert cpu_compat.apply_pipeline_cpu_compat("cpu") == ("torch.cuda.synchronize",)
-    torch.cuda.synchronize()  # a no-op now
-    assert cpu_compat.apply_pipeline_cpu_compat("cpu") == ("torch.cuda.synchronize",)
+    upstream = torch.cuda.synchronize
+    with cpu_compat.cpu_pipeline_p2p("cpu"):
+        torch.cuda.synchronize()  # a no-op in the block
+    assert torch.cuda.synchronize is upstream  # scoped
     if not torch.cuda.is_available():
         with pytest.raises((AssertionError, RuntimeError)):
-            cpu_compat.ORIGINALS["torch.cuda.synchronize"]()
+            torch.cuda.synchronize()
 
 
 def test_planner_feeds_the_pipeline_short_micro_batches_first():

@@ -39,14 +39,15 @@ calls ``RotaryEmbedding.forward``.
 from __future__ import annotations
 
 import contextlib
+import queue
 import functools
 from typing import Any, Callable, Optional, Union
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["apply_cpu_compat", "apply_pipeline_cpu_compat", "cpu_compat_applied", "cuda_to_cpu",
-           "resolve_device", "original", "ORIGINALS"]
+__all__ = ["apply_cpu_compat", "cpu_checkpoint_io", "cpu_compat_applied", "cpu_pipeline_p2p",
+           "cuda_to_cpu", "resolve_device", "original", "ORIGINALS"]
 
 # name -> object that was replaced (kept so tests can check the upstream behaviour).
 ORIGINALS: dict[str, Any] = {}
@@ -223,19 +224,89 @@ def cuda_to_cpu(device: Union[str, torch.device, None] = "cpu"):
         yield
 
 
-# Pipeline parallelism (megatron.skrull.pipeline): mcore's 1F1B schedule runs inside
-# cuda_to_cpu, except that ``P2PCommunicator._communicate_shapes`` (variable sequence
-# lengths) calls ``torch.cuda.synchronize()``, which no torch function mode intercepts.
+# --- dist_checkpointing on CPU (scoped: only while a checkpoint is saved or loaded) ----------
+#
+# mcore's torch_dist writer (``strategies.filesystem_async``) assumes a GPU job:
+# * ``FileSystemWriterAsync.preload_tensors`` calls ``torch.cuda.synchronize()`` after its
+#   (non-blocking) device-to-host copies; a CPU-only torch can only raise there.  On CPU the
+#   tensors already are host memory, so there is nothing to wait for.
+# * ``write_preloaded_data_multiproc`` forks one writer process per bucket and the results
+#   travel through a spawned ``multiprocessing.Manager`` queue.  Forking a trainer that holds
+#   gloo and OpenMP threads deadlocks here (measured: the forked writer never finishes), and
+#   the Manager re-imports ``__main__``.  On CPU we run the same per-bucket writer
+#   (``write_preloaded_data``, upstream's own function) in-process with thread queues.
+# Upstream's files, metadata and load path are untouched; tests/test_cpu_compat.py checks
+# that upstream still has the code these patches stand in for.
+
+class _DoneQueue(queue.Queue):
+    """``JoinableQueue`` stand-in for the in-process writer (``get`` + ``task_done``)."""
 
 
-def _cpu_synchronize(device=None) -> None:
-    """CPU stand-in for ``torch.cuda.synchronize``: CPU ops already ran in order."""
+def _inprocess_write_multiproc(transform_list, use_msc, rank, write_buckets,
+                               global_results_queue) -> None:
+    """In-process twin of ``FileSystemWriterAsync.write_preloaded_data_multiproc``."""
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import (
+        FileSystemWriterAsync)
+
+    results: queue.Queue = queue.Queue()
+    out: Any = {}
+    for idx, bucket in enumerate(write_buckets):
+        done = _DoneQueue()
+        done.put(idx)
+        FileSystemWriterAsync.write_preloaded_data(transform_list, idx, bucket, results, done,
+                                                   True, use_msc=use_msc)
+        proc_idx, res = results.get_nowait()
+        if isinstance(res, Exception):
+            out = res
+            break
+        out[proc_idx] = res
+    global_results_queue.put(out)
 
 
-def apply_pipeline_cpu_compat(device: Union[str, torch.device, None] = None) -> tuple[str, ...]:
-    """Makes ``torch.cuda.synchronize`` a no-op on CPU (idempotent); returns the names."""
+@contextlib.contextmanager
+def cpu_checkpoint_io(device: Union[str, torch.device, None] = None):
+    """Lets ``megatron.core.dist_checkpointing.save/load`` run on CPU inside the block.
+
+    No-op on CUDA.  Patches ``torch.cuda.synchronize`` (no-op), the writer's results queue
+    (a thread queue) and its forked multi-process writer (in-process), and restores all
+    three on exit, so the rest of the run sees upstream's objects.
+    """
     if resolve_device(device).type == "cuda":
-        return ()
-    if "torch.cuda.synchronize" not in ORIGINALS:
-        _patch(torch.cuda, "synchronize", _cpu_synchronize, "torch.cuda.synchronize")
-    return ("torch.cuda.synchronize",)
+        yield
+        return
+    from megatron.core.dist_checkpointing.strategies import filesystem_async as fsa
+
+    saved = [(torch.cuda, "synchronize", torch.cuda.synchronize),
+             (fsa, "_get_write_results_queue", fsa._get_write_results_queue),
+             (fsa.FileSystemWriterAsync, "write_preloaded_data_multiproc",
+              fsa.FileSystemWriterAsync.__dict__["write_preloaded_data_multiproc"])]
+    torch.cuda.synchronize = lambda device=None: None
+    fsa._get_write_results_queue = queue.Queue
+    fsa.FileSystemWriterAsync.write_preloaded_data_multiproc = staticmethod(
+        _inprocess_write_multiproc)
+    try:
+        yield
+    finally:
+        for owner, attr, value in saved:
+            setattr(owner, attr, value)
+
+
+@contextlib.contextmanager
+def cpu_pipeline_p2p(device: Union[str, torch.device, None] = "cpu"):
+    """mcore's 1F1B schedule on CPU inside the block (no-op on CUDA).
+
+    The schedule runs inside :func:`cuda_to_cpu`, except that
+    ``P2PCommunicator._communicate_shapes`` (pipeline stages exchanging the variable
+    activation shapes) calls ``torch.cuda.synchronize()``, which no torch function mode
+    intercepts and a CPU-only torch can only raise on: a no-op in the block, upstream's
+    function again after it.
+    """
+    if resolve_device(device).type != "cpu":
+        yield
+        return
+    saved = torch.cuda.synchronize
+    torch.cuda.synchronize = lambda device=None: None
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize = saved

@@ -21,6 +21,7 @@ parameter, so mcore's gradient hooks fire as for any other micro-batch.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from skrull_ext.attention.layout import layout_for_micro_batch, pack_samples
 from skrull_ext.scheduler.plan import MicroBatch, Plan
 
-from megatron.skrull.cpu_compat import cuda_to_cpu
+from megatron.skrull.cpu_compat import cpu_pipeline_p2p, cuda_to_cpu
 from megatron.skrull.model import SkrullPackedSeqParams
 from megatron.skrull.planning import Planner, predicted_seconds
 from megatron.skrull.samples import SampleSource
@@ -255,16 +256,15 @@ class Trainer:
         self.optimizer.zero_grad()
         num = max(1, len(plan.dp_ranks[self.groups.dp_rank]))
         data = self._micro_batches(batch_ids, plan)
+        p2p = contextlib.nullcontext()
         if self.groups.pp_size > 1:  # every stage and CP rank feeds the same list
-            from megatron.skrull.cpu_compat import apply_pipeline_cpu_compat
             from megatron.skrull.pipeline import pipeline_micro_batches
 
-            apply_pipeline_cpu_compat(self.device)
             data = pipeline_micro_batches(self.source, batch_ids, plan, self.groups,
                                           self.device, self.attention_backend)
-            num, data = len(data), iter(data)
+            num, data, p2p = len(data), iter(data), cpu_pipeline_p2p(self.device)
         step = functools.partial(forward_step, float64_loss=self.float64_loss)
-        with cuda_to_cpu(self.device):
+        with cuda_to_cpu(self.device), p2p:
             reports = get_forward_backward_func()(
                 forward_step_func=step, data_iterator=data,
                 model=[self.model], num_microbatches=num, seq_length=plan.bucket_size,
@@ -384,7 +384,8 @@ class MetricsLogger:
 
 def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger] = None,
           save_interval: Optional[int] = None,
-          save_fn: Optional[Callable[[Trainer], None]] = None) -> list[IterationStats]:
+          save_fn: Optional[Callable[[Trainer], None]] = None,
+          exit_fn: Optional[Callable[[Trainer], bool]] = None) -> list[IterationStats]:
     """Runs iterations ``trainer.iteration + 1 .. train_iters``.
 
     Args:
@@ -392,6 +393,8 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
         metrics: Logger (``None``: silent).
         save_interval: Save every this many iterations (and after the last) via ``save_fn``.
         save_fn: ``save_fn(trainer)`` writes a checkpoint.
+        exit_fn: Asked after every iteration (same answer on every rank); True saves
+            (``save_fn``) and stops early (``--exit-signal-handler``).
 
     Returns:
         The stats of every iteration run.
@@ -404,6 +407,8 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
             metrics.record(stats)
         if save_fn is not None and save_interval and trainer.iteration % save_interval == 0:
             save_fn(trainer)
+        if exit_fn is not None and exit_fn(trainer):
+            break
     if save_fn is not None and history and not (save_interval and
                                                 trainer.iteration % save_interval == 0):
         save_fn(trainer)
