@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICES
 from skrull_ext.sharding import shard_tokens
 
 SCHEDULERS = ("skrull", "per-seq-cp", "all-cp", "sorted", "hybrid-cp", "kk")
@@ -234,9 +235,13 @@ class SkrullArgs:
     hardware: Optional[str] = None  # None: cpu on --device cpu, h100 on cuda
     cost_model_config: Optional[str] = None
     objective: str = "paper"  # how the scheduler composes a micro-batch's time
+    attention_kernel: str = "auto"  # --skrull-attention-kernel, else $SKRULL_ATTENTION_KERNEL
 
     def __post_init__(self) -> None:
         p = []
+        if self.attention_kernel not in KERNEL_CHOICES:
+            p.append(f"attention kernel {self.attention_kernel!r} (--skrull-attention-kernel or "
+                     f"${KERNEL_ENV_VAR}): use one of {', '.join(KERNEL_CHOICES)}")
         if self.scheduler not in SCHEDULERS:
             p.append(f"--skrull-scheduler {self.scheduler!r}: use one of {', '.join(SCHEDULERS)}")
         if self.objective not in ("ring", "paper"):
@@ -376,6 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--skrull-hardware", choices=("cpu", "h100"),
                    help="cost-model preset (default: from the device)")
     g.add_argument("--skrull-cost-model-config")
+    g.add_argument("--skrull-attention-kernel", choices=KERNEL_CHOICES,
+                   help=f"attention kernel (default ${KERNEL_ENV_VAR}, else auto: torch on CPU; "
+                        "te, else flash on CUDA; reference only when asked for)")
     g = ap.add_argument_group("runtime")
     g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     g.add_argument("--fp64", action="store_true", help="float64 on CPU (equivalence tests)")
@@ -419,6 +427,8 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     skrull = _group(SkrullArgs, p, bucket_size=ns.skrull_bucket_size,
                     scheduler=ns.skrull_scheduler, hardware=ns.skrull_hardware,
                     objective=ns.skrull_objective,
+                    attention_kernel=(ns.skrull_attention_kernel
+                                      or os.environ.get(KERNEL_ENV_VAR) or "auto"),
                     cost_model_config=ns.skrull_cost_model_config)
     ckpt = _group(CheckpointArgs, p, save=ns.save, load=ns.load,
                   save_interval=ns.save_interval, pretrained_hf=ns.pretrained_hf,
