@@ -49,6 +49,7 @@ class ModelArgs:
     norm_epsilon: float = 1e-5
     disable_bias_linear: bool = False
     add_qkv_bias: bool = False
+    qk_layernorm: bool = False
     untie_embeddings_and_output_weights: bool = False
     rotary_base: int = 10000
     hidden_dropout: float = 0.0
@@ -368,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--norm-epsilon", type=float, default=1e-5)
     g.add_argument("--disable-bias-linear", action="store_true")
     g.add_argument("--add-qkv-bias", action="store_true")
+    g.add_argument("--qk-layernorm", action="store_true", help="norm of each query/key head "
+                   "before RoPE (Qwen3)")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     g.add_argument("--rotary-base", type=int, default=10000)
     g.add_argument("--hidden-dropout", type=float, default=0.0)
@@ -460,6 +463,7 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                    make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
                    swiglu=ns.swiglu, normalization=ns.normalization, norm_epsilon=ns.norm_epsilon,
                    disable_bias_linear=ns.disable_bias_linear, add_qkv_bias=ns.add_qkv_bias,
+                   qk_layernorm=ns.qk_layernorm,
                    untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights,
                    rotary_base=ns.rotary_base, hidden_dropout=ns.hidden_dropout,
                    init_method_std=ns.init_method_std)
