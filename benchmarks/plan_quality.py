@@ -25,11 +25,11 @@ import time
 
 import numpy as np
 
-from skrull_ext.cost import MODEL_PRESETS
-from skrull_ext.evaluate import max_fitting_length
-from skrull_ext.hardware import get_hardware
-from skrull_ext.planner import recommend_bucket
-from skrull_ext.profiles import (load_profile, profile_from_file, profile_names,
+from skrull_ext.costmodel.model import MODEL_PRESETS
+from skrull_ext.planner.evaluate import max_fitting_length
+from skrull_ext.costmodel.hardware import get_hardware
+from skrull_ext.planner.cli import recommend_bucket
+from skrull_ext.planner.profiles import (load_profile, profile_from_file, profile_names,
                                  sample_global_batches)
 from skrull_ext.scheduler import POLICIES, SchedulerConfig, schedule
 
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
 
 
 def _default_objective() -> str:
-    from skrull_ext.cost import CostModel
+    from skrull_ext.costmodel.model import CostModel
 
     return {f.name: f.default for f in dataclasses.fields(CostModel)}["objective"]
 

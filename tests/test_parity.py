@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from skrull_ext import _backend
-from skrull_ext.cost import default_cost_model
-from skrull_ext.plan import shard_tokens
+from skrull_ext.costmodel.model import default_cost_model
+from skrull_ext.sharding import shard_tokens
 from skrull_ext.scheduler import SchedulerConfig, reference, schedule
 
 _C = pytest.importorskip("skrull_ext._C", reason="C++ extension not built")

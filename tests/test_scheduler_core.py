@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from skrull_ext.plan import MicroBatch, shard_tokens
+from skrull_ext.scheduler.plan import MicroBatch
+from skrull_ext.sharding import shard_tokens
 from skrull_ext.scheduler import POLICIES, SchedulerConfig, reference, schedule
 
 
@@ -232,7 +233,7 @@ def test_rank_time_objectives():
 def test_ring_objective_is_the_simulators_ring(x, t_comm, t_dist, n):
     """The scheduler's ``ring`` objective is the simulator's closed-form overlapped ring
     (equal work per rank), and both objectives are monotone in every argument."""
-    from skrull_ext.simulator import _uniform_ring
+    from skrull_ext.planner.simulator import _uniform_ring
 
     want = _uniform_ring(x, t_dist / n, t_comm / (n - 1), n, overlap=True)
     assert reference.rank_time(x, t_comm, t_dist, n, "ring") == pytest.approx(want, rel=1e-12)
@@ -247,7 +248,7 @@ def test_objective_changes_plans_and_predictions():
     a long-tail batch on H100 costs gets a different plan, within the bucket either way."""
     import dataclasses
 
-    from skrull_ext.cost import default_cost_model
+    from skrull_ext.costmodel.model import default_cost_model
 
     rng = np.random.default_rng(4)
     lengths = np.minimum((rng.pareto(1.2, 256) + 1) * 300, 100_000).astype(np.int64)
@@ -269,7 +270,7 @@ def test_skrull_is_never_slower_than_an_all_cp_baseline(objective, case):
     prediction is never above theirs (same cost model, exact float comparison)."""
     import dataclasses
 
-    from skrull_ext.cost import default_cost_model
+    from skrull_ext.costmodel.model import default_cost_model
 
     lengths, dp, cp, bucket = case
     cm = dataclasses.replace(default_cost_model(), objective=objective)
@@ -283,7 +284,7 @@ def test_skrull_is_never_slower_than_an_all_cp_baseline(objective, case):
 def test_lower_bound_is_tight_for_one_sample_and_for_even_work():
     import dataclasses
 
-    from skrull_ext.cost import default_cost_model
+    from skrull_ext.costmodel.model import default_cost_model
     from skrull_ext.scheduler.bound import lower_bound
 
     cm = dataclasses.replace(default_cost_model(), objective="ring")

@@ -3,7 +3,7 @@
 Per iteration every rank (no communication for any of this):
 
 1. takes the next global batch of sample ids from the sampler and their lengths;
-2. computes the :class:`~skrull_ext.plan.Plan` with the (deterministic) planner;
+2. computes the :class:`~skrull_ext.scheduler.plan.Plan` with the (deterministic) planner;
 3. computes the global loss normaliser -- the loss tokens of the *whole* global batch
    (SKRULL.md section 6), known from the source's per-sample counts;
 4. materialises only its own micro-batches: those of its DP rank, in its CP rank's layout.
@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from skrull_ext.layout import layout_for_micro_batch, pack_samples
-from skrull_ext.plan import MicroBatch, Plan
+from skrull_ext.attention.layout import layout_for_micro_batch, pack_samples
+from skrull_ext.scheduler.plan import MicroBatch, Plan
 
 from megatron.skrull.model import SkrullPackedSeqParams
 from megatron.skrull.optimizer import LRSchedule, allreduce_gradients, clip_grad_norm

@@ -17,8 +17,9 @@ from typing import Optional, Sequence
 import numpy as np
 
 from skrull_ext import _backend
-from skrull_ext.cost import CostModel, default_cost_model
-from skrull_ext.plan import FlatPlan, MicroBatch, Plan, padded_length, shard_tokens
+from skrull_ext.costmodel.model import CostModel, default_cost_model
+from skrull_ext.scheduler.plan import FlatPlan, MicroBatch, Plan
+from skrull_ext.sharding import padded_length, shard_tokens
 from skrull_ext.scheduler import portfolio, reference
 from skrull_ext.scheduler.baselines import BASELINES
 from skrull_ext.scheduler.bound import lower_bound

@@ -1,6 +1,6 @@
 """Baseline policies (SKRULL.md section 7) on the same placement type as Skrull.
 
-Every function returns ``dp_size`` lists of :class:`~skrull_ext.plan.MicroBatch` (not yet
+Every function returns ``dp_size`` lists of :class:`~skrull_ext.scheduler.plan.MicroBatch` (not yet
 padded to equal counts; :func:`skrull_ext.scheduler.schedule` pads).  They share the cost
 arrays of the Skrull scheduler, so predictions compare like with like.
 """
@@ -10,7 +10,8 @@ import heapq
 
 import numpy as np
 
-from skrull_ext.plan import MicroBatch, shard_tokens
+from skrull_ext.scheduler.plan import MicroBatch
+from skrull_ext.sharding import shard_tokens
 from skrull_ext.scheduler.reference import lpt_partition
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from skrull_ext.plan import shard_tokens_array
+from skrull_ext.sharding import shard_tokens_array
 
 
 def _group_sizes(cp_size: int) -> list[int]:
@@ -85,7 +85,7 @@ def lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_size: in
 
     Args:
         lengths: ``[K]`` sample lengths (each must fit the bucket distributed).
-        cost_model: The scheduler's :class:`~skrull_ext.cost.CostModel`.
+        cost_model: The scheduler's :class:`~skrull_ext.costmodel.model.CostModel`.
         dp_size, cp_size, bucket_size: ``D``, ``N``, ``C``.
         arrays, subgroups: See :func:`sample_bounds`; ``subgroups=False`` bounds the plans
             our attention runs (local and fully distributed samples only).

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from skrull_ext.plan import shard_tokens
+from skrull_ext.sharding import shard_tokens
 from skrull_ext.scheduler.baselines import GROUPINGS
 from skrull_ext.scheduler.reference import GdsContext, Placement, gds_schedule, micro_batch_time
 

@@ -10,7 +10,7 @@ bit for bit:
   sequence; ``costs[i] / N`` when omitted), ``comm`` (float64 ring bandwidth seconds of a
   distributed sequence) and ``latency``
   (ring seconds paid once by a micro-batch with any distributed sequence), precomputed by
-  :class:`skrull_ext.cost.CostModel`; the core never evaluates a cost function itself.
+  :class:`skrull_ext.costmodel.model.CostModel`; the core never evaluates a cost function itself.
 * Float accumulations happen in the same order in both (C++ is built without FMA
   contraction), and every tie is broken by the lowest rank / sample index.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 from typing import NamedTuple, Optional, Sequence
 
-from skrull_ext.plan import shard_tokens
+from skrull_ext.sharding import shard_tokens
 
 ROLLBACK_POLICIES = ("shortest", "best-fit", "auto")
 DACP_VARIANTS = ("paper", "balanced", "lpt", "auto")

@@ -1,4 +1,4 @@
-"""``skrull-plan`` / ``python -m skrull_ext.planner``: plan a Skrull run before launching it.
+"""``skrull-plan`` / ``python -m skrull_ext.planner.cli``: plan a Skrull run before launching it.
 
 Given a length distribution (a bundled profile, a lengths file or a Megatron dataset), a
 model and a parallel layout, it recommends a bucket size from a memory estimate, samples
@@ -18,10 +18,10 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from skrull_ext.cost import MODEL_PRESETS, MemoryModel, ModelSpec, get_model_spec
-from skrull_ext.evaluate import compare_policies, max_fitting_length
-from skrull_ext.hardware import HARDWARE_PRESETS, Hardware, get_hardware
-from skrull_ext.profiles import (OVERFLOW_POLICIES, LengthProfile, load_profile,
+from skrull_ext.costmodel.model import MODEL_PRESETS, MemoryModel, ModelSpec, get_model_spec
+from skrull_ext.planner.evaluate import compare_policies, max_fitting_length
+from skrull_ext.costmodel.hardware import HARDWARE_PRESETS, Hardware, get_hardware
+from skrull_ext.planner.profiles import (OVERFLOW_POLICIES, LengthProfile, load_profile,
                                  profile_from_file, profile_from_megatron, profile_names,
                                  sample_global_batches)
 from skrull_ext.scheduler import POLICIES, SchedulerConfig
@@ -268,7 +268,7 @@ def run(args) -> dict:
     summary = summarize(comp, sampled, mem, limit)
     print_report(args, prof, model, hw, summary)
     if args.plot:
-        from skrull_ext.plotting import plot_planner
+        from skrull_ext.planner.plotting import plot_planner
 
         title = (f"{prof.name} | {model.name} | DP={args.dp_size} CP={args.cp_size} | bucket "
                  f"{mem['bucket']} | {hw.name}")
