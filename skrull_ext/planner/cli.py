@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default=",".join(POLICIES),
                    help="comma-separated policies to compare (skrull is always included)")
     p.add_argument("--backend", choices=("cpp", "python"), default=None)
-    p.add_argument("--objective", choices=("paper", "ring"), default="paper",
+    p.add_argument("--objective", choices=("paper", "ring"), default="ring",
                    help="the scheduler's micro-batch objective: paper (SKRULL.md section 3) or "
                         "ring (ours, step by step as the ring runs)")
     p.add_argument("--plot", metavar="FILE.png", help="write the figure here")

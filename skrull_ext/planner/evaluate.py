@@ -80,7 +80,7 @@ def _stats(policy: str, plans: Sequence[Plan], results: Sequence[SimResult]) -> 
 def compare_policies(batches: Sequence[np.ndarray], model: ModelSpec, hardware: Hardware, *,
                      dp_size: int, cp_size: int, bucket_size: int,
                      policies: Sequence[str] = POLICIES, backend: Optional[str] = None,
-                     objective: str = "paper") -> Comparison:
+                     objective: str = "ring") -> Comparison:
     """Schedules and simulates every batch with every policy.
 
     Args:
