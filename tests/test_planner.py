@@ -74,7 +74,11 @@ def test_bucket_follows_the_memory_model(tmp_path):
     spec = MODEL_PRESETS["qwen2.5-0.5b"]
     static = spec.static_memory_bytes(32)
     want = int((80 * GIB - static - 8 * GIB) // spec.activation_bytes_per_token())
-    assert summary["bucket_size"] == want
+    assert summary["memory"]["recommended_bucket"] == want
+    # The planner keeps the fastest predicted bucket among fractions of the memory limit.
+    choice = {int(c): t for c, t in summary["memory"]["bucket_choice"].items()}
+    assert want in choice and len(choice) > 1 and max(choice) == want
+    assert summary["bucket_size"] == min(choice, key=lambda c: (choice[c], -c))
     assert summary["memory"]["static_gib"] == pytest.approx(static / GIB)
     assert 20_000 < want < 60_000  # the paper used 26K on 80 GB
 
