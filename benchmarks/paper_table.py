@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     parser.add_argument("--num-batches", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=("cpp", "python"), default=None)
-    parser.add_argument("--objective", choices=("paper", "ring"), default="paper",
+    parser.add_argument("--objective", choices=("paper", "ring"), default="ring",
                         help="the scheduler cost model's micro-batch objective")
     args = parser.parse_args(argv)
     hw = get_hardware("h100")

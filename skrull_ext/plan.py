@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=POLICIES, default="skrull")
     p.add_argument("--rollback", choices=("shortest", "best-fit", "auto"), default="auto",
                    help="DACP roll-back victim choice")
-    p.add_argument("--objective", choices=("paper", "ring"), default="paper",
+    p.add_argument("--objective", choices=("paper", "ring"), default="ring",
                    help="micro-batch time: paper (SKRULL.md section 3) or ring (ours, step by "
                         "step as the ring runs)")
     group = p.add_mutually_exclusive_group()

@@ -37,13 +37,13 @@ def test_json_contract_and_summary(tmp_path, capsys):
     Plan.from_json(obj).validate()  # round-trips through the plan type
     text = capsys.readouterr().out
     assert "predicted speedup over all-cp" in text and "tokens/cp-rank" in text
-    assert obj["config"]["objective"] == "paper"
-    # The ring objective (ours) is accepted, planned with and recorded.
+    assert obj["config"]["objective"] == "ring"  # the default
+    # The paper's objective is accepted, planned with and recorded.
     assert main(["--lengths", src, "--dp-size", "2", "--cp-size", "4", "--bucket-size", "9000",
-                 "--json", out, "--objective", "ring"]) == 0
-    ring = json.load(open(out))
-    assert ring["config"]["objective"] == "ring"
-    Plan.from_json(ring).validate()
+                 "--json", out, "--objective", "paper"]) == 0
+    paper = json.load(open(out))
+    assert paper["config"]["objective"] == "paper"
+    Plan.from_json(paper).validate()
 
 
 @pytest.mark.parametrize("content,name,needle", [

@@ -77,7 +77,11 @@ def test_bucket_follows_the_memory_model(tmp_path):
     mem = TrainingMemory(precision="bf16", dp_cp_size=32)
     static = mem.static_bytes(spec)
     want = int((80 * GIB - static - 8 * GIB) // mem.activation_bytes_per_token(spec))
-    assert summary["bucket_size"] == want
+    assert summary["memory"]["recommended_bucket"] == want
+    # The planner keeps the fastest predicted bucket among fractions of the memory limit.
+    choice = {int(c): t for c, t in summary["memory"]["bucket_choice"].items()}
+    assert want in choice and len(choice) > 1 and max(choice) == want
+    assert summary["bucket_size"] == min(choice, key=lambda c: (choice[c], -c))
     assert summary["memory"]["static_gib"] == pytest.approx(static / GIB)
     assert 20_000 < want < 60_000  # the paper used 26K on 80 GB
 

@@ -345,10 +345,10 @@ class CostModel:
         comm: Collective time per message size.
         bytes_per_element: 2 for bf16 activations, 4 for fp32.
         objective: How a micro-batch's time is composed from local compute, ring
-            communication and distributed compute: ``paper`` (default, SKRULL.md section 3:
-            the local work hides the whole ring's communication) or ``ring`` (ours: step by
-            step as the ring runs, each exchange overlapping one block; better plans in the
-            simulator, slower LPT search on huge micro-batches); see
+            communication and distributed compute: ``ring`` (default, ours: step by step as
+            the ring runs, each exchange overlapping one block; better plans in the
+            simulator: ``benchmarks/paper_table.py``) or ``paper`` (SKRULL.md section 3: the
+            local work hides the whole ring's communication); see
             :func:`skrull_ext.scheduler.reference.rank_time`.
     """
 
@@ -356,7 +356,7 @@ class CostModel:
     time: TimeModel
     comm: CommModel = H100_NVLINK_COMM
     bytes_per_element: int = 2
-    objective: str = "paper"
+    objective: str = "ring"
 
     def __post_init__(self):
         if self.objective not in ("paper", "ring"):

@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 from skrull_ext.costmodel.memory import TrainingMemory
 from skrull_ext.costmodel.model import MODEL_PRESETS, MemoryModel, ModelSpec, get_model_spec
-from skrull_ext.planner.evaluate import compare_policies, max_fitting_length
+from skrull_ext.planner.evaluate import compare_policies, fastest_bucket, max_fitting_length
 from skrull_ext.costmodel.hardware import HARDWARE_PRESETS, Hardware, get_hardware
 from skrull_ext.planner.profiles import (OVERFLOW_POLICIES, LengthProfile, load_profile,
                                  profile_from_file, profile_from_megatron, profile_names,
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default=",".join(POLICIES),
                    help="comma-separated policies to compare (skrull is always included)")
     p.add_argument("--backend", choices=("cpp", "python"), default=None)
-    p.add_argument("--objective", choices=("paper", "ring"), default="paper",
+    p.add_argument("--objective", choices=("paper", "ring"), default="ring",
                    help="the scheduler's micro-batch objective: paper (SKRULL.md section 3) or "
                         "ring (ours, step by step as the ring runs)")
     p.add_argument("--plot", metavar="FILE.png", help="write the figure here")
@@ -261,6 +261,10 @@ def print_report(args, prof, model, hw, summary, out=None):
       f"{parts['main_params']:.2f} + Adam {parts['optimizer_state']:.2f}) - margin "
       f"{mem['margin_gib']:.1f} GiB, {mem['activation_bytes_per_token'] / 2**20:.3f} MiB/token "
       f"-> recommended bucket {rec if rec is not None else 'none'} tokens")
+    if mem.get("bucket_choice"):
+        tried = ", ".join(f"{c}: {s * 1e3:.1f} ms" for c, s in mem["bucket_choice"].items())
+        w(f"          bucket chosen for the lowest predicted Skrull iteration within memory "
+          f"({tried})")
     w(f"bucket    {summary['bucket_size']} tokens per CP rank per micro-batch"
       f"{' (--bucket-size)' if args.bucket_size else ''}; longest sequence that fits "
       f"{summary['longest_that_fits']}")
@@ -296,6 +300,10 @@ def run(args) -> dict:
     sampled = sample(args, prof, limit, mem["bucket"])
     try:
         SchedulerConfig(dp_size=args.dp_size, cp_size=args.cp_size, bucket_size=mem["bucket"])
+        if args.bucket_size is None:  # the fastest predicted bucket within the memory limit
+            mem["bucket"], mem["bucket_choice"] = fastest_bucket(
+                sampled.batches, model, hw, dp_size=args.dp_size, cp_size=args.cp_size,
+                max_bucket=mem["bucket"], objective=args.objective, backend=args.backend)
         comp = compare_policies(sampled.batches, model, hw, dp_size=args.dp_size,
                                 cp_size=args.cp_size, bucket_size=mem["bucket"],
                                 policies=policies, backend=args.backend,

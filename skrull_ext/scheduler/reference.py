@@ -27,6 +27,8 @@ from skrull_ext.sharding import shard_tokens
 ROLLBACK_POLICIES = ("shortest", "best-fit", "auto")
 DACP_VARIANTS = ("paper", "balanced", "lpt", "auto")
 OBJECTIVES = ("paper", "ring")
+# GDS tries this many micro-batch counts one by one before galloping (_fewest_split).
+LINEAR_COUNTS = 16
 
 Placement = tuple[list[int], list[list[int]]]  # (distributed, local per CP rank)
 
@@ -466,13 +468,39 @@ def _plan_rank(ctx: GdsContext, seqs, m: Optional[int] = None) -> Optional[list[
         return None if split is None else split + singles
     cap = ctx.bucket_size * ctx.cp_size
     m = max(1, -(-sum(int(ctx.lengths[i]) for i in rest) // cap))
+    return _fewest_split(ctx, rest, m) + singles
+
+
+def _fewest_split(ctx: GdsContext, rest, m: int) -> list[Placement]:
+    """The interleaved split of ``rest`` with a locally fewest micro-batch count.
+
+    From the token bound ``m`` one count at a time for :data:`LINEAR_COUNTS` counts (an
+    infeasible count is usually rejected cheaply and the answer is near the bound), then
+    galloping (steps 2, 4, 8, ..., capped at one sample per micro-batch, which is always
+    feasible) to the first feasible count and a binary search between it and the last
+    infeasible one: ``O(log M)`` DACP passes where a tight bucket needs thousands of
+    micro-batches.  The result is feasible at ``m`` and infeasible at ``m - 1`` (or ``m``
+    is the token bound).
+    """
+    lo, step, tries = m - 1, 1, 0
     while True:
         split = _split_rank(ctx, rest, m)
         if split is not None:
-            return split + singles
+            break
         if m >= len(rest):
             raise AssertionError("one sample per micro-batch must be feasible")
-        m += 1
+        tries += 1
+        if tries > LINEAR_COUNTS:
+            step *= 2
+        lo, m = m, min(m + step, len(rest))
+    while m - lo > 1:
+        mid = (lo + m) // 2
+        trial = _split_rank(ctx, rest, mid)
+        if trial is None:
+            lo = mid
+        else:
+            m, split = mid, trial
+    return split
 
 
 def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: int,
