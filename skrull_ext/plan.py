@@ -40,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rollback", choices=("shortest", "best-fit", "auto"), default="auto",
                    help="DACP roll-back victim choice")
     p.add_argument("--objective", choices=("paper", "ring"), default="paper",
-                   help="micro-batch time: paper (SKRULL.md section 3) or ring (ours, step by "
-                        "step as the ring runs)")
+                   help="micro-batch time: paper (docs/design.md section 3) or ring (ours, "
+                        "step by step as the ring runs)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--model", choices=sorted(MODEL_PRESETS), default="qwen2.5-0.5b",
                        help="cost-model preset")

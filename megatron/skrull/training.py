@@ -5,7 +5,7 @@ Per iteration every rank (no communication for any of this):
 1. takes the next global batch of sample ids from the sampler and their lengths;
 2. computes the :class:`~skrull_ext.scheduler.plan.Plan` with the (deterministic) planner;
 3. computes the global loss normaliser -- the loss tokens of the *whole* global batch
-   (SKRULL.md section 6), known from the source's per-sample counts;
+   (docs/design.md section 6), known from the source's per-sample counts;
 4. materialises only its own micro-batches: those of its DP rank, in its CP rank's layout.
 
 Then forward/backward per micro-batch with loss ``sum(token losses) / global loss tokens``,

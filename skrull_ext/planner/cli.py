@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated policies to compare (skrull is always included)")
     p.add_argument("--backend", choices=("cpp", "python"), default=None)
     p.add_argument("--objective", choices=("paper", "ring"), default="paper",
-                   help="the scheduler's micro-batch objective: paper (SKRULL.md section 3) or "
-                        "ring (ours, step by step as the ring runs)")
+                   help="the scheduler's micro-batch objective: paper (docs/design.md "
+                        "section 3) or ring (ours, step by step as the ring runs)")
     p.add_argument("--plot", metavar="FILE.png", help="write the figure here")
     p.add_argument("--json", metavar="FILE", help="write the summary as JSON here")
     return p
