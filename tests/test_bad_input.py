@@ -151,3 +151,92 @@ def test_corrupt_dataset_is_one_clear_error_at_load(tmp_path, dataset, kind, nee
     with pytest.raises(DatasetFormatError, match="preprocess_sft.py") as info:
         load_sft_dataset(prefix)
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+# --- python -m skrull_ext.plan and skrull-plan -----------------------------------------
+
+def _plan_main(argv):
+    from skrull_ext.plan import main
+    return main(argv)
+
+
+def _skrull_plan_main(argv):
+    from skrull_ext.planner.cli import main
+    return main(argv + ["--num-batches", "2"])
+
+
+def _call(entry, argv):
+    try:
+        return entry(argv)
+    except SystemExit as exc:  # argparse's own errors
+        return exc.code
+
+
+PLAN = ["--dp-size", "1", "--cp-size", "2", "--bucket-size", "100"]
+CLI_ROWS = [
+    # (entry, argv, needles, forbidden)
+    (_plan_main, ["--lengths", "OK", "--dp-size", "1e8", "--cp-size", "8", "--bucket-size", "9"],
+     ["--dp-size 100000000", "at most 1048576"], []),
+    (_plan_main, ["--lengths", "HUGE.json"] + PLAN, ["element 1", "2^40"], ["Overflow"]),
+    (_plan_main, ["--lengths", "HUGE.txt"] + PLAN, ["line 2", "2^40"], ["Overflow"]),
+    (_plan_main, ["--lengths", "OK", "--dp-size", "1", "--cp-size", "2", "--bucket-size",
+                  str(2 ** 70)], ["--bucket-size must be in [1, 2^40]"], ["TypeError"]),
+    (_plan_main, ["--lengths", "OK", "--dp-size", "1", "--cp-size", "2", "--bucket-size", "40"],
+     ["raise the bucket size (--bucket-size)", "--cp-size"],
+     ["--skrull-bucket-size", "--context-parallel-size"]),
+    (_plan_main, ["--lengths", "OK", "--dp-size", "1", "--cp-size", "4", "--bucket-size", "5"],
+     ["raise --bucket-size"], ["--skrull-bucket-size"]),
+    (_plan_main, ["--lengths", "OK", "--skrull-bucket-size", "100"] + PLAN,
+     ["unrecognized arguments: --skrull-bucket-size"], []),
+    (_plan_main, ["--lengths", "MISSING.txt"] + PLAN, ["no such lengths file"], []),
+    (_plan_main, ["--lengths", "OK", "--dp-size", "one", "--cp-size", "2", "--bucket-size", "9"],
+     ["--dp-size", "invalid integer"], []),
+    (_skrull_plan_main, ["--profile", "wikipedia", "--dp-size", "1e8"], ["at most 1048576"], []),
+    (_skrull_plan_main, ["--lengths", "HUGE.txt"], ["2^40"], ["Overflow"]),
+    (_skrull_plan_main, ["--profile", "wikipedia", "--global-batch-size", "1e9"],
+     ["at most 16777216"], []),
+    (_skrull_plan_main, ["--profile", "wikipedia", "--bucket-size", "1e30"], ["2^40"],
+     ["TypeError"]),
+    (_skrull_plan_main, ["--profile", "wikipedia", "--cp-size", "0"], ["--cp-size must be >= 1"],
+     []),
+    (_skrull_plan_main, ["--profile", "wikipedia", "--skrull-scheduler", "skrull"],
+     ["unrecognized arguments: --skrull-scheduler"], []),
+]
+
+
+@pytest.mark.parametrize("entry,argv,needles,forbidden", CLI_ROWS)
+def test_planning_clis_bad_input(tmp_path, capsys, entry, argv, needles, forbidden):
+    (tmp_path / "OK").write_text("5\n300\n17\n")
+    (tmp_path / "HUGE.json").write_text(f"[5, {2 ** 70}]")
+    (tmp_path / "HUGE.txt").write_text(f"5\n{2 ** 70}\n")
+    argv = [str(tmp_path / a) if a in ("OK", "HUGE.json", "HUGE.txt", "MISSING.txt") else a
+            for a in argv]
+    code = _call(entry, argv)
+    err = capsys.readouterr().err
+    assert_reported(code, err, 2, *needles, max_lines=1)
+    for word in forbidden:
+        assert word not in err, err
+
+
+@pytest.mark.parametrize("profile", ["wikipedia", "lmsyschat1m", "chatqa2-long-sft",
+                                     "llama3-sft"])
+def test_skrull_plan_default_flags_work_on_every_bundled_profile(capsys, profile):
+    assert _skrull_plan_main(["--profile", profile]) == 0
+    out = capsys.readouterr().out
+    assert "smallest power of two that fits" in out and "skrull " in out
+
+
+def test_progress_line_only_for_slow_plans():
+    import time
+
+    from skrull_ext.cli_common import Progress
+
+    quick, slow = io.StringIO(), io.StringIO()
+    with Progress("tool", "planning 5 sequences", delay=0.5, stream=quick):
+        pass
+    with Progress("tool", "planning 10M sequences", delay=0.05, stream=slow):
+        time.sleep(0.3)
+    assert quick.getvalue() == ""
+    lines = slow.getvalue().splitlines()
+    assert lines[0] == "tool: planning 10M sequences ..."
+    assert lines[1].startswith("tool: planning 10M sequences: done in ")
