@@ -93,7 +93,7 @@ class _Timers:
 
     def _time_kernels(self, trainer):
         """Attention kernel calls, by phase (local work or inside the ring)."""
-        from skrull_ext.attention.kernels import AttentionKernel, get_kernel
+        from skrull_ext.attention import AttentionKernel, get_kernel
 
         timers = self
         inner = get_kernel("auto", trainer.device, trainer.params[0].dtype)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -49,11 +49,13 @@ class SkrullPackedSeqParams(PackedSeqParams):
     Attributes:
         layout: :class:`skrull_ext.attention.layout.RankLayout` of this CP rank.
         cp_group: CP process group the attention communicates over (inherited field).
-        attention_backend: ``backend`` argument of ``dacp_attention`` (``"auto"``).
+        attention_backend: ``backend`` argument of ``dacp_attention`` (a kernel name
+            of ``--skrull-attention-kernel`` or an instance; None: ``$SKRULL_ATTENTION_KERNEL``,
+            else ``auto``).
     """
 
     layout: Optional[RankLayout] = None
-    attention_backend: str = "auto"
+    attention_backend: Optional[Any] = None
 
     def __post_init__(self) -> None:
         if self.qkv_format is None:

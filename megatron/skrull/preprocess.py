@@ -11,8 +11,9 @@ On-disk format for ``--output-prefix P`` (see docs/data.md):
   written last, after the four files above are complete, so its presence marks a finished
   dataset.
 
-Sample layout: ``[BOS] (role_prefix content turn_end turn_sep)*`` (BOS only when the
-tokenizer has one).  The mask is 1 on assistant content and on the ``turn_end`` that closes
+Sample layout: the tokenizer's chat template when it has one (rendered by transformers'
+``apply_chat_template``, assistant replies found by :mod:`megatron.skrull.chat_template`), else
+``[BOS] (role_prefix content turn_end turn_sep)*`` (BOS only when the tokenizer has one).  The mask is 1 on assistant content and on the ``turn_end`` that closes
 an assistant turn (the model learns to stop), 0 elsewhere.  A stored sample of S tokens gives
 S - 1 training positions (input ``tokens[:-1]``, labels ``tokens[1:]``); ``--seq-length`` bounds
 S - 1.
@@ -132,8 +133,11 @@ def tokenize_conversation(tokenizer: SFTTokenizer,
 
     Returns:
         ``(tokens, mask)``: int64 ``[S]`` and uint8 ``[S]``; ``mask[t] == 1`` where token t
-        is trained as a label.
+        is trained as a label.  A tokenizer with a chat template renders it with
+        transformers (``tokens == apply_chat_template(messages)``); others use role markers.
     """
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.encode_chat(messages)
     tokens: list[int] = [] if tokenizer.bos is None else [tokenizer.bos]
     mask: list[int] = [0] * len(tokens)
     end, sep = tokenizer.turn_end, tokenizer.turn_sep
@@ -363,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-prefix", required=True, help="path prefix of the output files")
     p.add_argument("--tokenizer-type", default=DEFAULT_TOKENIZER_TYPE, choices=TOKENIZER_TYPES)
     p.add_argument("--tokenizer-model", default=None,
-                   help="tokenizer.json path (HFTokenizer only)")
+                   help="Hugging Face tokenizer directory or tokenizer.json (HFTokenizer only)")
     p.add_argument("--seq-length", type=int, default=16384,
                    help="most training positions per sample (stored tokens - 1)")
     p.add_argument("--overlong", choices=OVERLONG_POLICIES, default="error",

@@ -109,10 +109,17 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     if cfg.model.vocab_size is not None and cfg.model.vocab_size < source.vocab_size:
         raise ValueError(f"--vocab-size {cfg.model.vocab_size} is smaller than the data's "
                          f"vocabulary {source.vocab_size}; drop --vocab-size or raise it")
+    attention_kernel = _attention_kernel(cfg, device)
     model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
                         cp_size=cfg.parallel.context_parallel_size,
                         dtype=torch.float64 if cfg.fp64 else torch.float32, device=device,
                         attention_fn=attention_fn)
+    if cfg.checkpoint.pretrained_hf:  # before the optimizer copies anything
+        from megatron.core import parallel_state as ps
+        from megatron.skrull.hf.io import load_pretrained
+
+        load_pretrained(model, cfg.checkpoint.pretrained_hf, cfg.model,
+                        tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp)
     groups = ParallelGroups.from_parallel_state()
     sync_parameters(model, groups.grad_group)
     return Trainer(
@@ -121,7 +128,18 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
         planner=planner or make_planner(cfg, vocab), groups=groups, device=device,
         clip_grad=cfg.optim.clip_grad, float64_loss=cfg.fp64 and tp == 1,
-        autocast_dtype=torch.bfloat16 if device.type == "cuda" else None)
+        autocast_dtype=torch.bfloat16 if device.type == "cuda" else None,
+        attention_backend=attention_kernel)
+
+
+def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
+    """Resolves ``--skrull-attention-kernel`` now, so a missing library stops the launch."""
+    from skrull_ext.attention import get_kernel
+
+    try:
+        return get_kernel(cfg.skrull.attention_kernel, device, torch.float32).name
+    except RuntimeError as exc:  # the kernel's library is missing: exit 2 naming the fix
+        raise ValueError(f"--skrull-attention-kernel {cfg.skrull.attention_kernel}: {exc}") from exc
 
 
 class SetupError(RuntimeError):
@@ -146,7 +164,10 @@ def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
         trainer = build_trainer(cfg, device)
         meta = ckpt.CheckpointMeta.from_parallel_state()
         if cfg.checkpoint.load:
-            ckpt.load_checkpoint(cfg.checkpoint.load, trainer, meta, dataclasses.asdict(cfg))
+            c = cfg.checkpoint  # a checkpoint of this run in --load wins over --pretrained-hf
+            ckpt.load_checkpoint(c.load, trainer, meta, dataclasses.asdict(cfg),
+                                 finetune=c.finetune, load_optim=not c.no_load_optim,
+                                 load_rng=not c.no_load_rng)
     except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
         raise SetupError(str(exc)) from exc
     return trainer, meta, device

@@ -133,6 +133,33 @@ def _check_sizes(args):
     return ["skrull"] + [p for p in policies if p != "skrull"]
 
 
+def memory_bucket(model: ModelSpec, hw: Hardware, dp_size: int, cp_size: int,
+                  device_gb: Optional[float] = None, margin_gb: Optional[float] = None,
+                  alpha: Optional[float] = None) -> int:
+    """Largest bucket the memory model allows (raises ``ValueError`` when none does).
+
+    Args:
+        model, hw: Model shape and hardware preset.
+        dp_size, cp_size: ``D`` and ``N`` (the optimizer state is sharded over both).
+        device_gb: Device memory in GiB (default :data:`DEFAULT_DEVICE_GB`).
+        margin_gb: Memory kept free in GiB (default 10% of the device).
+        alpha: Activation bytes per token (default the model's estimate at the preset's
+            element size).
+    """
+    device_gb = device_gb or DEFAULT_DEVICE_GB[hw.name]
+    margin_gb = 0.1 * device_gb if margin_gb is None else margin_gb
+    static = model.static_memory_bytes(dp_size * cp_size, grad_bytes=hw.grad_bytes,
+                                       weight_bytes=hw.activation_bytes)
+    alpha = alpha or model.activation_bytes_per_token() * hw.activation_bytes / 2.0
+    return MemoryModel(alpha=alpha).bucket_size(device_gb * GIB, static, margin_gb * GIB)
+
+
+def recommend_bucket(model: ModelSpec, hw: Hardware, dp_size: int, cp_size: int,
+                     **memory) -> int:
+    """The bucket the planner recommends (``memory``: :func:`memory_bucket` overrides)."""
+    return memory_bucket(model, hw, dp_size, cp_size, **memory)
+
+
 def memory_plan(args, model: ModelSpec, hw: Hardware) -> dict:
     """Bucket size from the memory model (or ``--bucket-size``), with the numbers behind it."""
     device_gb = args.device_memory_gb or DEFAULT_DEVICE_GB[hw.name]
