@@ -63,7 +63,7 @@ PREPROCESS_ROWS = [
     (["--synthetic", "x"], 2, ["invalid int value", "see --help"]),
     (["--input", "MISSING.jsonl"], 2, ["--input", "does not exist"]),
     (["--synthetic", "3", "--tokenizer-type", "HFTokenizer", "--tokenizer-model", "nope.json"],
-     2, ["--tokenizer-model", "tokenizer.json"]),
+     2, ["--tokenizer-model", "does not exist", "tokenizer.json"]),
     (["--synthetic", "3", "--save-jsonl", "x.jsonl", "--input", "a.jsonl"], 2,
      ["not allowed with"]),
     (["--input", "BAD.jsonl"], 2, ["BAD.jsonl:2", "malformed JSON"]),
