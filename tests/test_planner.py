@@ -88,7 +88,7 @@ def test_bucket_follows_the_memory_model(tmp_path):
 
 @pytest.mark.parametrize("argv,flag", [
     (["--profile", "lmsyschat1m", "--cp-size", "8", "--dp-size", "4"], "--overflow"),
-    (["--profile", "chatqa2-long-sft", "--bucket-size", "4096"], "--cp-size"),
+    (["--profile", "chatqa2-long-sft", "--bucket-size", "4096", "--cp-size", "1"], "--cp-size"),
     (["--profile", "wikipedia", "--model", "qwen2.5-7b", "--device-memory-gb", "20"],
      "--device-memory-gb"),
     (["--profile", "wikipedia", "--cp-size", "8", "--bucket-size", "10"], "--bucket-size"),

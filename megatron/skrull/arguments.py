@@ -428,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--skrull-bucket-size", type=int, required=True, help="tokens per CP rank")
     g.add_argument("--skrull-scheduler", default="skrull", choices=SCHEDULERS)
     g.add_argument("--skrull-objective", default="ring", choices=("paper", "ring"),
-                   help="micro-batch time the scheduler minimises: paper (SKRULL.md section 3) "
+                   help="micro-batch time the scheduler minimises: paper (docs/design.md section 3) "
                         "or ring (ours: step by step as the DACP ring runs)")
     g.add_argument("--skrull-hardware", choices=("cpu", "h100"),
                    help="cost-model preset (default: from the device)")
