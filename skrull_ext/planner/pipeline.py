@@ -156,7 +156,8 @@ def check_pipeline(model: ModelSpec, pp_size: int) -> None:
 
 def pipeline_bucket(model: ModelSpec, hw: Hardware, *, pp_size: int, optimizer_shards: int,
                     device_bytes: float, margin_bytes: float,
-                    alpha: Optional[float] = None) -> tuple[int, dict]:
+                    alpha: Optional[float] = None,
+                    static_bytes_per_param: Optional[float] = None) -> tuple[int, dict]:
     """Largest per-rank micro-batch bucket whose 1F1B in-flight sum fits every stage.
 
     Args:
@@ -167,6 +168,8 @@ def pipeline_bucket(model: ModelSpec, hw: Hardware, *, pp_size: int, optimizer_s
         device_bytes, margin_bytes: Device memory and the share kept free.
         alpha: Whole-model activation bytes per token (default: the model estimate); a
             stage's share follows the model's split between layers and logits.
+        static_bytes_per_param: Weights + grads + optimizer bytes per parameter (default:
+            ``hw`` element sizes and 12 bytes of Adam state sharded over the shards).
 
     Returns:
         ``(bucket, info)``; ``info`` has per-stage static bytes, bytes per token and
@@ -179,8 +182,9 @@ def pipeline_bucket(model: ModelSpec, hw: Hardware, *, pp_size: int, optimizer_s
     factor = 1.0 if alpha is None else alpha / total
     buckets, stages = [], []
     for s in range(pp_size):
-        static = stage_param_count(model, pp_size, s) * (
+        per_param = static_bytes_per_param or (
             hw.activation_bytes + hw.grad_bytes + 12.0 / optimizer_shards)
+        static = stage_param_count(model, pp_size, s) * per_param
         per_token = factor * ((total - logits) / pp_size + (logits if s == pp_size - 1 else 0))
         in_flight = pp_size - s
         buckets.append(int((device_bytes - static - margin_bytes) // (in_flight * per_token)))
