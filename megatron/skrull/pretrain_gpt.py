@@ -232,7 +232,10 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
     if meta.rank == 0:
         printer(f" skrull: world {cfg.parallel.world_size} = DP {cfg.parallel.dp_size} x CP "
                 f"{cfg.parallel.context_parallel_size} x TP "
-                f"{cfg.parallel.tensor_model_parallel_size} on {device.type}, "
+                f"{cfg.parallel.tensor_model_parallel_size}"
+                + (f" x PP {cfg.parallel.pipeline_model_parallel_size}"
+                   if cfg.parallel.pipeline_model_parallel_size > 1 else "")
+                + f" on {device.type}, "
                 f"{sum(p.numel() for p in trainer.params)} parameters per rank, "
                 f"starting at iteration {trainer.iteration}; scheduler "
                 f"{cfg.skrull.scheduler} on the {skrull_ext.BACKEND} backend"
