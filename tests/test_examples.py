@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from megatron.skrull.arguments import parse_args
-from megatron.skrull.planning import model_spec
+from megatron.skrull.batch_schedule import model_spec
 from skrull_ext.costmodel.model import MODEL_PRESETS
 
 pytestmark = pytest.mark.multiprocess

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.multiprocess
 CPU = torch.device("cpu")
 
 
-def _fixed_planner(layout_by_dp):
-    """Planner returning the same placement for any 6-sample batch.
+def _fixed_schedule(layout_by_dp):
+    """BatchScheduler returning the same placement for any 6-sample batch.
 
     ``layout_by_dp[d][m] = (distributed, local)`` with sample positions in the batch.
     """
@@ -39,9 +39,9 @@ def _fixed_planner(layout_by_dp):
     return plan
 
 
-SINGLE = _fixed_planner([[([], [[0, 1, 2, 3, 4, 5]])]])
-CP2 = _fixed_planner([[([0, 1], [[2], [3]]), ([], [[4, 5], []]), ([], [[], []])]])
-DP2 = _fixed_planner([[([], [[0, 1]]), ([], [[2]])], [([], [[3, 4, 5]]), ([], [[]])]])
+SINGLE = _fixed_schedule([[([], [[0, 1, 2, 3, 4, 5]])]])
+CP2 = _fixed_schedule([[([0, 1], [[2], [3]]), ([], [[4, 5], []]), ([], [[], []])]])
+DP2 = _fixed_schedule([[([], [[0, 1]]), ([], [[2]])], [([], [[3, 4, 5]]), ([], [[]])]])
 
 
 def _setup(cfg, **kw):
@@ -65,7 +65,7 @@ def _reference(cfg, source, float64_loss=True):
     return Trainer(model=model, optimizer=build_optimizer(model, cfg.optim),
                    schedule=LRSchedule.from_args(cfg.optim), source=source,
                    sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
-                   planner=SINGLE, groups=ParallelGroups(), device=CPU,
+                   batch_scheduler=SINGLE, groups=ParallelGroups(), device=CPU,
                    float64_loss=float64_loss)
 
 
@@ -86,11 +86,11 @@ def _single_process(source):
     return {"ids": ids, "loss": loss, "grads": _grads(ref), "norm": grad_norm(ref.params, None)}
 
 
-def _equivalence(rank, flags, planner, with_reference=False):
+def _equivalence(rank, flags, batch_scheduler, with_reference=False):
     from megatron.skrull.optimizer import grad_norm
 
     cfg = tiny_config(["--fp64", *flags], world_size=2)
-    trainer = _setup(cfg, planner=planner)
+    trainer = _setup(cfg, batch_scheduler=batch_scheduler)
     ids, plan = trainer.next_plan()
     loss = trainer.compute_gradients(ids, plan)
     out = {"ids": ids, "loss": loss, "grads": _grads(trainer),
@@ -121,13 +121,13 @@ def _resume(rank, tmp):
     flags = ["--fp64", "--context-parallel-size", "2", "--lr-warmup-iters", "2",
              "--lr-decay-style", "cosine", "--train-iters", "4"]
     cfg = tiny_config(flags, world_size=2)
-    full = train(_setup(cfg, planner=CP2), train_iters=4)
-    first = _setup(cfg, planner=CP2)
+    full = train(_setup(cfg, batch_scheduler=CP2), train_iters=4)
+    first = _setup(cfg, batch_scheduler=CP2)
     meta = ckpt.CheckpointMeta.from_parallel_state()
     part1 = train(first, train_iters=2,
                   save_fn=lambda t: ckpt.save_checkpoint(f"{tmp}/ckpt", t, meta))
     # A fresh run with perturbed weights: everything must come from the checkpoint.
-    second = _setup(cfg, planner=CP2)
+    second = _setup(cfg, batch_scheduler=CP2)
     with torch.no_grad():
         for p in second.params:
             p.add_(0.5)
@@ -145,7 +145,7 @@ def _worker(rank, world, tmp):
     out = {
         "dp": _equivalence(rank, [], DP2, with_reference=True),
         "cp": _equivalence(rank, ["--context-parallel-size", "2"], CP2),
-        # The launcher's own planner; bucket 48 makes skrull distribute the 53-token sample
+        # The launcher's own batch scheduler; bucket 48 makes skrull distribute the 53-token sample
         # and keep the rest local, and all-cp needs two micro-batches.
         **{policy: _equivalence(rank, ["--context-parallel-size", "2", "--skrull-scheduler",
                                        policy, "--skrull-bucket-size", "48"], None)

@@ -5,7 +5,7 @@ directory, no port).  Invalid flags print one ``error:`` line per problem and ex
 
 Steps: parse flags -> CPU shims (CPU only) -> ``torch.distributed`` (gloo on CPU, NCCL on
 GPU) -> ``parallel_state.initialize_model_parallel(TP, CP)`` -> seeds -> data source, model,
-AdamW, LR schedule, sampler, planner -> optional ``--load`` -> train (log, TensorBoard,
+AdamW, LR schedule, sampler, batch scheduler -> optional ``--load`` -> train (log, TensorBoard,
 ``--save`` every ``--save-interval`` and at the end).
 """
 from __future__ import annotations
@@ -84,14 +84,15 @@ def build_sample_source(cfg: RunConfig):
 
 
 def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
-                  planner: Optional[Callable] = None, attention_fn: Optional[Callable] = None):
-    """Model, optimizer, schedule, sampler and planner on an initialised parallel state.
+                  batch_scheduler: Optional[Callable] = None, attention_fn: Optional[Callable] = None):
+    """Model, optimizer, schedule, sampler and batch scheduler on an initialised parallel state.
 
     Args:
         cfg: The run.
         device: Training device.
         source: Sample source (default: :func:`build_sample_source`).
-        planner: ``lengths -> Plan`` (default: :func:`megatron.skrull.planning.make_planner`).
+        batch_scheduler: ``lengths -> Plan`` (default:
+            :func:`megatron.skrull.batch_schedule.make_batch_scheduler`).
         attention_fn: Replacement of ``dacp_attention`` (tests).
 
     Returns:
@@ -100,7 +101,7 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     from megatron.skrull.data import GlobalBatchSampler
     from megatron.skrull.model import build_model
     from megatron.skrull.optimizer import LRSchedule, build_optimizer, sync_parameters
-    from megatron.skrull.planning import make_planner
+    from megatron.skrull.batch_schedule import make_batch_scheduler
     from megatron.skrull.training import ParallelGroups, Trainer
 
     source = source if source is not None else build_sample_source(cfg)
@@ -126,7 +127,7 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         model=model, optimizer=build_optimizer(model, cfg.optim),
         schedule=LRSchedule.from_args(cfg.optim), source=source,
         sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
-        planner=planner or make_planner(cfg, vocab), groups=groups, device=device,
+        batch_scheduler=batch_scheduler or make_batch_scheduler(cfg, vocab), groups=groups, device=device,
         clip_grad=cfg.optim.clip_grad, float64_loss=cfg.fp64 and tp == 1,
         autocast_dtype=torch.bfloat16 if device.type == "cuda" else None,
         attention_backend=attention_kernel)

@@ -3,7 +3,7 @@
 Per iteration every rank (no communication for any of this):
 
 1. takes the next global batch of sample ids from the sampler and their lengths;
-2. computes the :class:`~skrull_ext.scheduler.plan.Plan` with the (deterministic) planner;
+2. computes the :class:`~skrull_ext.scheduler.plan.Plan` with the (deterministic) batch scheduler;
 3. computes the global loss normaliser -- the loss tokens of the *whole* global batch
    (SKRULL.md section 6), known from the source's per-sample counts;
 4. materialises only its own micro-batches: those of its DP rank, in its CP rank's layout.
@@ -31,7 +31,7 @@ from skrull_ext.scheduler.plan import MicroBatch, Plan
 
 from megatron.skrull.model import SkrullPackedSeqParams
 from megatron.skrull.optimizer import LRSchedule, allreduce_gradients, clip_grad_norm
-from megatron.skrull.planning import Planner, predicted_seconds
+from megatron.skrull.batch_schedule import BatchScheduler, predicted_seconds
 from megatron.skrull.samples import SampleSource
 
 logger = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class IterationStats:
 
 
 class Trainer:
-    """Owns the model, optimizer, data stream and planner of one run.
+    """Owns the model, optimizer, data stream and batch scheduler of one run.
 
     Args:
         model: The (possibly TP-sharded) model; its gradients are reduced over
@@ -168,7 +168,7 @@ class Trainer:
         source: Sample source.
         sampler: Global-batch sampler: ``next(sampler)`` -> sample ids; its
             ``state_dict`` is checkpointed.
-        planner: ``lengths -> Plan`` (same result on every rank).
+        batch_scheduler: ``lengths -> Plan`` (same result on every rank).
         groups: This rank's coordinates and groups.
         device: Training device.
         clip_grad: Max global grad norm (0 disables).
@@ -178,11 +178,11 @@ class Trainer:
     """
 
     def __init__(self, *, model, optimizer, schedule: LRSchedule, source: SampleSource,
-                 sampler: Any, planner: Planner, groups: ParallelGroups, device: torch.device,
+                 sampler: Any, batch_scheduler: BatchScheduler, groups: ParallelGroups, device: torch.device,
                  clip_grad: float = 1.0, float64_loss: bool = False,
                  autocast_dtype: Optional[torch.dtype] = None, attention_backend: str = "auto"):
         self.model, self.optimizer, self.schedule = model, optimizer, schedule
-        self.source, self.sampler, self.planner = source, sampler, planner
+        self.source, self.sampler, self.batch_scheduler = source, sampler, batch_scheduler
         self.groups, self.device, self.attention_backend = groups, device, attention_backend
         self.clip_grad, self.float64_loss, self.autocast_dtype = clip_grad, float64_loss, autocast_dtype
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -191,7 +191,7 @@ class Trainer:
     def next_plan(self) -> tuple[np.ndarray, Plan]:
         """Draws the next global batch and plans it: ``(dataset ids [K], plan)``."""
         batch_ids = np.asarray(next(self.sampler), dtype=np.int64)
-        return batch_ids, self.planner(self.source.lengths[batch_ids])
+        return batch_ids, self.batch_scheduler(self.source.lengths[batch_ids])
 
     def compute_gradients(self, batch_ids: np.ndarray, plan: Plan) -> float:
         """Forward/backward of this rank's micro-batches, then the DP x CP all-reduce.

@@ -1,6 +1,6 @@
-"""The per-iteration planner: global-batch lengths -> :class:`skrull_ext.scheduler.plan.Plan`.
+"""The per-iteration batch scheduler: global-batch lengths -> :class:`skrull_ext.scheduler.plan.Plan`.
 
-Every rank calls the planner with the same lengths and gets the same plan (the scheduler
+Every rank calls the batch scheduler with the same lengths and gets the same plan (the scheduler
 is deterministic), so no plan is ever broadcast.  The cost model comes from the run's
 model shape and a :mod:`skrull_ext.costmodel.hardware` preset chosen by ``--skrull-hardware``
 (``h100``: the paper's H100 NVLink numbers; ``cpu``: fitted to real training iterations of
@@ -31,7 +31,7 @@ from skrull_ext.scheduler import SchedulerConfig, schedule
 from megatron.skrull.arguments import RunConfig
 from megatron.skrull.cpu_compat import resolve_device
 
-Planner = Callable[[np.ndarray], Plan]
+BatchScheduler = Callable[[np.ndarray], Plan]
 
 _TIME_KEYS = ("c_linear", "c_attention", "micro_batch_overhead", "attention_half_tokens",
               "attention_call_overhead", "iteration_overhead")
@@ -95,8 +95,8 @@ def build_cost_model(cfg: RunConfig, vocab_size: int) -> CostModel:
     return dataclasses.replace(cost, objective=cfg.skrull.objective)
 
 
-def make_planner(cfg: RunConfig, vocab_size: int,
-                 cost_model: Optional[CostModel] = None) -> Planner:
+def make_batch_scheduler(cfg: RunConfig, vocab_size: int,
+                 cost_model: Optional[CostModel] = None) -> BatchScheduler:
     """``lengths -> Plan`` with ``--skrull-scheduler`` on DP x CP and the bucket."""
     config = SchedulerConfig(dp_size=cfg.parallel.dp_size,
                              cp_size=cfg.parallel.context_parallel_size,
