@@ -235,6 +235,8 @@ class SkrullArgs:
     cost_model_config: Optional[str] = None
     objective: str = "paper"  # how the scheduler composes a micro-batch's time
     attention_kernel: str = "auto"  # --skrull-attention-kernel, else $SKRULL_ATTENTION_KERNEL
+    plan_ahead: bool = True  # --[no-]skrull-plan-ahead: plan batch i+1 while i trains
+    online_cost_model: bool = False  # --skrull-online-cost-model: refit to measured times
 
     def __post_init__(self) -> None:
         p = []
@@ -377,7 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "or ring (ours: step by step as the DACP ring runs)")
     g.add_argument("--skrull-hardware", choices=("cpu", "h100"),
                    help="cost-model preset (default: from the device)")
-    g.add_argument("--skrull-cost-model-config")
+    g.add_argument("--skrull-cost-model-config",
+                   help="JSON cost-model coefficients (seed of --skrull-online-cost-model)")
+    g.add_argument("--skrull-plan-ahead", action=argparse.BooleanOptionalAction, default=True,
+                   help="schedule the next global batch on a worker thread while this one "
+                        "trains (default on)")
+    g.add_argument("--skrull-online-cost-model", action=argparse.BooleanOptionalAction,
+                   default=False, help="refit the cost model to measured iteration times "
+                   "during training (same fit on every rank)")
     g.add_argument("--skrull-attention-kernel", choices=KERNEL_CHOICES,
                    help=f"attention kernel (default ${KERNEL_ENV_VAR}, else auto: torch on CPU; "
                         "te, else flash on CUDA; reference only when asked for)")
@@ -425,7 +434,9 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                     objective=ns.skrull_objective,
                     attention_kernel=(ns.skrull_attention_kernel
                                       or os.environ.get(KERNEL_ENV_VAR) or "auto"),
-                    cost_model_config=ns.skrull_cost_model_config)
+                    cost_model_config=ns.skrull_cost_model_config,
+                    plan_ahead=ns.skrull_plan_ahead,
+                    online_cost_model=ns.skrull_online_cost_model)
     ckpt = _group(CheckpointArgs, p, save=ns.save, load=ns.load,
                   save_interval=ns.save_interval, pretrained_hf=ns.pretrained_hf,
                   finetune=ns.finetune, no_load_optim=ns.no_load_optim,

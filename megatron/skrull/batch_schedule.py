@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
 from skrull_ext.costmodel.model import CommModel, CostModel, ModelSpec
 from skrull_ext.costmodel.hardware import get_hardware
 from skrull_ext.scheduler.plan import Plan
-from skrull_ext.scheduler import SchedulerConfig, schedule
+from skrull_ext.costmodel.online import TERMS, OnlineRefit
+from skrull_ext.scheduler import SchedulerConfig, predict, schedule
 
 from megatron.skrull.arguments import RunConfig
 from megatron.skrull.cpu_compat import resolve_device
-
-BatchScheduler = Callable[[np.ndarray], Plan]
 
 _TIME_KEYS = ("c_linear", "c_attention", "micro_batch_overhead", "attention_half_tokens",
               "attention_call_overhead", "iteration_overhead")
@@ -95,14 +94,58 @@ def build_cost_model(cfg: RunConfig, vocab_size: int) -> CostModel:
     return dataclasses.replace(cost, objective=cfg.skrull.objective)
 
 
+class BatchScheduler:
+    """``lengths -> Plan`` with ``--skrull-scheduler`` on DP x CP and the bucket.
+
+    Deterministic: every rank calling it with the same lengths and the same
+    :attr:`cost_model` gets the same plan.  With ``online=True``
+    (``--skrull-online-cost-model``) :meth:`observe` refits the cost model to measured
+    iteration times (:class:`skrull_ext.costmodel.online.OnlineRefit`); callers feed it
+    the same numbers on every rank so plans stay identical.
+
+    Attributes:
+        config: The scheduler's configuration.
+        cost_model: What the next plan is computed with (seed, then refits).
+    """
+
+    def __init__(self, config: SchedulerConfig, cost_model: CostModel, *, online: bool = False):
+        self.config, self.cost_model = config, cost_model
+        self.refit = OnlineRefit(cost_model) if online else None
+
+    def __call__(self, lengths: np.ndarray, cost_model: Optional[CostModel] = None) -> Plan:
+        """Plans one global batch (``cost_model``: a snapshot, default :attr:`cost_model`)."""
+        return schedule(lengths, self.config, cost_model or self.cost_model)
+
+    def term_seconds(self, plan: Plan) -> np.ndarray:
+        """``[len(TERMS)]`` predicted seconds of ``plan`` per seed term (refit regressors)."""
+        if self.refit is None:
+            raise ValueError("term_seconds needs online=True")
+        return np.array([predict(plan, self.refit.terms[name])["iteration_time"]
+                         for name in TERMS])
+
+    def observe(self, plan: Plan, measured_seconds: float) -> Optional[float]:
+        """Feeds one measured iteration to the online refit (no-op when off).
+
+        Returns:
+            The refitted model's prediction for ``plan`` (``None`` while warming up or off).
+        """
+        if self.refit is None:
+            return None
+        refitted = self.refit.observe(self.term_seconds(plan), measured_seconds)
+        if refitted is None:
+            return None
+        self.cost_model = refitted
+        return float(predict(plan, refitted)["iteration_time"])
+
+
 def make_batch_scheduler(cfg: RunConfig, vocab_size: int,
-                 cost_model: Optional[CostModel] = None) -> BatchScheduler:
-    """``lengths -> Plan`` with ``--skrull-scheduler`` on DP x CP and the bucket."""
+                         cost_model: Optional[CostModel] = None) -> BatchScheduler:
+    """The run's :class:`BatchScheduler` (``--skrull-online-cost-model`` turns refits on)."""
     config = SchedulerConfig(dp_size=cfg.parallel.dp_size,
                              cp_size=cfg.parallel.context_parallel_size,
                              bucket_size=cfg.skrull.bucket_size, policy=cfg.skrull.scheduler)
     cost = cost_model or build_cost_model(cfg, vocab_size)
-    return lambda lengths: schedule(lengths, config, cost)
+    return BatchScheduler(config, cost, online=cfg.skrull.online_cost_model)
 
 
 def predicted_seconds(plan: Plan) -> Optional[float]:

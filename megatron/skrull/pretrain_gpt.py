@@ -130,6 +130,7 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         batch_scheduler=batch_scheduler or make_batch_scheduler(cfg, vocab), groups=groups, device=device,
         clip_grad=cfg.optim.clip_grad, float64_loss=cfg.fp64 and tp == 1,
         autocast_dtype=torch.bfloat16 if device.type == "cuda" else None,
+        plan_ahead=cfg.skrull.plan_ahead,
         attention_backend=attention_kernel)
 
 

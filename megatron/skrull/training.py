@@ -32,6 +32,7 @@ from skrull_ext.scheduler.plan import MicroBatch, Plan
 from megatron.skrull.model import SkrullPackedSeqParams
 from megatron.skrull.optimizer import LRSchedule, allreduce_gradients, clip_grad_norm
 from megatron.skrull.batch_schedule import BatchScheduler, predicted_seconds
+from megatron.skrull.plan_ahead import PlannedBatches, agree_on_plan
 from megatron.skrull.samples import SampleSource
 
 logger = logging.getLogger(__name__)
@@ -151,6 +152,7 @@ class IterationStats:
     tokens: int
     micro_batches: int
     local_share: float
+    planning_seconds: float = 0.0  # planning the main thread waited for (exposed)
 
     @property
     def tokens_per_second(self) -> float:
@@ -175,23 +177,28 @@ class Trainer:
         float64_loss: See :func:`forward_backward`.
         autocast_dtype: See :func:`forward_backward`.
         attention_backend: ``dacp_attention`` kernel back-end (``"auto"``).
+        plan_ahead: Plan iteration ``i + 1`` while ``i`` trains
+            (:class:`megatron.skrull.plan_ahead.PlannedBatches`; ``self.sampler`` is then
+            that wrapper, whose checkpoint state undoes the batch drawn ahead).
     """
 
     def __init__(self, *, model, optimizer, schedule: LRSchedule, source: SampleSource,
                  sampler: Any, batch_scheduler: BatchScheduler, groups: ParallelGroups, device: torch.device,
                  clip_grad: float = 1.0, float64_loss: bool = False,
-                 autocast_dtype: Optional[torch.dtype] = None, attention_backend: str = "auto"):
+                 autocast_dtype: Optional[torch.dtype] = None, attention_backend: str = "auto",
+                 plan_ahead: bool = False):
         self.model, self.optimizer, self.schedule = model, optimizer, schedule
         self.source, self.sampler, self.batch_scheduler = source, sampler, batch_scheduler
         self.groups, self.device, self.attention_backend = groups, device, attention_backend
         self.clip_grad, self.float64_loss, self.autocast_dtype = clip_grad, float64_loss, autocast_dtype
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.iteration = 0
+        self.sampler = PlannedBatches(sampler, source.lengths, batch_scheduler, ahead=plan_ahead)
+        self._measured: Optional[tuple[Plan, float]] = None  # last plan, its compute seconds
 
     def next_plan(self) -> tuple[np.ndarray, Plan]:
         """Draws the next global batch and plans it: ``(dataset ids [K], plan)``."""
-        batch_ids = np.asarray(next(self.sampler), dtype=np.int64)
-        return batch_ids, self.batch_scheduler(self.source.lengths[batch_ids])
+        return self.sampler.take()
 
     def compute_gradients(self, batch_ids: np.ndarray, plan: Plan) -> float:
         """Forward/backward of this rank's micro-batches, then the DP x CP all-reduce.
@@ -227,7 +234,19 @@ class Trainer:
             torch.cuda.synchronize()
         start = time.perf_counter()
         batch_ids, plan = self.next_plan()
-        return self.run_plan(batch_ids, plan, start=start)
+        planning = self.sampler.exposed_seconds
+        # One tiny collective: plans agree on every rank, and the last iteration's time
+        # (max over ranks) reaches every rank's online refit, so the refit and the next
+        # plan (prefetched only after it) stay identical everywhere.
+        last_plan, last_seconds = self._measured or (None, 0.0)
+        seconds = agree_on_plan(plan, iteration=self.iteration + 1, device=self.device,
+                                measured_seconds=last_seconds)
+        if last_plan is not None and hasattr(self.batch_scheduler, "observe"):
+            self.batch_scheduler.observe(last_plan, seconds)
+        self.sampler.prefetch()
+        stats = self.run_plan(batch_ids, plan, start=start)
+        self._measured = (plan, stats.seconds - planning)
+        return dataclasses.replace(stats, planning_seconds=planning)
 
     def run_plan(self, batch_ids: np.ndarray, plan: Plan, *,
                  start: Optional[float] = None) -> IterationStats:
@@ -306,7 +325,8 @@ class MetricsLogger:
                 f" grad norm {last.grad_norm:.3f} | iteration time {1e3 * seconds:.1f} ms"
                 f" (predicted {pred}) | tokens/s {tokens:.0f} |"
                 f" micro-batches {sum(s.micro_batches for s in window) / n:.1f} |"
-                f" local tokens {100 * sum(s.local_share for s in window) / n:.1f}%")
+                f" local tokens {100 * sum(s.local_share for s in window) / n:.1f}% |"
+                f" planning exposed {1e3 * sum(s.planning_seconds for s in window) / n:.1f} ms")
 
     def close(self) -> None:
         if self.writer is not None:
@@ -335,6 +355,7 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
             metrics.record(stats)
         if save_fn is not None and save_interval and trainer.iteration % save_interval == 0:
             save_fn(trainer)
+    trainer.sampler.cancel()  # a batch drawn ahead is not consumed: rewind the sampler
     if save_fn is not None and history and not (save_interval and
                                                 trainer.iteration % save_interval == 0):
         save_fn(trainer)
