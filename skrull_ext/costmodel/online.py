@@ -12,8 +12,9 @@ and a fixed per-iteration overhead ``b >= 0`` with::
 
     y_i ~= sum_j w_j f_i[j] + b
 
-by least squares over a window of recent iterations, robust to outliers (Huber weights
-by iteratively reweighted least squares) and pulled towards the seed (``w = 1``,
+by least squares on *relative* residuals ``(y_i - fit_i) / y_i`` (iterations differ in
+length by orders of magnitude; a long one must not drown the short ones) over a window of
+recent iterations, robust to outliers (Huber weights by iteratively reweighted least squares) and pulled towards the seed (``w = 1``,
 ``b = seed overhead``) by a small ridge term, so a handful of similar iterations cannot
 swing a poorly determined term.  Pure numpy and deterministic: the same inputs give the
 same coefficients on every rank.
@@ -122,6 +123,8 @@ def robust_fit(x: np.ndarray, y: np.ndarray, *, prior: np.ndarray, prior_overhea
                ridge: float, huber: float, iters: int = 10) -> tuple[np.ndarray, float]:
     """Huber-weighted, ridge-to-prior, non-negative least squares of ``y ~= x w + b``.
 
+    Residuals are relative (each row divided by its ``y``).
+
     Args:
         x: ``[n, k]`` term seconds per iteration.
         y: ``[n]`` measured seconds.
@@ -134,7 +137,9 @@ def robust_fit(x: np.ndarray, y: np.ndarray, *, prior: np.ndarray, prior_overhea
         ``(w [k] >= 0, b >= 0)``.
     """
     n, k = x.shape
-    a = np.hstack([x, np.ones((n, 1))])
+    rel = 1.0 / np.maximum(y, 1e-12)
+    a = np.hstack([x, np.ones((n, 1))]) * rel[:, None]
+    y = y * rel
     p = np.append(prior, prior_overhead)
     # Column scale: the prior's contribution to a typical iteration, so the ridge acts on
     # seconds, not on raw multipliers.
