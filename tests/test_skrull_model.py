@@ -120,3 +120,19 @@ def test_rotary_table_uses_given_positions(out):
 
 def test_fp64_parameters(out):
     assert out["param_dtypes"] == {torch.float64}
+
+
+def test_packed_seq_params_are_thd_with_the_stream_documents():
+    from megatron.skrull.model import SkrullPackedSeqParams
+    from skrull_ext.attention.layout import build_rank_layout
+
+    # CP rank 0 of 2: local sample 0 whole, then its zigzag shard of distributed sample 1.
+    layout = build_rank_layout((7, 12, 5), [1], [[0], [2]], 0, 2)
+    params = SkrullPackedSeqParams(layout=layout)
+    assert params.qkv_format == "thd"
+    shard = layout.distributed[0].shard_length
+    assert params.cu_seqlens_q.tolist() == [0, 7, 7 + shard]
+    assert params.cu_seqlens_kv is params.cu_seqlens_q
+    assert params.max_seqlen_q == max(7, shard)
+    with pytest.raises(ValueError, match="thd"):
+        SkrullPackedSeqParams(layout=layout, qkv_format="sbhd")
