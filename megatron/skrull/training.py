@@ -183,7 +183,8 @@ class Trainer:
     """
 
     def __init__(self, *, model, optimizer, schedule: LRSchedule, source: SampleSource,
-                 sampler: Any, batch_scheduler: BatchScheduler, groups: ParallelGroups, device: torch.device,
+                 sampler: Any, batch_scheduler: BatchScheduler, groups: ParallelGroups,
+                 device: torch.device,
                  clip_grad: float = 1.0, float64_loss: bool = False,
                  autocast_dtype: Optional[torch.dtype] = None, attention_backend: str = "auto",
                  plan_ahead: bool = False):
