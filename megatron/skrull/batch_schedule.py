@@ -1,4 +1,5 @@
-"""The per-iteration batch scheduler: global-batch lengths -> :class:`skrull_ext.scheduler.plan.Plan`.
+"""The per-iteration batch scheduler: global-batch lengths -> a
+:class:`skrull_ext.scheduler.plan.Plan`.
 
 Every rank calls the batch scheduler with the same lengths and gets the same plan (the scheduler
 is deterministic), so no plan is ever broadcast.  The cost model comes from the run's

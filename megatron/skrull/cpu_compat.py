@@ -21,7 +21,8 @@ paths our training stack reaches are patched here, in ONE place, by
 Not patched because our stack never reaches them: RoPE's CP slicing
 (``get_pos_emb_on_this_cp_rank``, which also calls ``.cuda()``) -- :mod:`megatron.skrull.model`
 builds ``GPTModel`` without RoPE and applies it in its ``core_attention`` from the global
-position ids of the packed stream, so ``RotaryEmbedding.forward`` / ``get_emb`` never run; mcore's ``DistributedDataParallel`` / optimizer (their
+position ids of the packed stream, so ``RotaryEmbedding.forward`` / ``get_emb`` never run;
+mcore's ``DistributedDataParallel`` / optimizer (their
 ``device='cuda'`` buffers) -- :mod:`megatron.skrull.training` all-reduces gradients itself
 and uses ``torch.optim.AdamW``.
 

@@ -84,7 +84,8 @@ def build_sample_source(cfg: RunConfig):
 
 
 def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
-                  batch_scheduler: Optional[Callable] = None, attention_fn: Optional[Callable] = None):
+                  batch_scheduler: Optional[Callable] = None,
+                  attention_fn: Optional[Callable] = None):
     """Model, optimizer, schedule, sampler and batch scheduler on an initialised parallel state.
 
     Args:
@@ -127,7 +128,8 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         model=model, optimizer=build_optimizer(model, cfg.optim),
         schedule=LRSchedule.from_args(cfg.optim), source=source,
         sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
-        batch_scheduler=batch_scheduler or make_batch_scheduler(cfg, vocab), groups=groups, device=device,
+        batch_scheduler=batch_scheduler or make_batch_scheduler(cfg, vocab), groups=groups,
+        device=device,
         clip_grad=cfg.optim.clip_grad, float64_loss=cfg.fp64 and tp == 1,
         autocast_dtype=torch.bfloat16 if device.type == "cuda" else None,
         plan_ahead=cfg.skrull.plan_ahead,
