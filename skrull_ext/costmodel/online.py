@@ -16,8 +16,7 @@ by least squares on *relative* residuals ``(y_i - fit_i) / y_i`` (iterations dif
 length by orders of magnitude; a long one must not drown the short ones) over a window of
 recent iterations, robust to outliers (Huber weights by iteratively reweighted least
 squares) and pulled towards the seed (``w = 1``, ``b = seed overhead``) by a small ridge
-term, so a handful of similar iterations cannot
-swing a poorly determined term.  Pure numpy and deterministic: the same inputs give the
+term, so a handful of similar iterations cannot swing a poorly determined term.  Pure numpy and deterministic: the same inputs give the
 same coefficients on every rank.
 """
 from __future__ import annotations
