@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from skrull_ext.attention import RingComm, dacp_attention
-from skrull_ext.layout import build_rank_layout
+from skrull_ext.attention.layout import build_rank_layout
 
 
 def make_micro_batch(args):

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from skrull_ext import _backend
-from skrull_ext.cost import default_cost_model
+from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import SchedulerConfig, reference, schedule
 
 DP, CP, BUCKET = 4, 8, 26_000

@@ -18,7 +18,7 @@ Micro-runs, single process unless noted, forward + backward, minimum over repeat
 4. ring communication: gloo send/recv ping-pong between two processes (file store);
    one-way seconds per message size.
 
-Also prints :meth:`skrull_ext.cost.TimeModel.calibrate` coefficients fitted to the
+Also prints :meth:`skrull_ext.costmodel.model.TimeModel.calibrate` coefficients fitted to the
 whole-model check runs (for the scheduler's simple cost model).  Repeats of all sizes
 are interleaved (:func:`cpu_block.best_times`) and the minimum kept, as the machine is
 shared.  Usage::
@@ -43,10 +43,10 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_block import TINY_SPEC, Layer, TinyModel, best_times, micro_batch_step  # noqa: E402
 
-from skrull_ext.cost import CommModel, TimeModel  # noqa: E402
-from skrull_ext.hardware import get_hardware  # noqa: E402
-from skrull_ext.plan import MicroBatch, Plan  # noqa: E402
-from skrull_ext.simulator import simulate  # noqa: E402
+from skrull_ext.costmodel.model import CommModel, TimeModel  # noqa: E402
+from skrull_ext.costmodel.hardware import get_hardware  # noqa: E402
+from skrull_ext.scheduler.plan import MicroBatch, Plan  # noqa: E402
+from skrull_ext.planner.simulator import simulate  # noqa: E402
 
 
 def nonneg_lstsq(a: np.ndarray, y: np.ndarray, relative: bool = True) -> np.ndarray:

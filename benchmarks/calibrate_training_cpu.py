@@ -13,7 +13,7 @@ global batches of 8 and 32 sequences drawn with sampler seeds :data:`FIT_SEEDS` 
 validation uses others), plus three composed batches of tiny, short and medium samples
 (:func:`fit_batches`; ``skrull`` and ``all-cp`` / ``sorted`` only).  Each case's time is the median of interleaved repeats (``A B C A B C``) of
 the slowest rank's iteration.  Then it fits the constants of
-:class:`skrull_ext.hardware.Hardware` so that :func:`skrull_ext.simulator.simulate`
+:class:`skrull_ext.costmodel.hardware.Hardware` so that :func:`skrull_ext.planner.simulator.simulate`
 predicts the measured times (Levenberg-Marquardt on the log of the constants, minimising
 squared log errors): linear FLOP/s, attention FLOP/s and ``S_half``, the per-document
 attention call overhead, the per-layer (per micro-batch) overhead and the per-iteration
@@ -42,9 +42,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_harness as th  # noqa: E402
 
-from skrull_ext.cost import CommModel  # noqa: E402
-from skrull_ext.hardware import get_hardware  # noqa: E402
-from skrull_ext.simulator import simulate  # noqa: E402
+from skrull_ext.costmodel.model import CommModel  # noqa: E402
+from skrull_ext.costmodel.hardware import get_hardware  # noqa: E402
+from skrull_ext.planner.simulator import simulate  # noqa: E402
 
 FIT_SEEDS = (101, 102, 103)
 SEQ_LENGTH = 16384
@@ -110,13 +110,13 @@ def measure(model: str, data_dir: str, seeds, repeats: int) -> list[dict]:
 
 
 def load_plans(rows):
-    from skrull_ext.plan import Plan
+    from skrull_ext.scheduler.plan import Plan
 
     return [Plan.from_json(r["plan"]) for r in rows]
 
 
 def spec_for(row):
-    from skrull_ext.cost import ModelSpec
+    from skrull_ext.costmodel.model import ModelSpec
 
     m = th.MODELS[row["model"]]
     h = m["hidden"]
@@ -222,7 +222,7 @@ def error_table(rows, preds) -> tuple[list[str], dict]:
 
 
 def _local_share(plan_json) -> float:
-    from skrull_ext.plan import Plan
+    from skrull_ext.scheduler.plan import Plan
 
     return Plan.from_json(plan_json).local_token_share()
 

@@ -1,6 +1,6 @@
 """A tiny transformer for CPU micro-runs (``calibrate_cpu.py``, ``validate_cpu_sim.py``).
 
-The model follows a :class:`~skrull_ext.cost.ModelSpec` (pre-norm GQA attention with QKV
+The model follows a :class:`~skrull_ext.costmodel.model.ModelSpec` (pre-norm GQA attention with QKV
 bias, SwiGLU MLP, untied output layer) so that its FLOPs are exactly what the cost model
 counts.  Attention is computed per document with ``torch.nn.functional.
 scaled_dot_product_attention(is_causal=True)``, which on CPU dispatches to ATen's flash
@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 import dataclasses
 
-from skrull_ext.cost import CommModel, ModelSpec
-from skrull_ext.hardware import CPU
+from skrull_ext.costmodel.model import CommModel, ModelSpec
+from skrull_ext.costmodel.hardware import CPU
 
 # The model of the kernel-level calibration (small enough for 2 cores).
 TINY_SPEC = ModelSpec(name="tiny-cpu", num_layers=2, hidden_size=256, ffn_hidden_size=704,

@@ -22,10 +22,10 @@ import time
 
 import numpy as np
 
-from skrull_ext.cost import get_model_spec
-from skrull_ext.evaluate import compare_policies, max_fitting_length
-from skrull_ext.hardware import get_hardware
-from skrull_ext.profiles import load_profile, sample_global_batches
+from skrull_ext.costmodel.model import get_model_spec
+from skrull_ext.planner.evaluate import compare_policies, max_fitting_length
+from skrull_ext.costmodel.hardware import get_hardware
+from skrull_ext.planner.profiles import load_profile, sample_global_batches
 from skrull_ext.scheduler import POLICIES
 
 K = 1024

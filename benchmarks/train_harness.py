@@ -93,7 +93,7 @@ class _Timers:
 
     def _time_kernels(self, trainer):
         """Attention kernel calls, by phase (local work or inside the ring)."""
-        from skrull_ext.attention.kernels import AttentionKernel, get_kernel
+        from skrull_ext.attention import AttentionKernel, get_kernel
 
         timers = self
         inner = get_kernel("auto", trainer.device, trainer.params[0].dtype)
@@ -342,7 +342,7 @@ def plan_batch(lengths, cost_model, *, dp: int, cp: int, bucket: int, policy: st
 def predictions(plan, spec, hardware) -> tuple[float, float]:
     """``(scheduler CostModel prediction, simulator prediction)`` of ``plan`` in seconds."""
     from skrull_ext.scheduler import predict
-    from skrull_ext.simulator import simulate
+    from skrull_ext.planner.simulator import simulate
 
     cost = hardware.cost_model(spec, plan.cp_size, plan.dp_size)
     return (float(predict(plan, cost)["iteration_time"]),

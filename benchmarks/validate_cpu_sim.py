@@ -23,10 +23,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_block import TINY_CPU, TINY_SPEC, TinyModel, best_time  # noqa: E402
 
-from skrull_ext.hardware import get_hardware  # noqa: E402
-from skrull_ext.profiles import load_profile, sample_global_batches  # noqa: E402
+from skrull_ext.costmodel.hardware import get_hardware  # noqa: E402
+from skrull_ext.planner.profiles import load_profile, sample_global_batches  # noqa: E402
 from skrull_ext.scheduler import SchedulerConfig, schedule  # noqa: E402
-from skrull_ext.simulator import simulate  # noqa: E402
+from skrull_ext.planner.simulator import simulate  # noqa: E402
 
 # (profile, --scale, global batch size, bucket size, policy)
 CASES = [

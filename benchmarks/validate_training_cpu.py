@@ -8,8 +8,8 @@ runs as a real training iteration (:mod:`train_harness`: two spawned gloo ranks,
 interleaved repeats).  For every plan the table compares the measured time with
 
 * the scheduler's prediction (:func:`skrull_ext.scheduler.predict` with the preset's
-  :class:`~skrull_ext.cost.CostModel`: what the planner optimises), and
-* the simulator's (:func:`skrull_ext.simulator.simulate` with the ``cpu`` preset).
+  :class:`~skrull_ext.costmodel.model.CostModel`: what the planner optimises), and
+* the simulator's (:func:`skrull_ext.planner.simulator.simulate` with the ``cpu`` preset).
 
 Usage::
 
@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_harness as th  # noqa: E402
 
-from skrull_ext.hardware import get_hardware  # noqa: E402
+from skrull_ext.costmodel.hardware import get_hardware  # noqa: E402
 
 VALIDATION_SEEDS = (201, 202, 203, 204)
 POLICIES = ("skrull", "all-cp", "per-seq-cp")

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -92,7 +93,7 @@ skrull::Objective to_objective(int code) {
 skrull::Variant to_variant(int code) {
   if (code < 0 || code > 3) {
     throw py::value_error("variant code " + std::to_string(code) +
-                          " is not one of 0 (paper), 1 (balanced), 2 (auto), 3 (lpt)");
+                          " is not one of 0 (paper), 1 (balanced), 2 (lpt), 3 (auto)");
   }
   return static_cast<skrull::Variant>(code);
 }
@@ -168,9 +169,16 @@ struct BatchArgs {
   }
 };
 
-py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
-                      int dp_size, int cp_size, int64_t bucket_size, int rollback,
-                      double overhead, int variant, py::object shares, int objective) {
+using Scheduler = std::vector<skrull::RankSplit> (*)(const skrull::Batch&, double, int, int,
+                                                      int64_t, skrull::Rollback, double,
+                                                      skrull::Variant);
+
+// Checks the arguments, runs `fn` (gds_schedule or portfolio_schedule) without the GIL and
+// converts the plan to lists.
+py::list run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Array comm,
+                       double latency, int dp_size, int cp_size, int64_t bucket_size,
+                       int rollback, double overhead, int variant, py::object shares,
+                       int objective) {
   BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
   args.view.objective = to_objective(objective);
   check_positive(dp_size, "dp_size");
@@ -184,8 +192,7 @@ py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double la
   std::vector<skrull::RankSplit> splits;
   {
     py::gil_scoped_release release;
-    splits = skrull::gds_schedule(args.view, latency, dp_size, cp_size, bucket_size, policy,
-                                  overhead, var);
+    splits = fn(args.view, latency, dp_size, cp_size, bucket_size, policy, overhead, var);
   }
   GcPause pause;
   py::list out(splits.size());
@@ -194,6 +201,46 @@ py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double la
     for (size_t m = 0; m < splits[d].size(); ++m) rank[m] = placement_obj(splits[d][m]);
     out[d] = rank;
   }
+  return out;
+}
+
+py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
+                      int dp_size, int cp_size, int64_t bucket_size, int rollback,
+                      double overhead, int variant, py::object shares, int objective) {
+  return run_scheduler(&skrull::gds_schedule, std::move(lengths), std::move(costs),
+                       std::move(comm), latency, dp_size, cp_size, bucket_size, rollback,
+                       overhead, variant, std::move(shares), objective);
+}
+
+py::list portfolio_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
+                            int dp_size, int cp_size, int64_t bucket_size, int rollback,
+                            double overhead, int variant, py::object shares, int objective) {
+  return run_scheduler(&skrull::portfolio_schedule, std::move(lengths), std::move(costs),
+                       std::move(comm), latency, dp_size, cp_size, bucket_size, rollback,
+                       overhead, variant, std::move(shares), objective);
+}
+
+py::list baseline_groups(I64Array lengths, F64Array costs, int dp_size, int cp_size,
+                   int64_t bucket_size, const std::string& name) {
+  BatchArgs args(std::move(lengths), std::move(costs), py::none());
+  check_positive(dp_size, "dp_size");
+  check_positive(cp_size, "cp_size");
+  check_positive(bucket_size, "bucket_size");
+  using Grouping = skrull::Groups (*)(const skrull::Batch&, int, int, int64_t);
+  Grouping fn = name == "kk"           ? &skrull::kk_groups
+                : name == "sorted"     ? &skrull::sorted_groups
+                : name == "all-cp"     ? &skrull::all_cp_groups
+                : name == "per-seq-cp" ? &skrull::per_seq_cp_groups
+                : name == "hybrid-cp"  ? &skrull::hybrid_cp_groups
+                                       : nullptr;
+  if (!fn) throw py::value_error("unknown grouping " + name);
+  skrull::Groups groups;
+  {
+    py::gil_scoped_release release;
+    groups = fn(args.view, dp_size, cp_size, bucket_size);
+  }
+  py::list out(groups.size());
+  for (size_t d = 0; d < groups.size(); ++d) out[d] = nested_list(groups[d]);
   return out;
 }
 
@@ -275,9 +322,17 @@ PYBIND11_MODULE(_C, mod) {
   mod.doc() = "C++ core of the Skrull scheduler (DACP + GDS); mirrors scheduler/reference.py";
   mod.def("gds_schedule", &gds_schedule, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
           py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"),
-          py::arg("rollback"), py::arg("overhead") = 0.0, py::arg("variant") = 2,
+          py::arg("rollback"), py::arg("overhead") = 0.0, py::arg("variant") = 3,
           py::arg("shares") = py::none(), py::arg("objective") = 0,
           "GDS over a global batch: list[DP] of list[micro-batch] of (distributed, local).");
+  mod.def("portfolio_schedule", &portfolio_schedule, py::arg("lengths"), py::arg("costs"),
+          py::arg("comm"), py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"),
+          py::arg("bucket_size"), py::arg("rollback"), py::arg("overhead") = 0.0,
+          py::arg("variant") = 3, py::arg("shares") = py::none(), py::arg("objective") = 0,
+          "GDS and the baselines' groupings under DACP; the fastest predicted plan.");
+  mod.def("baseline_groups", &baseline_groups, py::arg("lengths"), py::arg("costs"),
+          py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"), py::arg("name"),
+          "A baseline's samples per DP rank and micro-batch (scheduler.baselines.GROUPINGS).");
   mod.def("dacp_place", &dacp_place, py::arg("lengths"), py::arg("costs"), py::arg("idx"),
           py::arg("cp_size"), py::arg("bucket_size"), py::arg("rollback") = 0,
           py::arg("shares") = py::none(),

@@ -1,6 +1,6 @@
 // GDS (SKRULL.md section 4): LPT over DP ranks, then per DP rank the fewest interleaved
 // micro-batches that DACP can place, then the (ours) re-split to the common count.
-// Mirrors lpt_partition / interleave / _split_rank / _rank_time / gds_schedule of
+// Mirrors lpt_partition / interleave / _split_rank / GdsContext / gds_schedule of
 // skrull_ext/scheduler/reference.py; see scheduler.h.
 #include <algorithm>
 #include <cstring>
@@ -103,16 +103,6 @@ std::optional<RankSplit> split_rank(const Batch& batch, const RankSeqs& seqs, in
   return out;
 }
 
-// Predicted seconds of one DP rank: its non-empty micro-batches plus their overhead.
-double rank_time(const RankSplit& split, const Batch& batch, double latency, int cp_size,
-                 double overhead) {
-  double t = 0.0;
-  for (const auto& placement : split) {
-    if (!placement.empty()) t += micro_batch_time(placement, batch, latency, cp_size) + overhead;
-  }
-  return t;
-}
-
 // Every bin's samples in ascending (length, index) order: one stable sort of all
 // samples by length, then each sample appended to its bin in that order.
 std::vector<RankSeqs> sort_bins(const std::vector<std::vector<Index>>& bins,
@@ -213,6 +203,18 @@ void check_fits(const Batch& batch, int cp_size, int64_t bucket_size) {
 
 }  // namespace
 
+std::optional<Placement> GdsContext::place(const std::vector<Index>& idx) const {
+  return dacp_best(batch, idx, latency, cp_size, bucket_size, rollback, variant);
+}
+
+double GdsContext::split_time(const RankSplit& split, double overhead) const {
+  double t = 0.0;
+  for (const auto& placement : split) {
+    if (!placement.empty()) t += micro_batch_time(placement, batch, latency, cp_size) + overhead;
+  }
+  return t;
+}
+
 bool can_pair(int64_t sx, int64_t sy, int cp_size, int64_t bucket_size) {
   const int64_t n = cp_size, c = bucket_size;
   if (sx + sy <= c || (n > 1 && sx <= c && sy <= c)) return true;  // both local
@@ -294,8 +296,8 @@ std::vector<RankSplit> gds_schedule(const Batch& batch, double latency, int dp_s
       // (ours) Re-split into m_max micro-batches when that lowers this rank's time.
       auto alt = plan_rank(batch, seqs, static_cast<int64_t>(m_max), latency, cp_size,
                            bucket_size, policy, variant);
-      if (alt && rank_time(*alt, batch, latency, cp_size, overhead) <
-                     rank_time(splits[d], batch, latency, cp_size, overhead)) {
+      const GdsContext ctx{batch, latency, cp_size, bucket_size, policy, variant};
+      if (alt && ctx.split_time(*alt, overhead) < ctx.split_time(splits[d], overhead)) {
         splits[d] = std::move(*alt);
       }
     }

@@ -20,8 +20,8 @@ enum class Rollback : int { kShortest = 0, kBestFit = 1, kAuto = 2 };
 
 // DACP step a: the paper's local-first rule, ours (distribute when that lowers the
 // micro-batch objective), ours (distribute the k longest, LPT the rest, best k), or all
-// keeping the fastest; codes match _VARIANT_CODES.
-enum class Variant : int { kPaper = 0, kBalanced = 1, kAuto = 2, kLpt = 3 };
+// keeping the fastest; codes match _VARIANT_CODES (reference.DACP_VARIANTS order).
+enum class Variant : int { kPaper = 0, kBalanced = 1, kLpt = 2, kAuto = 3 };
 
 // How a micro-batch's time is composed (reference rank_time): the paper's objective or
 // ours, the ring step by step; codes match _OBJECTIVE_CODES.
@@ -94,10 +94,44 @@ bool can_pair(int64_t sx, int64_t sy, int cp_size, int64_t bucket_size);
 // Micro-batch j takes sorted_idx[j], sorted_idx[j + m], ...  (m >= 1).
 std::vector<std::vector<Index>> interleave(const std::vector<Index>& sorted_idx, int64_t m);
 
+// What the GDS helpers share (reference GdsContext): the batch and the settings.
+struct GdsContext {
+  const Batch& batch;
+  double latency;
+  int cp_size;
+  int64_t bucket_size;
+  Rollback rollback;
+  Variant variant;
+
+  // dacp_best of one micro-batch's samples.
+  std::optional<Placement> place(const std::vector<Index>& idx) const;
+  // Predicted seconds of one DP rank's micro-batches (empty ones cost nothing).
+  double split_time(const RankSplit& split, double overhead) const;
+};
+
 // GDS: dp_size lists of equally many placements (empty placements pad).  Every sample
 // must fit alone (shard_tokens(S, N) <= bucket_size); throws std::invalid_argument if not.
 std::vector<RankSplit> gds_schedule(const Batch& batch, double latency, int dp_size,
                                     int cp_size, int64_t bucket_size, Rollback policy,
                                     double overhead, Variant variant = Variant::kAuto);
+
+// ---- portfolio.cpp: the baselines' groupings and the portfolio (reference portfolio.py,
+// scheduler/baselines.py).
+using Groups = std::vector<std::vector<std::vector<Index>>>;  // [DP][micro-batch] ids
+
+std::vector<std::vector<Index>> karmarkar_karp(const double* weights,
+                                               const std::vector<Index>& idx, int parts);
+int64_t hybrid_cp_size(int64_t length, int cp_size, int64_t bucket_size);
+Groups kk_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
+Groups sorted_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
+Groups all_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
+Groups per_seq_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
+Groups hybrid_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
+
+// GDS, then each baseline grouping placed by DACP (or all-distributed when faster); the
+// lowest predicted iteration time wins (ties: the earlier candidate).
+std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, int dp_size,
+                                          int cp_size, int64_t bucket_size, Rollback policy,
+                                          double overhead, Variant variant = Variant::kAuto);
 
 }  // namespace skrull

@@ -15,7 +15,11 @@
 #   SEQ_LENGTH, DEMO_SAMPLES, DEMO_SEED: the corpus (examples/configs/tiny_cpu.sh)
 #   COST_MODEL    --skrull-cost-model-config [examples/configs/tiny_cpu_cost_model.json: the
 #                 cpu constants fitted to this model; COST_MODEL= uses the built-in cpu preset]
-#   RESUME=1      continue from RUN_DIR/ckpt instead of starting over (deletes nothing)
+#   RESUME=1      continue from RUN_DIR/ckpt (ITERS is the total: RESUME=1 ITERS=200 after a
+#                 run of 100 trains 100 more). Without it the run starts over and the last
+#                 checkpoint moves to RUN_DIR/ckpt.previous (restored if the new run fails
+#                 before saving); nothing is deleted before every setting is checked.
+#   The log RUN_DIR/train.log is appended to, with a "====" header line per run.
 #   EXTRA_ARGS    more pretrain_gpt flags, e.g. "--skrull-hardware cpu"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,11 +58,40 @@ fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # One thread per process on a small machine (also silences torchrun's banner about it).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-# Megatron-Core's notices that Apex / Transformer Engine are absent are expected on CPU.
-export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore:Transformer Engine and Apex are not installed,ignore:Apex is not installed,ignore:full scope is deprecated}"
+
+DATA_PREFIX="$RUN_DIR/data/synth_n${DEMO_SAMPLES}_seed${DEMO_SEED}_len${SEQ_LENGTH}"
+CKPT="$RUN_DIR/ckpt"
+LOAD_ARGS=()
+if [ "${RESUME:-0}" = 1 ]; then
+    [ -f "$CKPT/latest_checkpointed_iteration.txt" ] \
+        || die "RESUME=1 but $CKPT holds no checkpoint; drop RESUME=1 to start over (or set RUN_DIR)"
+    LOAD_ARGS=(--load "$CKPT")
+fi
+TB_ARGS=()
+if "$PYTHON" -c "import tensorboard" 2>/dev/null; then
+    TB_ARGS=(--tensorboard-dir "$RUN_DIR/tb")
+fi
+# shellcheck disable=SC2206  # EXTRA_ARGS is a list of flags
+TRAIN_ARGS=("${TINY_MODEL_ARGS[@]}" "${TINY_OPTIM_ARGS[@]}"
+    --train-iters "$ITERS" --lr-warmup-iters "$WARMUP" --global-batch-size "$GBS"
+    --context-parallel-size "$CP" --skrull-bucket-size "$BUCKET" --skrull-scheduler "$SCHEDULER"
+    --data-path "$DATA_PREFIX" --device cpu --log-interval "$LOG_INTERVAL"
+    --save "$CKPT" ${LOAD_ARGS[@]+"${LOAD_ARGS[@]}"} ${TB_ARGS[@]+"${TB_ARGS[@]}"}
+    ${COST_ARGS[@]+"${COST_ARGS[@]}"} ${EXTRA_ARGS:-})
+
+# Every flag is checked (in ~0.3 s, the launcher's own parser) before anything is written
+# or moved, so a typo in BUCKET, SCHEDULER or EXTRA_ARGS costs nothing.
+"$PYTHON" - "$NPROC" "${TRAIN_ARGS[@]}" <<'PY' || exit $?
+import sys
+from megatron.skrull import errors
+from megatron.skrull.arguments import ConfigError, parse_args
+try:
+    errors.parse_quietly(lambda a: parse_args(a, world_size=int(sys.argv[1])), sys.argv[2:])
+except ConfigError as exc:
+    sys.exit(errors.report(exc.problems))
+PY
 
 start=$SECONDS
-DATA_PREFIX="$RUN_DIR/data/synth_n${DEMO_SAMPLES}_seed${DEMO_SEED}_len${SEQ_LENGTH}"
 if [ -f "$DATA_PREFIX.json" ]; then
     echo "== data: reusing $DATA_PREFIX (delete $RUN_DIR/data to rebuild)"
 else
@@ -68,36 +101,41 @@ else
         --seq-length "$SEQ_LENGTH" --output-prefix "$DATA_PREFIX"
 fi
 
-CKPT="$RUN_DIR/ckpt"
-LOAD_ARGS=()
-if [ "${RESUME:-0}" = 1 ]; then
-    LOAD_ARGS=(--load "$CKPT")
-elif [ -d "$CKPT" ]; then
-    echo "== removing the previous demo checkpoint $CKPT (RESUME=1 continues from it instead)"
-    rm -rf "$CKPT"
-fi
-TB_ARGS=()
-if "$PYTHON" -c "import tensorboard" 2>/dev/null; then
-    TB_ARGS=(--tensorboard-dir "$RUN_DIR/tb")
+# Starting over never deletes the last run's checkpoint: it moves to ckpt.previous (the one
+# before it is replaced) and comes back if this run fails before saving its own.
+PREV="$RUN_DIR/ckpt.previous"
+if [ "${RESUME:-0}" != 1 ] && [ -d "$CKPT" ]; then
+    echo "== keeping the previous demo checkpoint as $PREV (RESUME=1 continues from $CKPT instead)"
+    rm -rf "$PREV"
+    mv "$CKPT" "$PREV"
 fi
 
+LOG="$RUN_DIR/train.log"
+{
+    echo "==== run of $(date -u '+%Y-%m-%d %H:%M:%S UTC'): ITERS=$ITERS SCHEDULER=$SCHEDULER NPROC=$NPROC CP=$CP GBS=$GBS BUCKET=$BUCKET RESUME=${RESUME:-0}"
+} >> "$LOG"
 echo "== train: $NPROC processes, CP=$CP, DP=$((NPROC / CP)), scheduler $SCHEDULER, $ITERS iterations of $GBS sequences, bucket $BUCKET tokens per CP rank"
-# --standalone: a local rendezvous on a free port, so concurrent demos do not collide.
-# shellcheck disable=SC2086  # EXTRA_ARGS is a list of flags
-"$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
-    -m megatron.skrull.pretrain_gpt \
-    "${TINY_MODEL_ARGS[@]}" "${TINY_OPTIM_ARGS[@]}" \
-    --train-iters "$ITERS" --lr-warmup-iters "$WARMUP" --global-batch-size "$GBS" \
-    --context-parallel-size "$CP" --skrull-bucket-size "$BUCKET" --skrull-scheduler "$SCHEDULER" \
-    --data-path "$DATA_PREFIX" --device cpu --log-interval "$LOG_INTERVAL" \
-    --save "$CKPT" ${LOAD_ARGS[@]+"${LOAD_ARGS[@]}"} ${TB_ARGS[@]+"${TB_ARGS[@]}"} \
-    ${COST_ARGS[@]+"${COST_ARGS[@]}"} ${EXTRA_ARGS:-} \
-    2>&1 | tee "$RUN_DIR/train.log"
+# megatron.skrull.launch is torchrun (same flags) that exits with the failing rank's status
+# and one line instead of torchrun's failure report. --standalone: a local rendezvous on a
+# free port, so concurrent demos do not collide.
+set +e
+"$PYTHON" -m megatron.skrull.launch --standalone --nproc-per-node "$NPROC" \
+    -m megatron.skrull.pretrain_gpt "${TRAIN_ARGS[@]}" 2>&1 | tee -a "$LOG"
+status=${PIPESTATUS[0]}
+set -e
+if [ "$status" -ne 0 ]; then
+    if [ ! -f "$CKPT/latest_checkpointed_iteration.txt" ] && [ -d "$PREV" ]; then
+        rm -rf "$CKPT"
+        mv "$PREV" "$CKPT"
+        echo "== training failed before saving; restored the previous checkpoint to $CKPT" >&2
+    fi
+    exit "$status"
+fi
 
 echo "== done in $((SECONDS - start)) s"
 echo "   data:        $DATA_PREFIX.{bin,idx,json}"
 echo "   checkpoint:  $CKPT (iteration $(cat "$CKPT/latest_checkpointed_iteration.txt"); RESUME=1 ITERS=N continues it)"
-echo "   log:         $RUN_DIR/train.log"
+echo "   log:         $LOG (appended, one ==== header per run)"
 if [ ${#TB_ARGS[@]} -gt 0 ]; then
     echo "   tensorboard: tensorboard --logdir $RUN_DIR/tb"
 fi

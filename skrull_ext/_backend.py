@@ -6,6 +6,7 @@ run's log always says which implementation produced its plans.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 
@@ -21,7 +22,9 @@ def _select():
     if impl == "python":
         return "python", None
     try:
-        from skrull_ext import _C  # type: ignore[attr-defined]
+        # By module name, not ``from skrull_ext import _C``: this module is imported while the
+        # package initialises, and the extension is a leaf (no edge back to the package).
+        _C = importlib.import_module("skrull_ext._C")
     except ImportError as exc:
         if impl == "cpp":
             raise ImportError(

@@ -7,18 +7,24 @@ case's outcome ("ok" or a traceback) is written to ``<out>/result_<rank>.json``.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import datetime
 import json
 import math
 import os
+import sys
 import traceback
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 
 from skrull_ext.attention import RingComm, dacp_attention, get_kernel
 from skrull_ext.attention.kernels import AttentionKernel
-from skrull_ext.layout import build_rank_layout
+from skrull_ext.attention.layout import build_rank_layout
+
+import fakes
 
 
 def reference_attention(q, k, v, scale):
@@ -65,8 +71,19 @@ CASES = {
     "mixed_cpu_flash_f32": ("mixed", 4, 2, 16, torch.float32, "cpu_flash", None, 5e-5),
     "all_dist_cpu_flash_f32": ("all_distributed", 2, 2, 16, torch.float32, "cpu_flash", None, 5e-5),
     "mixed_cpu_flash_bf16": ("mixed", 4, 2, 16, torch.bfloat16, "cpu_flash", None, 3e-2),
+    # Through fakes of the GPU libraries (tests/fakes), same float64 parity:
+    "mixed_fake_flash_2.6": ("mixed", 4, 2, 8, torch.float64, "fake_flash:2.6.3", None, 1e-10),
+    "mixed_fake_flash_2.7.0": ("mixed", 4, 2, 8, torch.float64, "fake_flash:2.7.0", None, 1e-10),
+    "mixed_fake_flash_2.8": ("mixed", 4, 2, 8, torch.float64, "fake_flash:2.8.3", None, 1e-10),
+    "all_dist_fake_flash_2.8": ("all_distributed", 2, 2, 8, torch.float64, "fake_flash:2.8.3",
+                                None, 1e-10),
+    "mixed_fake_te": ("mixed", 4, 2, 8, torch.float64, "fake_te:2.9", None, 1e-10),
+    "all_dist_fake_te": ("all_distributed", 2, 1, 8, torch.float64, "fake_te:2.9", 0.3, 1e-10),
+    "single_short_fake_te_1.13": ("single_short", 2, 2, 4, torch.float64, "fake_te:1.13", None,
+                                  1e-10),
 }
-EXTRA = ("overlap_order", "grad_through_layout", "bwd_group")
+EXTRA = ("overlap_order", "grad_through_layout", "bwd_group", "stream_order_flash",
+         "stream_order_te", "no_host_sync")
 ALL_CASES = tuple(CASES) + EXTRA
 
 
@@ -91,7 +108,7 @@ def _reference(qs, ks, vs, dos, samples, scale):
     return out, grads
 
 
-def run_case(name, rank, world, comm_factory=None, kernel=None):
+def run_case(name, rank, world, comm_factory=None, kernel=None, log=None):
     place, h, hk, d, dtype, backend, scale, atol = CASES[name]
     lengths, distributed, local = placement(place, world)
     layout = build_rank_layout(lengths, distributed, local, rank, world)
@@ -100,9 +117,10 @@ def run_case(name, rank, world, comm_factory=None, kernel=None):
     ref_out, ref_grads = _reference(qs, ks, vs, dos, layout.samples, sc)
     q, k, v = (layout.pack(t).to(dtype).requires_grad_() for t in (qs, ks, vs))
     comm = comm_factory() if comm_factory else None
-    out = dacp_attention(q, k, v, layout, dist.group.WORLD, softmax_scale=scale,
-                         backend=kernel or backend, comm=comm)
-    out.backward(layout.pack(dos).to(dtype))  # padding rows get zero gradient
+    with fake_backend(backend, log) as name:
+        out = dacp_attention(q, k, v, layout, dist.group.WORLD, softmax_scale=scale,
+                             backend=kernel or name, comm=comm)
+        out.backward(layout.pack(dos).to(dtype))  # padding rows get zero gradient
     if layout.num_tokens == 0:  # still took part; nothing to compare
         assert out.shape == (0, h, d) and q.grad.shape == (0, h, d) and k.grad.shape == (0, hk, d)
         return layout
@@ -115,6 +133,21 @@ def run_case(name, rank, world, comm_factory=None, kernel=None):
         torch.testing.assert_close(got.double(), want, **tol, msg=lambda m: f"{label}: {m}")
     assert torch.isfinite(out).all(), "padding rows must stay finite"
     return layout
+
+
+@contextlib.contextmanager
+def fake_backend(backend, log=None):
+    """``"fake_flash:2.8.3"`` / ``"fake_te:2.9"``: the fake package installed for the
+    block (yields the kernel name to ask for); other names pass through."""
+    if not isinstance(backend, str) or not backend.startswith("fake_"):
+        yield backend
+        return
+    kind, version = backend[len("fake_"):].split(":")
+    mods = fakes.install_in_process(kind, version, log)
+    try:
+        yield kind
+    finally:
+        fakes.uninstall_in_process(mods)
 
 
 class _Recorder:
@@ -203,6 +236,147 @@ def check_bwd_group(rank, world):
     run_case("mixed_gqa", rank, world, comm_factory=lambda: RingComm(dist.group.WORLD, bwd_group=bwd))
 
 
+@contextlib.contextmanager
+def fake_streams(log):
+    """Recording fake CUDA streams for every device (this worker process only)."""
+    from skrull_ext.attention import function, streams
+
+    saved = streams._PROVIDER, streams._STREAMS, function._take_local
+    fake = fakes.FakeStreams(log)
+
+    def take_local(dsts, srcs):
+        log.append(("merge", len(dsts)))
+        saved[2](dsts, srcs)
+
+    streams._PROVIDER, streams._STREAMS, function._take_local = (lambda d: fake), {}, take_local
+    try:
+        yield fake
+    finally:
+        streams._PROVIDER, streams._STREAMS, function._take_local = saved
+
+
+class StreamKernel(RecordingKernel):
+    """Records ``(kind, queries, causal, current stream)``."""
+
+    def __init__(self, inner, rec, fake):
+        super().__init__(inner, rec)
+        self.fake = fake
+
+    def forward(self, q, k, v, cu_q, cu_k, *, causal, scale):
+        self.rec.events.append(("fwd", q.shape[0], causal, self.fake.current(q.device).name))
+        return self.inner.forward(q, k, v, cu_q, cu_k, causal=causal, scale=scale)
+
+    def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, *, causal, scale):
+        self.rec.events.append(("bwd", q.shape[0], causal, self.fake.current(q.device).name))
+        return self.inner.backward(dout, q, k, v, out, lse, cu_q, cu_k, causal=causal, scale=scale)
+
+
+def _assert_order(ev, *marks):
+    """Each mark (an event, or a predicate) occurs after the previous one."""
+    at = -1
+    for mark in marks:
+        hit = [i for i, e in enumerate(ev) if i > at and (mark(e) if callable(mark) else e == mark)]
+        assert hit, f"{mark} not found after event {at}: {ev}"
+        at = hit[0]
+
+
+def check_stream_order_flash(rank, world):
+    """Our ring over the fake flash-attn: post, local kernel on the side stream, join, merge."""
+    rec = _Recorder()
+    with fake_backend("fake_flash:2.8.3"), fake_streams(rec.events) as fake:
+        kernel = StreamKernel(get_kernel("flash", torch.device("cpu"), torch.float64), rec, fake)
+        layout = run_case("mixed", rank, world, kernel=kernel,
+                          comm_factory=lambda: RecordingComm(RingComm(dist.group.WORLD), rec))
+        side = fake.created[0].name
+    nl, ev = layout.num_local_tokens, rec.events
+    split = ev.index(("post", "bwd_kv"))
+    for kind, chan, phase in (("fwd", "fwd_kv", ev[:split]), ("bwd", "bwd_kv", ev[split:])):
+        if nl:
+            _assert_order(phase, ("post", chan), ("wait_stream", side, "main"), ("enter", side),
+                          (kind, nl, True, side), ("exit", side), ("wait_stream", "main", side),
+                          ("record_stream", "main"), lambda e: e[0] == "merge")
+        calls = [e for e in phase if e[0] == kind]
+        assert [e for e in calls if e[3] == side] == ([(kind, nl, True, side)] if nl else [])
+        assert sum(e[3] == "main" for e in calls) == world, calls  # one ring block per step
+
+
+def check_stream_order_te(rank, world):
+    """TE's ring posts first; the local part runs on our side stream (not TE's cp_stream),
+    joined before the merge, in forward and backward."""
+    rec = _Recorder()
+    ev = rec.events
+    with fake_streams(ev) as fake:
+        layout = run_case("mixed_fake_te", rank, world, log=ev)
+        side, te_cp = {s.name for s in fake.created}, None
+    ev = rec.events
+    sets = [e for e in ev if e[0] == "te_set_cp_group"]
+    assert len(sets) == 1 and sets[0][2] == "p2p" and sets[0][3] == tuple(range(world)), sets
+    te_cp = sets[0][1]
+    (side,) = side - {te_cp} if layout.num_local_tokens else ("(none)",)
+    assert te_cp not in ("main", side)
+    assert ("te_forward", "cp", "main") in ev
+    if layout.num_local_tokens:
+        _assert_order(ev, ("te_post", "fwd"), ("te_forward", "local", side),
+                      ("wait_stream", "main", side), ("record_stream", "main"),
+                      lambda e: e[0] == "merge", ("te_post", "bwd"), ("enter", side),
+                      ("wait_stream", "main", side), lambda e: e[0] == "merge")
+
+
+_SYNC_CALLS = ((torch, "tensor"), (torch, "as_tensor"), (torch, "from_numpy"),
+               (torch.Tensor, "item"), (torch.Tensor, "tolist"), (torch.Tensor, "cpu"),
+               (torch.Tensor, "numpy"), (torch.Tensor, "__bool__"), (torch.Tensor, "__int__"),
+               (torch.Tensor, "__float__"))
+
+
+@contextlib.contextmanager
+def count_host_syncs():
+    """Counts host syncs / tensors-from-lists made directly by ``skrull_ext`` code (mocks
+    of the torch functions that do them; calls from torch or the fakes are not counted)."""
+    counts = collections.Counter()
+
+    def counting(owner, name, orig):
+        def call(*args, **kwargs):
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if caller.startswith("skrull_ext"):
+                counts[f"{caller}.{name}"] += 1
+            return orig(*args, **kwargs)
+        return call
+
+    with contextlib.ExitStack() as stack:
+        for owner, name in _SYNC_CALLS:
+            stack.enter_context(mock.patch.object(owner, name,
+                                                  counting(owner, name, getattr(owner, name))))
+        yield counts
+
+
+def check_no_host_sync(rank, world):
+    """After the first layer built the layout's metadata, further layers (forward and
+    backward) make no host sync and build no tensor from a list, for every kernel."""
+    from skrull_ext.attention.kernels import segments
+
+    with count_host_syncs() as counts:
+        segments((0, 3), torch.device("cpu"))  # the mock sees skrull_ext's calls
+    assert counts, "the counting mock saw nothing"
+    lengths, distributed, local = placement("mixed", world)
+    for backend in ("torch", "fake_flash:2.8.3", "fake_te:2.9"):
+        log = []
+        layout = build_rank_layout(lengths, distributed, local, rank, world)
+        qs, ks, vs, _ = _inputs(lengths, 4, 2, 8, seed=5)
+        q, k, v = (layout.pack(t).requires_grad_() for t in (qs, ks, vs))
+        with fake_backend(backend, log) as name:
+            for layer in range(3):  # layer 0 builds the metadata
+                with count_host_syncs() if layer else contextlib.nullcontext() as counts:
+                    out = dacp_attention(q, k, v, layout, dist.group.WORLD, backend=name)
+                    out.sum().backward()
+                if layer:
+                    assert not counts, f"{backend}: {dict(counts)}"
+        assert not [e for e in log if e[0] == "host_sync"], log
+
+
+FAKE_CHECKS = {"stream_order_flash": check_stream_order_flash,
+               "stream_order_te": check_stream_order_te, "no_host_sync": check_no_host_sync}
+
+
 def worker(rank, world, store, out_dir, names):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
@@ -216,6 +390,8 @@ def worker(rank, world, store, out_dir, names):
                 check_grad_through_layout(rank, world)
             elif name == "bwd_group":
                 check_bwd_group(rank, world)
+            elif name in FAKE_CHECKS:
+                FAKE_CHECKS[name](rank, world)
             else:
                 run_case(name, rank, world)
             results[name] = "ok"

@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from skrull_ext.attention import ReferenceKernel, dacp_attention, get_kernel
-from skrull_ext.attention.kernels import CpuFlashKernel, flash_attn_available
+from skrull_ext.attention import choice
+from skrull_ext.attention.kernels import CpuFlashKernel
 from skrull_ext.attention.ring import _merge
-from skrull_ext.layout import build_rank_layout
+from skrull_ext.attention.layout import build_rank_layout
 
 from _attn_worker import reference_attention
 
@@ -98,20 +99,40 @@ def test_empty_segments(kernel):
     assert out.shape == (0, 2, 4) and lse.shape == (2, 0)
 
 
-def test_get_kernel_selection_and_errors():
-    assert get_kernel("auto", CPU, torch.float32).name == "cpu_flash"
-    assert get_kernel("auto", CPU, torch.float64).name == "cpu_flash"
+def test_get_kernel_selection_and_errors(monkeypatch):
+    monkeypatch.delenv(choice.ENV_VAR, raising=False)
+    assert get_kernel("auto", CPU, torch.float32).name == "torch"
+    assert get_kernel(None, CPU, torch.float64).name == "torch"
+    assert get_kernel("cpu_flash", CPU, torch.float64).name == "torch"  # earlier name
     assert get_kernel("reference", CPU, torch.float32).name == "reference"
     inst = ReferenceKernel()
     assert get_kernel(inst, CPU, torch.float32) is inst
-    with pytest.raises(ValueError, match="unknown attention backend"):
+    with pytest.raises(ValueError, match="unknown attention kernel 'fast'"):
         get_kernel("fast", CPU, torch.float32)
-    with pytest.raises(ValueError, match="needs CPU tensors"):
-        get_kernel("cpu_flash", torch.device("cuda"), torch.float16)
-    if not flash_attn_available():
-        with pytest.raises(ValueError, match="not installed"):
-            get_kernel("flash_attn", torch.device("cuda"), torch.float16)
-        assert get_kernel("auto", torch.device("cuda"), torch.bfloat16).name == "reference"
+    with pytest.raises(ValueError, match="CPU flash attention; on cuda use te or flash"):
+        get_kernel("torch", torch.device("cuda"), torch.float16)
+    monkeypatch.setenv(choice.ENV_VAR, "reference")
+    assert get_kernel(None, CPU, torch.float32).name == "reference"
+    assert get_kernel("torch", CPU, torch.float32).name == "torch"  # backend= wins
+    monkeypatch.setenv(choice.ENV_VAR, "fastest")
+    with pytest.raises(ValueError, match="SKRULL_ATTENTION_KERNEL"):
+        get_kernel(None, CPU, torch.float32)
+
+
+def test_auto_on_cuda_never_falls_back_to_reference(monkeypatch):
+    """Without TE or flash-attn, auto on CUDA is an error naming what to install; the
+    float64 reference kernel runs on CUDA only when asked for."""
+    monkeypatch.setattr(choice, "te_available", lambda: False)
+    monkeypatch.setattr(choice, "flash_attn_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"install Transformer Engine or flash-attn.*"
+                                           r"skrull-megatron\[gpu\].*reference"):
+        get_kernel("auto", torch.device("cuda"), torch.bfloat16)
+    assert get_kernel("reference", torch.device("cuda"), torch.bfloat16).name == "reference"
+    for name, module in (("flash", "flash_attn"), ("te", "transformer_engine")):
+        monkeypatch.setattr(choice, "_CACHE", {})
+        monkeypatch.setitem(__import__("sys").modules, module, None)  # import fails
+        with pytest.raises(RuntimeError, match="pip install"):
+            get_kernel(name, torch.device("cuda"), torch.bfloat16)
 
 
 def _single_rank_case(backend, dtype):
@@ -126,7 +147,7 @@ def _single_rank_case(backend, dtype):
 
 
 @pytest.mark.parametrize("backend, dtype, tol", [
-    ("reference", torch.float64, 1e-12), ("cpu_flash", torch.float64, 1e-12),
+    ("reference", torch.float64, 1e-12), ("torch", torch.float64, 1e-12),
     ("auto", torch.float32, 1e-5)])
 def test_dacp_attention_without_group(backend, dtype, tol):
     out, ref = _single_rank_case(backend, dtype)

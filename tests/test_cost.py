@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from skrull_ext.cost import (
+from skrull_ext.costmodel.model import (
     H100_NVLINK_COMM, MODEL_PRESETS, CommModel, CostModel, MemoryModel, ModelSpec, TimeModel,
     default_cost_model, get_model_spec, paper_flops)
 

@@ -154,7 +154,7 @@ def test_mismatched_mask_and_metadata(built, tmp_path):
     meta["num_samples"], meta["tokenizer"]["vocab_size"] = 60, 200
     json.dump(meta, open(meta_path, "w"))
     SFTDataset(prefix)  # only the full scan sees ids >= vocab_size
-    with pytest.raises(DatasetFormatError, match=">= vocab_size 200"):
+    with pytest.raises(DatasetFormatError, match=r"outside the dataset's vocabulary \[0, 200\)"):
         SFTDataset(prefix, verify_tokens=True)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from megatron.skrull.arguments import parse_args
 from megatron.skrull.planning import model_spec
-from skrull_ext.cost import MODEL_PRESETS
+from skrull_ext.costmodel.model import MODEL_PRESETS
 
 pytestmark = pytest.mark.multiprocess
 
@@ -77,6 +77,23 @@ def test_quickstart_and_cpu_demo_train_save_and_resume(tmp_path):
     assert "starting at iteration 3" in second.stdout and "scheduler sorted" in second.stdout
     assert _iterations(second.stdout) == [4, 5]
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "5"
+    log = (run_dir / "train.log").read_text()
+    assert log.count("==== run of ") == 2 and _iterations(log) == [1, 2, 3, 4, 5]  # appended
+    # Starting over with a setting only the ranks can find wrong (the tokenizer file): one
+    # line from rank 0 through the launcher, status 2, and the last checkpoint is back.
+    env = _env(PYTHON=sys.executable, ITERS="2", **small,
+               EXTRA_ARGS="--tokenizer-type HFTokenizer --tokenizer-model /nonexistent/tok.json")
+    third = _bash("run_cpu_demo.sh", env)
+    assert third.returncode == 2, third.stdout[-3000:] + third.stderr[-3000:]
+    errors = [ln for ln in third.stdout.splitlines() + third.stderr.splitlines()
+              if "error:" in ln]
+    assert len(errors) == 1 and "/nonexistent/tok.json" in errors[0], third.stdout + third.stderr
+    assert "Traceback" not in third.stdout + third.stderr
+    assert "ChildFailedError" not in third.stdout + third.stderr
+    assert "restored the previous checkpoint" in third.stderr
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "5"
+    assert not (run_dir / "ckpt.previous").exists()
+    assert (run_dir / "train.log").read_text().count("==== run of ") == 3
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -92,6 +109,27 @@ def test_cpu_demo_rejects_bad_settings_with_one_line(tmp_path, overrides, messag
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"run_cpu_demo.sh: error: {message}"), lines
     assert not (tmp_path / "demo").exists()  # failed before touching anything
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(SCHEDULER="fastest"), "invalid choice: 'fastest'"),
+    (dict(EXTRA_ARGS="--bucket-size 8"), "unrecognized arguments: --bucket-size"),
+    (dict(BUCKET="3"), "--skrull-bucket-size 3 is smaller than 2 x --context-parallel-size"),
+    (dict(RESUME="1", RUN_DIR="{tmp}/empty"), "RESUME=1 but"),
+])
+def test_cpu_demo_checks_every_flag_before_touching_the_checkpoint(tmp_path, overrides,
+                                                                   message):
+    run_dir = tmp_path / "demo"
+    (run_dir / "ckpt").mkdir(parents=True)
+    (run_dir / "ckpt" / "latest_checkpointed_iteration.txt").write_text("7")
+    overrides = {k: v.format(tmp=tmp_path) for k, v in overrides.items()}
+    env = _env(**{"PYTHON": sys.executable, "RUN_DIR": str(run_dir), **overrides})
+    proc = _bash("run_cpu_demo.sh", env, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error:" in lines[0] and message in lines[0], lines
+    assert sorted(os.listdir(run_dir)) == ["ckpt"]  # no data, log or move
+    assert (run_dir / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "7"
 
 
 def _gpu_command(**overrides):

@@ -4,8 +4,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skrull_ext.layout import build_rank_layout, layout_for_micro_batch, pack_samples
-from skrull_ext.plan import MicroBatch, padded_length
+from skrull_ext.attention.layout import build_rank_layout, layout_for_micro_batch, pack_samples
+from skrull_ext.scheduler.plan import MicroBatch
+from skrull_ext.sharding import padded_length
 
 
 @st.composite

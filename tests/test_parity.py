@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 from skrull_ext import _backend
-from skrull_ext.cost import default_cost_model
-from skrull_ext.plan import shard_tokens
+from skrull_ext.costmodel.model import default_cost_model
+from skrull_ext.sharding import shard_tokens
 from skrull_ext.scheduler import SchedulerConfig, reference, schedule
 
 _C = pytest.importorskip("skrull_ext._C", reason="C++ extension not built")
 
 ROLLBACKS = ("shortest", "best-fit", "auto")
 CODES = {"shortest": 0, "best-fit": 1, "auto": 2}
-VARIANTS = {"paper": 0, "balanced": 1, "auto": 2, "lpt": 3}
+VARIANTS = {"paper": 0, "balanced": 1, "lpt": 2, "auto": 3}
 OBJECTIVES = {"paper": 0, "ring": 1}
 CP_SIZES = (1, 2, 3, 4, 5, 8, 16)
 
@@ -309,3 +309,30 @@ def test_can_pair_parity_and_isolating_batches():
         isolated += not reference.can_pair(big, int(lengths.min()), cp, bucket)
         assert_same_plan(lengths, int(rng.integers(1, 4)), cp, bucket, "auto")
     assert isolated > 100, isolated
+
+
+def test_baseline_groupings_and_portfolio_parity():
+    """Every baseline grouping (Karmarkar-Karp, sorted, dataset-order, per-sample, hybrid
+    CP) and the portfolio over them agree between the backends, both objectives."""
+    from skrull_ext.scheduler import portfolio
+    from skrull_ext.scheduler.baselines import GROUPINGS
+
+    rng = np.random.default_rng(11)
+    chose = set()
+    for trial in range(120):
+        lengths, dp, cp, bucket = random_batch(rng)
+        obj = ("paper", "ring")[trial % 2]
+        cm = dataclasses.replace(default_cost_model(), objective=obj)
+        costs, comm = cm.compute_seconds(lengths), cm.comm_seconds(lengths, cp)
+        shares, lat = cm.share_seconds(lengths, cp), cm.comm_latency(cp)
+        for name, fn in GROUPINGS.items():
+            want = [[[int(i) for i in g] for g in r] for r in fn(lengths, costs, dp, cp, bucket)]
+            assert _C.baseline_groups(lengths, costs, dp, cp, bucket, name) == want, name
+        want = portfolio.portfolio_schedule(lengths, costs, comm, lat, dp, cp, bucket, "auto",
+                                            2e-3, "auto", shares, obj)
+        gds = reference.gds_schedule(lengths, costs, comm, lat, dp, cp, bucket, "auto", 2e-3,
+                                     "auto", shares, obj)
+        chose.add(want != gds)
+        assert _C.portfolio_schedule(lengths, costs, comm, lat, dp, cp, bucket, 2, 2e-3, 3,
+                                     shares, objective=OBJECTIVES[obj]) == want
+    assert chose == {True, False}  # the batches exercise both outcomes

@@ -6,8 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from skrull_ext.plan import Plan
-from skrull_ext.plan_cli import main
+from skrull_ext.scheduler.plan import Plan
+from skrull_ext.plan import main
 
 
 def _write(tmp_path, name, text):

@@ -7,8 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from skrull_ext.cost import default_cost_model
-from skrull_ext.plan import MicroBatch, Plan, PlanError, shard_tokens, shard_tokens_array
+from skrull_ext.costmodel.model import default_cost_model
+from skrull_ext.scheduler.plan import MicroBatch, Plan, PlanError
+from skrull_ext.sharding import shard_tokens, shard_tokens_array
 from skrull_ext.scheduler import (POLICIES, SchedulerConfig, micro_batch_seconds, reference,
                                   schedule)
 

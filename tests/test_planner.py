@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from skrull_ext.cost import MODEL_PRESETS
-from skrull_ext.planner import GIB, main
+from skrull_ext.costmodel.model import MODEL_PRESETS
+from skrull_ext.planner.cli import GIB, main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_RUN = ["--hardware", "cpu", "--dp-size", "2", "--cp-size", "2", "--global-batch-size",
@@ -115,12 +115,12 @@ def test_bad_lengths_file_names_the_line(tmp_path, capsys):
 
 def test_module_entry_point(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-m", "skrull_ext.planner", "--profile", "wikipedia",
+    proc = subprocess.run([sys.executable, "-m", "skrull_ext.planner.cli", "--profile", "wikipedia",
                            "--scale", "0.05", *SMALL_RUN, "--policies", "skrull"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "skrull" in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "skrull_ext.planner", "--profile", "wikipedia",
+    proc = subprocess.run([sys.executable, "-m", "skrull_ext.planner.cli", "--profile", "wikipedia",
                            "--cp-size", "0"], capture_output=True, text=True, env=env,
                           timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1

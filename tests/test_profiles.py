@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from skrull_ext.lengths_io import read_lengths, read_megatron_idx_lengths
-from skrull_ext.profiles import (LengthOverflowError, load_profile, profile_from_file,
+from skrull_ext.planner.lengths_io import read_lengths, read_megatron_idx_lengths
+from skrull_ext.planner.profiles import (LengthOverflowError, load_profile, profile_from_file,
                                  profile_from_lengths, profile_names, sample_global_batches)
 
 CUMULATIVE = ("wikipedia", "lmsyschat1m", "chatqa2-long-sft")

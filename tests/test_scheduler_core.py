@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from skrull_ext.plan import MicroBatch, shard_tokens
+from skrull_ext.scheduler.plan import MicroBatch
+from skrull_ext.sharding import shard_tokens
 from skrull_ext.scheduler import POLICIES, SchedulerConfig, reference, schedule
 
 
@@ -232,7 +233,7 @@ def test_rank_time_objectives():
 def test_ring_objective_is_the_simulators_ring(x, t_comm, t_dist, n):
     """The scheduler's ``ring`` objective is the simulator's closed-form overlapped ring
     (equal work per rank), and both objectives are monotone in every argument."""
-    from skrull_ext.simulator import _uniform_ring
+    from skrull_ext.planner.simulator import _uniform_ring
 
     want = _uniform_ring(x, t_dist / n, t_comm / (n - 1), n, overlap=True)
     assert reference.rank_time(x, t_comm, t_dist, n, "ring") == pytest.approx(want, rel=1e-12)
@@ -247,7 +248,7 @@ def test_objective_changes_plans_and_predictions():
     a long-tail batch on H100 costs gets a different plan, within the bucket either way."""
     import dataclasses
 
-    from skrull_ext.cost import default_cost_model
+    from skrull_ext.costmodel.model import default_cost_model
 
     rng = np.random.default_rng(4)
     lengths = np.minimum((rng.pareto(1.2, 256) + 1) * 300, 100_000).astype(np.int64)
@@ -257,3 +258,48 @@ def test_objective_changes_plans_and_predictions():
     assert ring.dp_ranks != paper.dp_ranks
     for plan in (ring, paper):
         assert plan.rank_tokens().max() <= cfg.bucket_size
+
+
+# ---- the portfolio and the lower bound ---------------------------------------------
+
+@pytest.mark.parametrize("objective", ["paper", "ring"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=global_batches())
+def test_skrull_is_never_slower_than_an_all_cp_baseline(objective, case):
+    """The portfolio holds each all-CP baseline's micro-batches as a candidate, so Skrull's
+    prediction is never above theirs (same cost model, exact float comparison)."""
+    import dataclasses
+
+    from skrull_ext.costmodel.model import default_cost_model
+
+    lengths, dp, cp, bucket = case
+    cm = dataclasses.replace(default_cost_model(), objective=objective)
+    cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket)
+    t = schedule(lengths, cfg, cm, backend="python").predicted["iteration_time"]
+    for policy in ("kk", "sorted", "all-cp", "per-seq-cp"):
+        other = schedule(lengths, dataclasses.replace(cfg, policy=policy), cm, backend="python")
+        assert t <= other.predicted["iteration_time"], policy
+
+
+def test_lower_bound_is_tight_for_one_sample_and_for_even_work():
+    import dataclasses
+
+    from skrull_ext.costmodel.model import default_cost_model
+    from skrull_ext.scheduler.bound import lower_bound
+
+    cm = dataclasses.replace(default_cost_model(), objective="ring")
+    # One sample: the plan is its cheapest placement alone, which is the bound (CP <= 2 or
+    # too long for a sub-group: no hybrid-CP placement is cheaper).
+    for length, cp, bucket in ((30_000, 8, 4096), (3000, 2, 4096), (100, 1, 128)):
+        plan = schedule([length], SchedulerConfig(dp_size=2, cp_size=cp, bucket_size=bucket), cm)
+        assert plan.predicted["iteration_time"] == pytest.approx(plan.predicted["lower_bound"],
+                                                                 rel=1e-9)
+    # D*N equal local samples: one per rank is optimal and meets the bound.
+    plan = schedule([1000] * 8, SchedulerConfig(dp_size=2, cp_size=4, bucket_size=1000), cm)
+    assert plan.predicted["iteration_time"] == pytest.approx(plan.predicted["lower_bound"],
+                                                             rel=1e-9)
+    # Indivisible samples: 3 equal long ones on 2 DP ranks -> one rank holds two.
+    lengths = [8000] * 3
+    two = lower_bound(lengths, cm, 2, 1, 16_000) - cm.time.iteration_overhead
+    one = cm.compute_seconds([8000])[0] + cm.micro_batch_overhead
+    assert two == pytest.approx(2 * one - cm.micro_batch_overhead, rel=1e-9)

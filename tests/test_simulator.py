@@ -4,12 +4,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from skrull_ext.cost import MODEL_PRESETS, CommModel, ModelSpec
-from skrull_ext.hardware import CPU, H100, Hardware, get_hardware, linear_comm
-from skrull_ext.plan import MicroBatch, Plan
-from skrull_ext.profiles import load_profile, sample_global_batches
+from skrull_ext.costmodel.model import MODEL_PRESETS, CommModel, ModelSpec
+from skrull_ext.costmodel.hardware import CPU, H100, Hardware, get_hardware, linear_comm
+from skrull_ext.scheduler.plan import MicroBatch, Plan
+from skrull_ext.planner.profiles import load_profile, sample_global_batches
 from skrull_ext.scheduler import POLICIES, SchedulerConfig, schedule
-from skrull_ext.simulator import _uniform_ring, lower_bound, ring_finish, simulate
+from skrull_ext.planner.simulator import _uniform_ring, lower_bound, ring_finish, simulate
 
 SMALL = MODEL_PRESETS["qwen2.5-0.5b"]
 

@@ -38,7 +38,7 @@ def _worker(rank, world, tmp):
     from megatron.skrull.model import SkrullPackedSeqParams, build_model
     from megatron.skrull.pretrain_gpt import init_model_parallel
     from skrull_ext.attention import dacp_attention as dacp
-    from skrull_ext.layout import build_rank_layout as build_layout
+    from skrull_ext.attention.layout import build_rank_layout as build_layout
 
     apply_cpu_compat("cpu")
     cfg = tiny_config(["--fp64"])

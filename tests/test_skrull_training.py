@@ -27,7 +27,7 @@ def _fixed_planner(layout_by_dp):
 
     ``layout_by_dp[d][m] = (distributed, local)`` with sample positions in the batch.
     """
-    from skrull_ext.plan import MicroBatch, Plan
+    from skrull_ext.scheduler.plan import MicroBatch, Plan
 
     def plan(lengths):
         mbs = tuple(tuple(MicroBatch(distributed=tuple(dist), local=tuple(map(tuple, loc)))

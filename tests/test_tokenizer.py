@@ -86,7 +86,7 @@ def test_hf_errors(tmp_path):
     with pytest.raises(ValueError, match="no end-of-document token"):
         HFTokenizer(no_eod)
     no_roles = make_hf_tokenizer(str(tmp_path / "no_roles.json"), ["</s>"])
-    with pytest.raises(ValueError, match="no chat markers"):
+    with pytest.raises(ValueError, match="neither a chat template nor chat markers"):
         HFTokenizer(no_roles)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from megatron.skrull.planning import build_cost_model, make_planner, model_spec
-from skrull_ext.hardware import CPU, H100
+from skrull_ext.costmodel.hardware import CPU, H100
 
 from mcore_helpers import tiny_config
 

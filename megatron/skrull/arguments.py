@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from typing import Optional, Sequence
 
-from skrull_ext.plan import shard_tokens
+from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICES
+from skrull_ext.sharding import shard_tokens
 
 SCHEDULERS = ("skrull", "per-seq-cp", "all-cp", "sorted", "hybrid-cp", "kk")
 
@@ -145,8 +147,8 @@ class OptimArgs:
 
     def __post_init__(self) -> None:
         p = []
-        if self.lr <= 0:
-            p.append(f"--lr must be > 0, got {self.lr}")
+        if self.lr < 0:  # 0 is a forward-only check (loss of the initial model)
+            p.append(f"--lr must be >= 0, got {self.lr}")
         if not 0 <= self.min_lr <= max(self.lr, 0):
             p.append(f"--min-lr {self.min_lr} must be in [0, --lr {self.lr}]")
         if self.train_iters < 1:
@@ -198,9 +200,21 @@ class DataArgs:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CheckpointArgs:
+    """``--save``/``--load`` and fine-tuning from ``--pretrained-hf`` (Megatron semantics).
+
+    ``--pretrained-hf DIR`` initialises the model from a Hugging Face checkpoint (iteration 0,
+    fresh optimizer); a checkpoint found in ``--load`` wins over it (a resumed fine-tune).
+    ``--finetune`` loads only the model weights of ``--load`` and restarts at iteration 0;
+    ``--no-load-optim`` / ``--no-load-rng`` skip the optimizer / RNG state.
+    """
+
     save: Optional[str] = None
     load: Optional[str] = None
     save_interval: Optional[int] = None
+    pretrained_hf: Optional[str] = None
+    finetune: bool = False
+    no_load_optim: bool = False
+    no_load_rng: bool = False
 
     def __post_init__(self) -> None:
         p = []
@@ -230,9 +244,13 @@ class SkrullArgs:
     hardware: Optional[str] = None  # None: cpu on --device cpu, h100 on cuda
     cost_model_config: Optional[str] = None
     objective: str = "paper"  # how the scheduler composes a micro-batch's time
+    attention_kernel: str = "auto"  # --skrull-attention-kernel, else $SKRULL_ATTENTION_KERNEL
 
     def __post_init__(self) -> None:
         p = []
+        if self.attention_kernel not in KERNEL_CHOICES:
+            p.append(f"attention kernel {self.attention_kernel!r} (--skrull-attention-kernel or "
+                     f"${KERNEL_ENV_VAR}): use one of {', '.join(KERNEL_CHOICES)}")
         if self.scheduler not in SCHEDULERS:
             p.append(f"--skrull-scheduler {self.scheduler!r}: use one of {', '.join(SCHEDULERS)}")
         if self.objective not in ("ring", "paper"):
@@ -374,6 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save")
     g.add_argument("--load")
     g.add_argument("--save-interval", type=int)
+    g.add_argument("--pretrained-hf", metavar="DIR", help="initialise from a Hugging Face model "
+                   "directory (config.json + safetensors); model flags come from its config")
+    g.add_argument("--finetune", action="store_true", help="load only model weights from "
+                   "--load and start at iteration 0")
+    g.add_argument("--no-load-optim", action="store_true")
+    g.add_argument("--no-load-rng", action="store_true")
     g.add_argument("--log-interval", type=int, default=100)
     g.add_argument("--tensorboard-dir")
     g = ap.add_argument_group("skrull")
@@ -385,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--skrull-hardware", choices=("cpu", "h100"),
                    help="cost-model preset (default: from the device)")
     g.add_argument("--skrull-cost-model-config")
+    g.add_argument("--skrull-attention-kernel", choices=KERNEL_CHOICES,
+                   help=f"attention kernel (default ${KERNEL_ENV_VAR}, else auto: torch on CPU; "
+                        "te, else flash on CUDA; reference only when asked for)")
     g = ap.add_argument_group("runtime")
     g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     g.add_argument("--fp64", action="store_true", help="float64 on CPU (equivalence tests)")
@@ -433,9 +460,13 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     skrull = _group(SkrullArgs, p, bucket_size=ns.skrull_bucket_size,
                     scheduler=ns.skrull_scheduler, hardware=ns.skrull_hardware,
                     objective=ns.skrull_objective,
+                    attention_kernel=(ns.skrull_attention_kernel
+                                      or os.environ.get(KERNEL_ENV_VAR) or "auto"),
                     cost_model_config=ns.skrull_cost_model_config)
     ckpt = _group(CheckpointArgs, p, save=ns.save, load=ns.load,
-                  save_interval=ns.save_interval)
+                  save_interval=ns.save_interval, pretrained_hf=ns.pretrained_hf,
+                  finetune=ns.finetune, no_load_optim=ns.no_load_optim,
+                  no_load_rng=ns.no_load_rng)
     log = _group(LoggingArgs, p, log_interval=ns.log_interval,
                  tensorboard_dir=ns.tensorboard_dir)
     _raise_if(p)
@@ -451,4 +482,14 @@ def parse_args(argv: Optional[Sequence[str]] = None, world_size: int = 1) -> Run
     Raises:
         ConfigError: one message per invalid flag combination.
     """
-    return config_from_namespace(build_parser().parse_args(argv), world_size)
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--pretrained-hf" or a.startswith("--pretrained-hf=") for a in argv):
+        # Model flags come from the Hugging Face config.json (explicit ones must agree).
+        from megatron.skrull.hf.config import HFConfigError, parse_with_pretrained
+
+        try:
+            return config_from_namespace(parse_with_pretrained(parser, argv), world_size)
+        except HFConfigError as exc:
+            raise ConfigError(exc.problems) from None
+    return config_from_namespace(parser.parse_args(argv), world_size)

@@ -133,8 +133,13 @@ def latest_iteration(root: str) -> Optional[int]:
 
 
 def load_checkpoint(root: str, trainer, meta: CheckpointMeta,
-                    config: Optional[dict[str, Any]] = None) -> Optional[int]:
+                    config: Optional[dict[str, Any]] = None, *, finetune: bool = False,
+                    load_optim: bool = True, load_rng: bool = True) -> Optional[int]:
     """Restores ``trainer`` from ``root``'s latest checkpoint.
+
+    Megatron's fine-tuning flags: ``finetune`` loads the model weights only and keeps the
+    trainer at iteration 0 (fresh optimizer, sampler and RNG); ``load_optim=False`` /
+    ``load_rng=False`` skip the optimizer / RNG state.
 
     Returns:
         The resumed iteration, or ``None`` (trainer untouched) when ``root`` has no
@@ -155,12 +160,16 @@ def load_checkpoint(root: str, trainer, meta: CheckpointMeta,
         raise ValueError(f"checkpoint {iteration_dir(root, it)} was saved with different model "
                          f"flags ({', '.join(diff)}); resume with the flags it was saved with")
     trainer.model.load_state_dict(state["model"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
+    if finetune:
+        logger.info("--finetune: model weights of iteration %d loaded, starting at 0", it)
+        return 0
+    if load_optim:
+        trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.sampler.load_state_dict(state["sampler"])
     trainer.iteration = int(state["iteration"])
     rng = _rng_file(root, it, meta.rank)
-    if os.path.isfile(rng):
+    if load_rng and os.path.isfile(rng):
         _set_rng_state(torch.load(rng, map_location="cpu", weights_only=False))
-    else:
+    elif load_rng:
         logger.warning("%s missing (different world size?): RNG not restored", rng)
     return it

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from skrull_ext.attention import dacp_attention
-from skrull_ext.layout import RankLayout
+from skrull_ext.attention.layout import RankLayout
 
 from megatron.skrull.arguments import ModelArgs
 
@@ -47,13 +47,15 @@ class SkrullPackedSeqParams(PackedSeqParams):
     """mcore ``PackedSeqParams`` carrying this rank's layout for one micro-batch.
 
     Attributes:
-        layout: :class:`skrull_ext.layout.RankLayout` of this CP rank.
+        layout: :class:`skrull_ext.attention.layout.RankLayout` of this CP rank.
         cp_group: CP process group the attention communicates over (inherited field).
-        attention_backend: ``backend`` argument of ``dacp_attention`` (``"auto"``).
+        attention_backend: ``backend`` argument of ``dacp_attention`` (a kernel name
+            of ``--skrull-attention-kernel`` or an instance; None: ``$SKRULL_ATTENTION_KERNEL``,
+            else ``auto``).
     """
 
     layout: Optional[RankLayout] = None
-    attention_backend: str = "auto"
+    attention_backend: Optional[Any] = None
 
     def __post_init__(self) -> None:
         if self.qkv_format is None:

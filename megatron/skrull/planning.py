@@ -1,8 +1,8 @@
-"""The per-iteration planner: global-batch lengths -> :class:`skrull_ext.plan.Plan`.
+"""The per-iteration planner: global-batch lengths -> :class:`skrull_ext.scheduler.plan.Plan`.
 
 Every rank calls the planner with the same lengths and gets the same plan (the scheduler
 is deterministic), so no plan is ever broadcast.  The cost model comes from the run's
-model shape and a :mod:`skrull_ext.hardware` preset chosen by ``--skrull-hardware``
+model shape and a :mod:`skrull_ext.costmodel.hardware` preset chosen by ``--skrull-hardware``
 (``h100``: the paper's H100 NVLink numbers; ``cpu``: fitted to real training iterations of
 this stack on CPU with gloo, ``benchmarks/calibrate_training_cpu.py``; default: from the
 device), optionally overridden by ``--skrull-cost-model-config FILE``, a JSON object with
@@ -23,9 +23,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from skrull_ext.cost import CommModel, CostModel, ModelSpec
-from skrull_ext.hardware import get_hardware
-from skrull_ext.plan import Plan
+from skrull_ext.costmodel.model import CommModel, CostModel, ModelSpec
+from skrull_ext.costmodel.hardware import get_hardware
+from skrull_ext.scheduler.plan import Plan
 from skrull_ext.scheduler import SchedulerConfig, schedule
 
 from megatron.skrull.arguments import RunConfig
@@ -77,7 +77,7 @@ def _apply_config(cost: CostModel, path: str) -> CostModel:
 def build_cost_model(cfg: RunConfig, vocab_size: int) -> CostModel:
     """Cost model for ``--skrull-hardware`` and ``--skrull-cost-model-config``.
 
-    The preset's :meth:`~skrull_ext.hardware.Hardware.cost_model` for the run's model, CP
+    The preset's :meth:`~skrull_ext.costmodel.hardware.Hardware.cost_model` for the run's model, CP
     and DP sizes; on the ``cpu`` preset messages carry fp32 (``--fp64``: float64) activations.
 
     Raises:

@@ -11,8 +11,9 @@ On-disk format for ``--output-prefix P`` (see docs/data.md):
   written last, after the four files above are complete, so its presence marks a finished
   dataset.
 
-Sample layout: ``[BOS] (role_prefix content turn_end turn_sep)*`` (BOS only when the
-tokenizer has one).  The mask is 1 on assistant content and on the ``turn_end`` that closes
+Sample layout: the tokenizer's chat template when it has one (rendered by transformers'
+``apply_chat_template``, assistant replies found by :mod:`megatron.skrull.chat_template`), else
+``[BOS] (role_prefix content turn_end turn_sep)*`` (BOS only when the tokenizer has one).  The mask is 1 on assistant content and on the ``turn_end`` that closes
 an assistant turn (the model learns to stop), 0 elsewhere.  A stored sample of S tokens gives
 S - 1 training positions (input ``tokens[:-1]``, labels ``tokens[1:]``); ``--seq-length`` bounds
 S - 1.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import os
 import sys
@@ -40,6 +42,10 @@ OVERLONG_POLICIES = ("error", "truncate", "drop")
 
 class InputError(ValueError):
     """Bad preprocessing input (malformed record, overlong or empty sample)."""
+
+
+class WriteError(RuntimeError):
+    """The output could not be written (full disk, permissions): exit status 1."""
 
 
 @dataclasses.dataclass
@@ -127,8 +133,11 @@ def tokenize_conversation(tokenizer: SFTTokenizer,
 
     Returns:
         ``(tokens, mask)``: int64 ``[S]`` and uint8 ``[S]``; ``mask[t] == 1`` where token t
-        is trained as a label.
+        is trained as a label.  A tokenizer with a chat template renders it with
+        transformers (``tokens == apply_chat_template(messages)``); others use role markers.
     """
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.encode_chat(messages)
     tokens: list[int] = [] if tokenizer.bos is None else [tokenizer.bos]
     mask: list[int] = [0] * len(tokens)
     end, sep = tokenizer.turn_end, tokenizer.turn_sep
@@ -296,12 +305,31 @@ def write_dataset(samples: Iterable[tuple[np.ndarray, np.ndarray]], output_prefi
             os.remove(paths["meta"])
         for key in ("tokens_bin", "tokens_idx", "mask_bin", "mask_idx", "meta"):
             os.replace(tmp[key], paths[key])
+    except OSError as exc:  # a full disk, a read-only directory, ...
+        fix = ("free space on that disk or choose another --output-prefix"
+               if exc.errno == errno.ENOSPC else "choose a writable --output-prefix")
+        raise WriteError(f"writing {output_prefix}.*: {exc.strerror or exc}; {fix} "
+                         "(nothing was replaced)") from exc
     finally:
-        for builder in builders:  # finalize() closes them; an error path may not have
+        _discard(builders, tmp.values())
+
+
+def _discard(builders: list, tmp_paths: Iterable[str]) -> None:
+    """Closes the builders and removes every temporary file, even on a full disk.
+
+    Closing flushes the write buffer, which raises again when the disk is full: that must
+    not stop the cleanup (it used to leave ``*.bin.tmpPID`` files behind).
+    """
+    for builder in builders:  # finalize() closes them; an error path may not have
+        try:
             builder.data_file.close()
-        for path in tmp.values():
-            if os.path.exists(path):
-                os.remove(path)
+        except OSError:
+            pass
+    for path in tmp_paths:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
 
 
 def preprocess(records: Iterable[tuple[str, Any]], output_prefix: str,
@@ -323,7 +351,9 @@ def preprocess(records: Iterable[tuple[str, Any]], output_prefix: str,
 
 def build_parser() -> argparse.ArgumentParser:
     """Parser of ``tools/preprocess_sft.py`` (Megatron flag names)."""
-    p = argparse.ArgumentParser(
+    from megatron.skrull.errors import OneLineParser
+
+    p = OneLineParser(
         prog="preprocess_sft.py",
         description="Tokenize chat JSONL (or the built-in synthetic corpus) into Megatron "
                     "indexed datasets: <prefix>.bin/.idx tokens, <prefix>_lossmask.bin/.idx "
@@ -337,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-prefix", required=True, help="path prefix of the output files")
     p.add_argument("--tokenizer-type", default=DEFAULT_TOKENIZER_TYPE, choices=TOKENIZER_TYPES)
     p.add_argument("--tokenizer-model", default=None,
-                   help="tokenizer.json path (HFTokenizer only)")
+                   help="Hugging Face tokenizer directory or tokenizer.json (HFTokenizer only)")
     p.add_argument("--seq-length", type=int, default=16384,
                    help="most training positions per sample (stored tokens - 1)")
     p.add_argument("--overlong", choices=OVERLONG_POLICIES, default="error",
@@ -365,12 +395,60 @@ def _synthetic_records(args: argparse.Namespace) -> tuple[list[tuple[str, Any]],
     return [(f"synthetic:{i}", rec) for i, rec in enumerate(records)], meta
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Every check that needs no tokenizer, torch or Megatron import (fast errors).
+
+    Raises:
+        ValueError: The first bad flag, with the fix.
+    """
+    if args.synthetic is not None and args.synthetic < 1:
+        raise ValueError(f"--synthetic must be >= 1, got {args.synthetic}")
+    for flag, value in (("--seq-length", args.seq_length),
+                        ("--synthetic-max-tokens", args.synthetic_max_tokens)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.save_jsonl and args.synthetic is None:
+        raise ValueError("--save-jsonl only applies to --synthetic")
+    if args.input is not None and not os.path.isfile(args.input):
+        raise ValueError(f"--input {args.input!r} does not exist (or is not a file)")
+    if args.tokenizer_model and not os.path.isfile(args.tokenizer_model):
+        raise ValueError(f"--tokenizer-model {args.tokenizer_model!r} does not exist; pass the "
+                         "path of a Hugging Face tokenizer.json")
+    prefix = args.output_prefix
+    parent = os.path.dirname(os.path.abspath(prefix)) if prefix else ""
+    if not prefix or prefix.endswith(os.sep) or os.path.isdir(prefix):
+        raise ValueError(f"--output-prefix {prefix!r} must be a file prefix such as "
+                         "data/chat (the tool writes data/chat.bin, .idx, .json ...)")
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise ValueError(f"--output-prefix {prefix!r}: {parent} is a file, not a directory")
+
+
+def _stop_on_sigterm() -> None:
+    # SIGTERM's default kills without running `finally`, leaving *.tmpPID files behind;
+    # as SystemExit the cleanup in write_dataset runs.
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    """CLI entry point; returns the exit status (2 with one error line on bad input)."""
+    """CLI entry point; returns the exit status.
+
+    Bad input: one ``preprocess_sft.py: error:`` line, status 2, checked before the
+    tokenizer, torch or Megatron is imported.  Output that cannot be written (full disk):
+    one line, status 1, no temporary file left and no earlier dataset replaced.
+    """
+    from megatron.skrull import errors
+
+    argv, debug = errors.take_debug_flag(argv)
+    errors.filter_dependency_warnings()
     args = build_parser().parse_args(argv)
+    prog = "preprocess_sft.py"
     try:
-        if args.save_jsonl and args.synthetic is None:
-            raise ValueError("--save-jsonl only applies to --synthetic")
+        check_args(args)
+        _stop_on_sigterm()
         tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
         if args.synthetic is not None:
             records, extra = _synthetic_records(args)
@@ -379,8 +457,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         stats = preprocess(records, args.output_prefix, tokenizer, seq_length=args.seq_length,
                            overlong=args.overlong, skip_empty=args.skip_empty,
                            extra_meta=extra)
+    except WriteError as exc:
+        if debug:
+            raise
+        return errors.report([str(exc)], prog=prog, rank=0, code=errors.EXIT_FAILURE)
     except (ValueError, OSError) as exc:  # InputError is a ValueError
-        print(f"preprocess_sft.py: error: {exc}", file=sys.stderr)
-        return 2
+        if debug:
+            raise
+        return errors.report([str(exc)], prog=prog, rank=0)
     print(f"wrote {args.output_prefix}: {stats.summary()}")
     return 0

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 import skrull_ext
 
+from megatron.skrull import errors
 from megatron.skrull.arguments import ConfigError, RunConfig, parse_args
 from megatron.skrull.cpu_compat import apply_cpu_compat, resolve_device
 
@@ -110,9 +111,16 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     if cfg.model.vocab_size is not None and cfg.model.vocab_size < source.vocab_size:
         raise ValueError(f"--vocab-size {cfg.model.vocab_size} is smaller than the data's "
                          f"vocabulary {source.vocab_size}; drop --vocab-size or raise it")
+    attention_kernel = _attention_kernel(cfg, device)
     model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
                         cp_size=cfg.parallel.context_parallel_size, dtype=cfg.params_dtype,
                         device=device, attention_fn=attention_fn)
+    if cfg.checkpoint.pretrained_hf:  # before DDP and the optimizer copy anything
+        from megatron.core import parallel_state as ps
+        from megatron.skrull.hf.io import load_pretrained
+
+        load_pretrained(model, cfg.checkpoint.pretrained_hf, cfg.model,
+                        tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp)
     ddp = wrap_ddp(model, cfg.optim, grad_reduce_in_fp32=cfg.bf16 or cfg.fp16, device=device)
     optimizer = build_optimizer(ddp, cfg.optim, params_dtype=cfg.params_dtype, bf16=cfg.bf16,
                                 fp16=cfg.fp16, device=device)
@@ -128,7 +136,17 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         source=source,
         sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
         planner=planner or make_planner(cfg, vocab), groups=ParallelGroups.from_parallel_state(),
-        device=device, float64_loss=cfg.fp64 and tp == 1)
+        device=device, float64_loss=cfg.fp64 and tp == 1, attention_backend=attention_kernel)
+
+
+def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
+    """Resolves ``--skrull-attention-kernel`` now, so a missing library stops the launch."""
+    from skrull_ext.attention import get_kernel
+
+    try:
+        return get_kernel(cfg.skrull.attention_kernel, device, torch.float32).name
+    except RuntimeError as exc:  # the kernel's library is missing: exit 2 naming the fix
+        raise ValueError(f"--skrull-attention-kernel {cfg.skrull.attention_kernel}: {exc}") from exc
 
 
 class SetupError(RuntimeError):
@@ -153,7 +171,10 @@ def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
         trainer = build_trainer(cfg, device)
         meta = ckpt.CheckpointMeta.from_parallel_state()
         if cfg.checkpoint.load:
-            ckpt.load_checkpoint(cfg.checkpoint.load, trainer, meta, dataclasses.asdict(cfg))
+            c = cfg.checkpoint  # a checkpoint of this run in --load wins over --pretrained-hf
+            ckpt.load_checkpoint(c.load, trainer, meta, dataclasses.asdict(cfg),
+                                 finetune=c.finetune, load_optim=not c.no_load_optim,
+                                 load_rng=not c.no_load_rng)
     except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
         raise SetupError(str(exc)) from exc
     return trainer, meta, device
@@ -189,26 +210,26 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
         metrics.close()
 
 
-def _fail(lines: Sequence[str]) -> int:
-    for line in lines:
-        print(f"error: {line}", file=sys.stderr)
-    return 2
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console entry point (``skrull-pretrain-gpt``); returns the exit status.
 
-    Bad flags, data, tokenizer or checkpoint: one ``error:`` line per problem, status 2.
+    Bad flags, data, tokenizer or checkpoint: one ``error:`` line per problem, status 2;
+    under torchrun from rank 0 only (every rank parses the same flags and reads the same
+    data, so all find the problem before any collective), the others exit 2 silently.
+    Any other failure: one ``error:`` line from the failing rank, status 1; ``--debug`` or
+    ``SKRULL_DEBUG=1`` shows the traceback (see :mod:`megatron.skrull.errors`).
     """
+    argv, debug = errors.take_debug_flag(argv)
+    errors.filter_dependency_warnings()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        cfg = parse_args(argv, world_size=world)
+        cfg = errors.parse_quietly(lambda a: parse_args(a, world_size=world), argv)
         resolve_device(cfg.device)
     except ConfigError as exc:
-        return _fail(exc.problems)
+        return errors.report(exc.problems)
     except ValueError as exc:
-        return _fail([str(exc)])
-    rank0 = int(os.environ.get("RANK", "0")) == 0
+        return errors.report([str(exc)])
+    rank0 = errors.env_rank() == 0
     logging.basicConfig(level=logging.INFO if rank0 else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     logging.getLogger("megatron.core").setLevel(logging.WARNING)
@@ -216,7 +237,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         run(cfg, printer=printer)
     except SetupError as exc:
-        return _fail([str(exc)] if rank0 else [])
+        if debug:
+            raise
+        return errors.report([str(exc)])
+    except Exception as exc:  # noqa: BLE001 - the entry point turns any failure into status 1
+        return errors.report_failure(exc, debug=debug)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -15,7 +15,9 @@ import os
 from typing import Any, Iterable, Optional
 
 ROLES = ("system", "user", "assistant")
-TOKENIZER_TYPES = ("ByteLevelTokenizer", "HFTokenizer")
+TOKENIZER_TYPES = ("ByteLevelTokenizer", "HFTokenizer", "HuggingFaceTokenizer")
+# Megatron-LM's name for the Hugging Face tokenizer; normalised to HFTokenizer.
+TOKENIZER_ALIASES = {"HuggingFaceTokenizer": "HFTokenizer"}
 DEFAULT_TOKENIZER_TYPE = "ByteLevelTokenizer"
 
 
@@ -154,44 +156,52 @@ _CHATML = ("<|im_start|>", "<|im_end|>")
 
 
 class HFTokenizer(SFTTokenizer):
-    """Wrapper around a Hugging Face ``tokenizers`` JSON file (``tokenizer.json``).
+    """Hugging Face tokenizer: a tokenizer directory or a bare ``tokenizer.json``.
 
-    Chat markers come from the vocabulary: either Skrull role tokens
-    (``<|system|>``, ``<|user|>``, ``<|assistant|>``, closed by the EOD token) or ChatML
-    (``<|im_start|>role\\n ... <|im_end|>\\n``, as in Qwen).  EOD is the first of
-    ``<|eos|>``, ``<|endoftext|>``, ``</s>``, ``<eos>``, ``<|im_end|>`` present; PAD falls
-    back to EOD and BOS to None when the vocabulary has none.
+    A directory (``tokenizer.json``, ``tokenizer_config.json``, optional
+    ``chat_template.jinja``) is loaded with transformers' ``AutoTokenizer``; when it has a chat
+    template, conversations are rendered by ``apply_chat_template`` and the loss mask covers
+    the assistant replies (:mod:`megatron.skrull.chat_template`); ``chat_format`` is then
+    ``"template"``.  Without a template (and for a bare ``tokenizer.json``) chat markers come
+    from the vocabulary: Skrull role tokens (``<|system|>``, ``<|user|>``,
+    ``<|assistant|>``, closed by the EOD token) or ChatML (``<|im_start|>role\\n ...
+    <|im_end|>\\n``).  EOD is the tokenizer's ``eos_token`` when its config names one, else the
+    first of ``<|eos|>``, ``<|endoftext|>``, ``</s>``, ``<eos>``, ``<|im_end|>`` present; PAD
+    falls back to EOD and BOS to None.
 
     Args:
-        path: Path of the ``tokenizer.json`` file.
+        path: A tokenizer directory or the path of a ``tokenizer.json`` file.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: The file is not a tokenizer, or lacks an EOD token or chat markers.
+        ValueError: Not a tokenizer, or no EOD token, or neither a chat template nor markers.
     """
 
     tokenizer_type = "HFTokenizer"
 
     def __init__(self, path: str) -> None:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"--tokenizer-model {path!r} does not exist; pass the path "
-                                    "of a Hugging Face tokenizer.json file")
-        import tokenizers  # deferred: only this tokenizer needs the package
-
-        try:
-            self._tok = tokenizers.Tokenizer.from_file(path)
-        except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception
-            raise ValueError(f"--tokenizer-model {path!r} is not a Hugging Face tokenizer.json "
-                             f"file ({exc})") from exc
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"--tokenizer-model {path!r} does not exist; pass a Hugging "
+                                    "Face tokenizer directory or tokenizer.json file")
         self.path = os.path.abspath(path)
-        self._eod = self._find(_EOD_NAMES)
+        self.hf = _load_transformers_tokenizer(path)
+        self._tok = self.hf.backend_tokenizer
+        self.chat_template = self.hf.chat_template if os.path.isdir(path) else None
+        eos = self.hf.eos_token_id if os.path.isdir(path) else None
+        self._eod = eos if eos is not None else self._find(_EOD_NAMES)
         if self._eod is None:
             raise ValueError(f"tokenizer {path!r} has no end-of-document token; add one of "
                              f"{', '.join(_EOD_NAMES)} as a special token")
-        pad = self._find(_PAD_NAMES)
+        pad = self.hf.pad_token_id if os.path.isdir(path) else None
+        pad = self._find(_PAD_NAMES) if pad is None else pad
         self._pad = self._eod if pad is None else pad
-        self._bos = self._find(_BOS_NAMES)
-        self._init_chat_markers(path)
+        bos = self.hf.bos_token_id if os.path.isdir(path) else None
+        self._bos = self._find(_BOS_NAMES) if bos is None else bos
+        if self.chat_template:
+            self.chat_format = "template"
+            self._prefix, self._turn_end, self._turn_sep = {}, [], []
+        else:
+            self._init_chat_markers(path)
 
     def _find(self, names: Iterable[str]) -> Optional[int]:
         for name in names:
@@ -214,8 +224,10 @@ class HFTokenizer(SFTTokenizer):
             self._turn_end, self._turn_sep = [int(end)], self.encode("\n")
             return
         raise ValueError(
-            f"tokenizer {path!r} has no chat markers: add the special tokens "
-            f"{', '.join(_SKRULL_ROLES.values())} (or ChatML's {' and '.join(_CHATML)})")
+            f"tokenizer {path!r} has neither a chat template nor chat markers: use a tokenizer "
+            "directory whose tokenizer_config.json (or chat_template.jinja) has a chat template, "
+            f"or add the special tokens {', '.join(_SKRULL_ROLES.values())} (or ChatML's "
+            f"{' and '.join(_CHATML)})")
 
     @property
     def vocab_size(self) -> int:
@@ -241,7 +253,16 @@ class HFTokenizer(SFTTokenizer):
 
     def role_prefix(self, role: str) -> list[int]:
         self._check_role(role)
+        if self.chat_template:
+            raise ValueError("this tokenizer renders conversations with its chat template; "
+                             "use encode_chat(messages)")
         return list(self._prefix[role])
+
+    def encode_chat(self, messages: list[dict[str, str]]):
+        """``(tokens int64 [S], mask uint8 [S])`` of ``apply_chat_template(messages)``."""
+        from megatron.skrull.chat_template import tokenize_chat
+
+        return tokenize_chat(self.hf, messages)
 
     @property
     def turn_end(self) -> list[int]:
@@ -257,14 +278,40 @@ class HFTokenizer(SFTTokenizer):
                 "chat_format": self.chat_format}
 
 
+def _load_transformers_tokenizer(path: str):
+    """transformers fast tokenizer of a directory (AutoTokenizer) or a tokenizer.json."""
+    import transformers  # deferred: only this tokenizer needs the package
+
+    try:
+        if os.path.isdir(path):
+            if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+                raise ValueError("no tokenizer.json in it")
+            if os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+                hf = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+            else:
+                hf = transformers.PreTrainedTokenizerFast(
+                    tokenizer_file=os.path.join(path, "tokenizer.json"))
+        else:
+            hf = transformers.PreTrainedTokenizerFast(tokenizer_file=path)
+    except Exception as exc:  # noqa: BLE001 - the libraries raise bare Exceptions
+        raise ValueError(f"--tokenizer-model {path!r} is not a Hugging Face tokenizer.json "
+                         f"file or tokenizer directory ({exc})") from exc
+    if not getattr(hf, "is_fast", False):
+        raise ValueError(f"--tokenizer-model {path!r} loads a slow tokenizer; convert it to "
+                         "a fast tokenizer.json (tokenizer.save_pretrained after "
+                         "AutoTokenizer.from_pretrained(..., use_fast=True))")
+    return hf
+
+
 def build_tokenizer(tokenizer_type: Optional[str] = DEFAULT_TOKENIZER_TYPE,
                     tokenizer_model: Optional[str] = None) -> SFTTokenizer:
     """Builds the tokenizer named by ``--tokenizer-type`` / ``--tokenizer-model``.
 
     Args:
         tokenizer_type: ``"ByteLevelTokenizer"`` (default; None means default) or
-            ``"HFTokenizer"``.
-        tokenizer_model: Path of a ``tokenizer.json``; required by ``HFTokenizer`` and
+            ``"HFTokenizer"`` (alias ``"HuggingFaceTokenizer"``).
+        tokenizer_model: A tokenizer directory or ``tokenizer.json``; required by
+            ``HFTokenizer`` and
             rejected by ``ByteLevelTokenizer`` (which has no model file).
 
     Returns:
@@ -275,6 +322,7 @@ def build_tokenizer(tokenizer_type: Optional[str] = DEFAULT_TOKENIZER_TYPE,
         FileNotFoundError: The model file does not exist.
     """
     tokenizer_type = tokenizer_type or DEFAULT_TOKENIZER_TYPE
+    tokenizer_type = TOKENIZER_ALIASES.get(tokenizer_type, tokenizer_type)
     if tokenizer_type == "ByteLevelTokenizer":
         if tokenizer_model:
             raise ValueError("--tokenizer-type ByteLevelTokenizer takes no --tokenizer-model; "
@@ -283,7 +331,7 @@ def build_tokenizer(tokenizer_type: Optional[str] = DEFAULT_TOKENIZER_TYPE,
     if tokenizer_type == "HFTokenizer":
         if not tokenizer_model:
             raise ValueError("--tokenizer-type HFTokenizer needs --tokenizer-model PATH "
-                             "(a Hugging Face tokenizer.json)")
+                             "(a Hugging Face tokenizer directory or tokenizer.json)")
         return HFTokenizer(tokenizer_model)
     raise ValueError(f"unknown --tokenizer-type {tokenizer_type!r}; expected one of "
                      f"{', '.join(TOKENIZER_TYPES)}")

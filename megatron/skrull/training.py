@@ -3,7 +3,7 @@
 Per iteration every rank (no communication for any of this):
 
 1. takes the next global batch of sample ids from the sampler and their lengths;
-2. computes the :class:`~skrull_ext.plan.Plan` with the (deterministic) planner;
+2. computes the :class:`~skrull_ext.scheduler.plan.Plan` with the (deterministic) planner;
 3. materialises only its own micro-batches: those of its DP rank, in its CP rank's layout.
 
 The micro-batches run through mcore's ``get_forward_backward_func()`` (the no-pipelining
@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from skrull_ext.layout import layout_for_micro_batch, pack_samples
-from skrull_ext.plan import MicroBatch, Plan
+from skrull_ext.attention.layout import layout_for_micro_batch, pack_samples
+from skrull_ext.scheduler.plan import MicroBatch, Plan
 
 from megatron.skrull.cpu_compat import cuda_to_cpu
 from megatron.skrull.model import SkrullPackedSeqParams

@@ -12,6 +12,11 @@ Without a ring (``cp_size == 1``, no CP group, or no distributed sequence in the
 micro-batch, which every rank of the group knows alike) there is no communication: every
 document, distributed ones included (held whole when ``cp_size == 1``), is attended
 causally in one varlen call.
+
+With the ``te`` kernel Transformer Engine runs step 3 (its own ring); the local part is
+launched right after TE has posted the ring's exchanges, on the side stream
+(:class:`_TEAttention`).  All offsets and index tensors come from
+:func:`~skrull_ext.attention.meta.layout_meta`, built once per layout.
 """
 from __future__ import annotations
 
@@ -19,111 +24,134 @@ import math
 
 import torch
 
+from skrull_ext.attention.choice import get_kernel
 from skrull_ext.attention.comm import RingComm
-from skrull_ext.attention.kernels import get_kernel, lse_dtype
-from skrull_ext.attention.ring import ring_backward, ring_forward, zigzag_blocks
-
-_SIDE_STREAMS: dict = {}
-
-
-class _Overlap:
-    """Runs the local part on a side CUDA stream (plain call on CPU)."""
-
-    def __init__(self, device: torch.device):
-        self.side = None
-        if device.type == "cuda":
-            if device not in _SIDE_STREAMS:
-                _SIDE_STREAMS[device] = torch.cuda.Stream(device=device)
-            self.side = _SIDE_STREAMS[device]
-            self.main = torch.cuda.current_stream(device)
-
-    def run(self, fn):
-        if self.side is None:
-            return fn()
-        self.side.wait_stream(self.main)  # inputs were produced on the main stream
-        with torch.cuda.stream(self.side):
-            return fn()
-
-    def join(self, *tensors):
-        """Makes the main stream wait for the side stream's results."""
-        if self.side is None:
-            return
-        self.main.wait_stream(self.side)
-        for t in tensors:  # allocated on the side stream, used and freed on the main one
-            if t is not None:
-                t.record_stream(self.main)
+from skrull_ext.attention.kernels import lse_dtype
+from skrull_ext.attention.meta import layout_meta
+from skrull_ext.attention.ring import ring_backward, ring_forward
+from skrull_ext.attention.streams import Overlap
 
 
-def _causal_cu(layout, use_ring: bool) -> tuple[int, ...]:
-    """Offsets of the documents attended without communication."""
-    cu = tuple(layout.local_cu_seqlens)
-    if not use_ring:  # distributed shards are whole sequences (or there are none)
-        nl = layout.num_local_tokens
-        cu = cu + tuple(nl + x for x in layout.dist_cu_seqlens[1:])
-    return cu
+def _take_local(dsts, srcs) -> None:
+    """Writes the joined local results into the outputs (the 'merge' of the local part)."""
+    for dst, src in zip(dsts, srcs):
+        dst.copy_(src)
 
 
 class _DACPAttention(torch.autograd.Function):
+    """Our zigzag ring over an :class:`AttentionKernel`, local part overlapped."""
+
     @staticmethod
-    def forward(ctx, q, k, v, layout, comm, kernel, scale):
-        use_ring = comm is not None and layout.num_distributed_tokens > 0
-        cu = _causal_cu(layout, use_ring)
-        nl = cu[-1]
+    def forward(ctx, q, k, v, meta, comm, kernel, scale):
+        nl, seg = meta.num_causal, meta.causal
         out = torch.empty_like(q)
         lse = torch.empty((q.shape[1], q.shape[0]), dtype=lse_dtype(q.dtype), device=q.device)
-        ov = _Overlap(q.device)
+        ov = Overlap(q.device)
         res = {}
 
         def local():
             if nl:
                 res["o"], res["l"] = ov.run(lambda: kernel.forward(
-                    q[:nl], k[:nl], v[:nl], cu, cu, causal=True, scale=scale))
+                    q[:nl], k[:nl], v[:nl], seg, seg, causal=True, scale=scale))
 
-        if use_ring:
-            zz = zigzag_blocks(layout, q.device)
-            od, ld = ring_forward(q[nl:], k[nl:], v[nl:], zz, comm, kernel, scale,
+        if meta.use_ring:
+            od, ld = ring_forward(q[nl:], k[nl:], v[nl:], meta.zigzag, comm, kernel, scale,
                                   during_first_exchange=local)
             out[nl:], lse[:, nl:] = od, ld
         else:
             local()
         if nl:
             ov.join(res["o"], res["l"])
-            out[:nl], lse[:, :nl] = res["o"], res["l"]
+            _take_local((out[:nl], lse[:, :nl]), (res["o"], res["l"]))
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.layout, ctx.comm, ctx.kernel, ctx.scale, ctx.use_ring = layout, comm, kernel, scale, use_ring
+        ctx.meta, ctx.comm, ctx.kernel, ctx.scale = meta, comm, kernel, scale
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        layout, comm, kernel, scale = ctx.layout, ctx.comm, ctx.kernel, ctx.scale
+        meta, comm, kernel, scale = ctx.meta, ctx.comm, ctx.kernel, ctx.scale
+        nl, seg = meta.num_causal, meta.causal
         dout = dout.contiguous()
-        cu = _causal_cu(layout, ctx.use_ring)
-        nl = cu[-1]
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        ov = _Overlap(q.device)
+        ov = Overlap(q.device)
         res = {}
 
         def local():
             if nl:
                 res["g"] = ov.run(lambda: kernel.backward(
-                    dout[:nl], q[:nl], k[:nl], v[:nl], out[:nl], lse[:, :nl], cu, cu,
+                    dout[:nl], q[:nl], k[:nl], v[:nl], out[:nl], lse[:, :nl], seg, seg,
                     causal=True, scale=scale))
 
-        if ctx.use_ring:
-            zz = zigzag_blocks(layout, q.device)
+        if meta.use_ring:
             dq[nl:], dk[nl:], dv[nl:] = ring_backward(
-                dout[nl:], q[nl:], k[nl:], v[nl:], out[nl:], lse[:, nl:], zz, comm, kernel,
-                scale, during_first_exchange=local)
+                dout[nl:], q[nl:], k[nl:], v[nl:], out[nl:], lse[:, nl:], meta.zigzag, comm,
+                kernel, scale, during_first_exchange=local)
         else:
             local()
         if nl:
             ov.join(*res["g"])
-            dq[:nl], dk[:nl], dv[:nl] = res["g"]
+            _take_local((dq[:nl], dk[:nl], dv[:nl]), res["g"])
         return dq, dk, dv, None, None, None, None
 
 
-def dacp_attention(q, k, v, layout, cp_group=None, *, softmax_scale=None, backend="auto", comm=None):
+def _leaves(*tensors):
+    return [t.detach().requires_grad_() for t in tensors]
+
+
+class _TEAttention(torch.autograd.Function):
+    """Transformer Engine runs the distributed part (its ring, its autograd); the local
+    part runs after TE has posted the ring's first exchange, on our side stream.
+
+    TE's graphs are built inside this function (on detached leaves) and differentiated in
+    its backward, so the order of launches stays ours in both passes: TE's ring first
+    (its P2P posts), then the local part on the side stream, then the join.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, meta, te, cp_group, scale):
+        nl = meta.num_causal
+        ov = Overlap(q.device)
+        out = torch.empty_like(q)
+        dist_part = local_part = None
+        with torch.enable_grad():
+            if meta.use_ring:
+                leaves = _leaves(q[nl:], k[nl:], v[nl:])
+                dist_part = (leaves, te.distributed(*leaves, meta.distributed, cp_group, scale))
+            if nl:
+                leaves = _leaves(q[:nl], k[:nl], v[:nl])
+                local_part = (leaves, ov.run(lambda: te.local(*leaves, meta.causal, scale)))
+        if dist_part is not None:
+            out[nl:] = dist_part[1].detach()
+        if local_part is not None:
+            ov.join(local_part[1])
+            _take_local((out[:nl],), (local_part[1].detach(),))
+        ctx.parts, ctx.nl, ctx.kv_shape = (dist_part, local_part), nl, k.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        (dist_part, local_part), nl = ctx.parts, ctx.nl
+        del ctx.parts  # frees TE's graphs with this backward
+        dq = torch.empty_like(dout)
+        dk = dout.new_empty(ctx.kv_shape)
+        dv = torch.empty_like(dk)
+        ov = Overlap(dout.device)
+        gd = gl = None
+        if dist_part is not None:  # TE's ring backward posts its first exchange here
+            gd = torch.autograd.grad(dist_part[1], dist_part[0], dout[nl:])
+        if local_part is not None:
+            gl = ov.run(lambda: torch.autograd.grad(local_part[1], local_part[0], dout[:nl]))
+        if gd is not None:
+            dq[nl:], dk[nl:], dv[nl:] = gd
+        if gl is not None:
+            ov.join(*gl)
+            _take_local((dq[:nl], dk[:nl], dv[:nl]), gl)
+        return dq, dk, dv, None, None, None, None
+
+
+def dacp_attention(q, k, v, layout, cp_group=None, *, softmax_scale=None, backend=None,
+                   comm=None):
     """Causal attention of a CP rank's packed mixed micro-batch (Skrull DACP).
 
     Local sequences are attended per document without communication, overlapping the
@@ -135,34 +163,54 @@ def dacp_attention(q, k, v, layout, cp_group=None, *, softmax_scale=None, backen
         q: ``[T, H, D]`` queries in the layout's stream order (``T = layout.num_tokens``).
         k: ``[T, Hkv, D]`` keys, ``H % Hkv == 0`` (GQA).
         v: ``[T, Hkv, D]`` values.
-        layout: This rank's :class:`~skrull_ext.layout.RankLayout`.
+        layout: This rank's :class:`~skrull_ext.attention.layout.RankLayout`.
         cp_group: CP process group; None (or size 1) means no communication.
         softmax_scale: Defaults to ``1 / sqrt(D)``.
-        backend: ``"auto"``, ``"reference"``, ``"cpu_flash"``, ``"flash_attn"`` or an
-            :class:`~skrull_ext.attention.kernels.AttentionKernel`.
+        backend: A kernel name (:data:`~skrull_ext.attention.choice.KERNEL_CHOICES`:
+            ``auto``, ``flash``, ``te``, ``torch``, ``reference``; ``cpu_flash`` and
+            ``flash_attn`` are accepted aliases), None for ``$SKRULL_ATTENTION_KERNEL``
+            (default ``auto``), or a kernel instance.
         comm: Ring communicator to use instead of ``RingComm(cp_group)`` (e.g. one with a
-            separate backward group, or a recording wrapper in tests).
+            separate backward group, or a recording wrapper in tests); not with ``te``,
+            which runs Transformer Engine's own ring over ``cp_group``.
 
     Returns:
         ``[T, H, D]`` attention output (padding rows hold finite values to be ignored).
 
     Raises:
         ValueError: On shape mismatches, or a layout that does not match the group.
+        RuntimeError: The kernel's library is missing (see ``get_kernel``).
     """
     _check_inputs(q, k, v, layout)
-    if comm is None and cp_group is not None and torch.distributed.get_world_size(cp_group) > 1:
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    kernel = get_kernel(backend, q.device, q.dtype)
+    meta = layout_meta(layout, q.device)  # built once per layout, shared by every layer
+    if getattr(kernel, "owns_ring", False):
+        if comm is not None:
+            raise ValueError("comm= replaces our ring's communicator; the te kernel runs "
+                             "Transformer Engine's ring over cp_group: drop comm=")
+        group = cp_group if cp_group is not None and _size(cp_group) > 1 else None
+        _check_group(layout, 1 if group is None else _size(group),
+                     None if group is None else torch.distributed.get_rank(group))
+        return _TEAttention.apply(q, k, v, meta, kernel, group, scale)
+    if comm is None and cp_group is not None and _size(cp_group) > 1:
         comm = RingComm(cp_group)
     if comm is not None and comm.size == 1:
         comm = None
-    size = 1 if comm is None else comm.size
+    _check_group(layout, 1 if comm is None else comm.size, None if comm is None else comm.rank)
+    return _DACPAttention.apply(q, k, v, meta, comm, kernel, scale)
+
+
+def _size(group) -> int:
+    return torch.distributed.get_world_size(group)
+
+
+def _check_group(layout, size: int, rank) -> None:
     if size != layout.cp_size:
         raise ValueError(f"layout was built for cp_size {layout.cp_size} but the CP group has "
                          f"{size} ranks; build it with the group's size (and pass cp_group)")
-    if comm is not None and comm.rank != layout.cp_rank:
-        raise ValueError(f"layout is for CP rank {layout.cp_rank} but this is rank {comm.rank}")
-    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    kernel = get_kernel(backend, q.device, q.dtype)
-    return _DACPAttention.apply(q, k, v, layout, comm, kernel, scale)
+    if rank is not None and rank != layout.cp_rank:
+        raise ValueError(f"layout is for CP rank {layout.cp_rank} but this is rank {rank}")
 
 
 def _check_inputs(q, k, v, layout):

@@ -1,8 +1,8 @@
-"""Attention kernel back-ends behind one small interface.
+"""Attention kernel back-ends behind one small interface, and the kernel choice.
 
 Every back-end computes attention of a *varlen block*: packed queries ``q [Tq, H, D]``
 against packed keys/values ``k, v [Tk, Hkv, D]`` split into segments by ``cu_q`` and
-``cu_k`` (python int offsets, same number of segments; segment ``i`` of q only sees
+``cu_k`` (:class:`Segments`, same number of segments; segment ``i`` of q only sees
 segment ``i`` of k).  ``H`` must be a multiple of ``Hkv`` (GQA).  With ``causal=True``
 every segment must be square and is masked causally; otherwise it is attended fully.
 
@@ -11,24 +11,68 @@ sum-exp of the scaled scores, float32, or float64 for float64 inputs); ``backwar
 takes the *final* (merged) ``out`` and ``lse`` of those queries, which makes the block
 gradients of a ring-merged attention exact (the standard flash-attention identity).
 
-Back-ends (none is needed to import the package):
+Kernels (``--skrull-attention-kernel`` / ``SKRULL_ATTENTION_KERNEL`` / ``backend=``):
 
-* ``reference``: explicit softmax in float64, any dtype and device; for tests.
-* ``cpu_flash``: ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (+ its
-  ``_backward``), one call per segment; float32/bfloat16/float64 on CPU.
-* ``flash_attn``: ``flash_attn`` (>= 2.6) varlen kernels on CUDA (fp16/bf16), try-imported.
-  Transformer Engine is not wired in (its fused-attention API has no stable public
-  block-level entry point); on CUDA without flash_attn ``auto`` falls back to ``reference``.
+* ``torch``: ATen's flash attention for CPU (``cpu_flash`` is an alias).
+* ``flash``: flash-attn 2.6-2.8 varlen kernels (:mod:`skrull_ext.attention.flash`;
+  ``flash_attn`` is an alias).
+* ``te``: Transformer Engine's ``DotProductAttention`` (:mod:`skrull_ext.attention.te`);
+  it runs the distributed sequences with TE's own ring, so it is not an
+  :class:`AttentionKernel`.
+* ``reference``: explicit softmax in float64 (tests; never chosen on CUDA unless asked).
+* ``auto``: ``torch`` on CPU; on CUDA ``te``, else ``flash``, else an error naming what
+  to install (:mod:`skrull_ext.attention.choice`, which resolves the names).
+
+No back-end is needed to import the package; none tests the device or dtype itself
+(the libraries do), so fakes of the libraries drive them on CPU in tests.
 """
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import math
-from typing import Sequence
+from typing import Sequence, Union
 
 import torch
 
-Cu = Sequence[int]
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Segments:
+    """Segment offsets of a varlen block, on the host and on the device.
+
+    Built once per micro-batch layout (:mod:`skrull_ext.attention.meta`) and shared by
+    every layer's forward and backward, so no kernel call copies offsets to the device.
+
+    Attributes:
+        cu: ``[n + 1]`` offsets as Python ints (per-segment loops of the CPU kernels).
+        cu_dev: The same offsets, int32 on the tensors' device (``cu_seqlens`` of GPU
+            kernels).
+        max_len: Longest segment (``max_seqlen``), 0 when there is none.
+    """
+
+    cu: tuple[int, ...]
+    cu_dev: torch.Tensor
+    max_len: int
+
+    @property
+    def total(self) -> int:
+        return self.cu[-1]
+
+
+def segments(cu: Sequence[int], device) -> Segments:
+    """:class:`Segments` of host offsets ``cu`` (one host-to-device copy: call it per
+    layout, not per layer)."""
+    cu = tuple(int(x) for x in cu)
+    lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    return Segments(cu=cu, cu_dev=torch.tensor(cu, dtype=torch.int32, device=device),
+                    max_len=max(lens, default=0))
+
+
+def as_segments(cu: Union[Segments, Sequence[int]], device) -> Segments:
+    """Accepts :class:`Segments` as is; builds them from host offsets (ad-hoc calls)."""
+    return cu if isinstance(cu, Segments) else segments(cu, device)
+
+
+Cu = Union[Segments, Sequence[int]]
 
 
 class AttentionKernel:
@@ -45,12 +89,17 @@ class AttentionKernel:
         raise NotImplementedError
 
 
+def _host(cu: Cu) -> tuple[int, ...]:
+    return cu.cu if isinstance(cu, Segments) else tuple(cu)
+
+
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
     """Dtype of log-sum-exp values and of the ring's accumulators for inputs of ``dtype``."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _check_block(q, k, v, cu_q, cu_k, causal):
+    cu_q, cu_k = _host(cu_q), _host(cu_k)
     if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
         raise ValueError(f"expected q [T, H, D] and k, v [T, Hkv, D]; got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -68,6 +117,7 @@ def _check_block(q, k, v, cu_q, cu_k, causal):
 
 
 def _segments(cu_q, cu_k):
+    cu_q, cu_k = _host(cu_q), _host(cu_k)
     for i in range(len(cu_q) - 1):
         yield cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]
 
@@ -147,7 +197,7 @@ class CpuFlashKernel(AttentionKernel):
     ``torch.cat`` per output instead of a copy per segment.
     """
 
-    name = "cpu_flash"
+    name = "torch"
 
     def forward(self, q, k, v, cu_q, cu_k, *, causal, scale):
         _check_block(q, k, v, cu_q, cu_k, causal)
@@ -200,98 +250,3 @@ class CpuFlashKernel(AttentionKernel):
 def _bhsd(x):
     """``[S, H, D]`` -> ``[1, H, S, D]`` view (no copy)."""
     return x.transpose(0, 1).unsqueeze(0)
-
-
-class FlashAttnKernel(AttentionKernel):
-    """``flash_attn`` (2.x) varlen kernels on CUDA; one call per block."""
-
-    name = "flash_attn"
-
-    def __init__(self):
-        from flash_attn import flash_attn_interface as fai  # noqa: optional dependency
-
-        self._fwd_fn = fai._flash_attn_varlen_forward
-        self._bwd_fn = fai._flash_attn_varlen_backward
-        self._fwd_params = set(inspect.signature(self._fwd_fn).parameters)
-        self._bwd_params = set(inspect.signature(self._bwd_fn).parameters)
-
-    def _common(self, q, cu_q, cu_k, causal, scale, params):
-        # Keyword names differ across flash_attn 2.x releases: pass only those it takes.
-        cq = torch.tensor(cu_q, dtype=torch.int32, device=q.device)
-        ck = torch.tensor(cu_k, dtype=torch.int32, device=q.device)
-        kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck,
-                  max_seqlen_q=max(_diffs(cu_q), default=0), max_seqlen_k=max(_diffs(cu_k), default=0),
-                  dropout_p=0.0, softmax_scale=scale, causal=causal, window_size=(-1, -1),
-                  window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
-                  return_softmax=False, deterministic=False, rng_state=None)
-        return {key: val for key, val in kw.items() if key in params}
-
-    def forward(self, q, k, v, cu_q, cu_k, *, causal, scale):
-        _check_block(q, k, v, cu_q, cu_k, causal)
-        if q.shape[0] == 0 or k.shape[0] == 0:
-            return _ReferenceFallback.forward(q, k, v, cu_q, cu_k, causal=causal, scale=scale)
-        res = self._fwd_fn(q=q, k=k, v=v, **self._common(q, cu_q, cu_k, causal, scale, self._fwd_params))
-        out, lse = (res[0], res[1]) if len(res) == 4 else (res[0], res[5])
-        if lse.dim() != 2:  # flash_attn < 2.6 pads the varlen LSE to [B, H, max_seqlen]
-            raise RuntimeError("flash_attn returned a padded varlen LSE; the ring merge needs "
-                               "the packed [H, T] layout of flash_attn >= 2.6 (upgrade it)")
-        return out, lse.float()
-
-    def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, *, causal, scale):
-        _check_block(q, k, v, cu_q, cu_k, causal)
-        if q.shape[0] == 0 or k.shape[0] == 0:
-            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        self._bwd_fn(dout=dout.contiguous(), q=q, k=k, v=v, out=out.contiguous(),
-                     softmax_lse=lse.float().contiguous(), dq=dq, dk=dk, dv=dv,
-                     **self._common(q, cu_q, cu_k, causal, scale, self._bwd_params))
-        return dq, dk, dv
-
-
-def _diffs(cu):
-    return [b - a for a, b in zip(cu[:-1], cu[1:])]
-
-
-_ReferenceFallback = ReferenceKernel()  # empty blocks: no kernel launch needed, any device
-
-_BY_NAME = {"reference": ReferenceKernel, "cpu_flash": CpuFlashKernel, "flash_attn": FlashAttnKernel}
-_CACHE: dict[str, AttentionKernel] = {}
-
-
-def flash_attn_available() -> bool:
-    """True when the optional ``flash_attn`` package imports."""
-    try:
-        import flash_attn  # noqa: F401
-    except Exception:  # ImportError, or a broken CUDA build raising at import
-        return False
-    return True
-
-
-def get_kernel(backend, device: torch.device, dtype: torch.dtype) -> AttentionKernel:
-    """Resolves a back-end name (or instance) for tensors on ``device`` of ``dtype``.
-
-    ``"auto"``: CPU -> ``cpu_flash``; CUDA -> ``flash_attn`` for fp16/bf16 when installed,
-    else ``reference``.
-
-    Raises:
-        ValueError: Unknown name, or a back-end that cannot run on ``device``.
-    """
-    if isinstance(backend, AttentionKernel):
-        return backend
-    if backend == "auto":
-        if device.type == "cpu":
-            backend = "cpu_flash"
-        elif dtype in (torch.float16, torch.bfloat16) and flash_attn_available():
-            backend = "flash_attn"
-        else:
-            backend = "reference"
-    if backend not in _BY_NAME:
-        raise ValueError(f"unknown attention backend {backend!r}; use one of "
-                         f"{['auto', *_BY_NAME]} or an AttentionKernel instance")
-    if backend == "cpu_flash" and device.type != "cpu":
-        raise ValueError(f"backend 'cpu_flash' needs CPU tensors, got {device}; use 'auto'")
-    if backend == "flash_attn" and not flash_attn_available():
-        raise ValueError("backend 'flash_attn' requested but flash_attn is not installed; use 'auto'")
-    if backend not in _CACHE:
-        _CACHE[backend] = _BY_NAME[backend]()
-    return _CACHE[backend]

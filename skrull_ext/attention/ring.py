@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from skrull_ext.attention.kernels import AttentionKernel, lse_dtype
+from skrull_ext.attention.kernels import AttentionKernel, Segments, lse_dtype, segments
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,12 +36,16 @@ class ZigzagBlocks:
         cu_half: Offsets of one chunk per sequence (``c_i``).
         first: ``[Td / 2]`` indices of the first chunk (chunk ``r``) tokens.
         second: ``[Td / 2]`` indices of the second chunk (chunk ``2N-1-r``) tokens.
+        seg_full: ``cu_full`` as :class:`Segments` (device offsets for GPU kernels).
+        seg_half: ``cu_half`` as :class:`Segments`.
     """
 
     cu_full: tuple[int, ...]
     cu_half: tuple[int, ...]
     first: torch.Tensor
     second: torch.Tensor
+    seg_full: Segments
+    seg_half: Segments
 
 
 # layout -> {device: ZigzagBlocks}: every layer's forward and backward of a micro-batch
@@ -50,7 +54,7 @@ _BLOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def zigzag_blocks(layout, device) -> ZigzagBlocks:
-    """:class:`ZigzagBlocks` of a :class:`~skrull_ext.layout.RankLayout` (built once per
+    """:class:`ZigzagBlocks` of a :class:`~skrull_ext.attention.layout.RankLayout` (built once per
     layout and device, vectorised over the documents)."""
     per_device = _BLOCKS.setdefault(layout, {})
     key = str(device)
@@ -68,20 +72,22 @@ def _build_blocks(layout, device) -> ZigzagBlocks:
     # Token j of the first chunks belongs to document i with cu_half[i] <= j < cu_half[i+1].
     first = np.repeat(starts - cu_half[:-1], c) + np.arange(cu_half[-1], dtype=np.int64)
     second = first + np.repeat(c, c)
-    return ZigzagBlocks(cu_full=tuple(layout.dist_cu_seqlens), cu_half=tuple(cu_half.tolist()),
+    cu_full, cu_half = tuple(layout.dist_cu_seqlens), tuple(cu_half.tolist())
+    return ZigzagBlocks(cu_full=cu_full, cu_half=cu_half,
                         first=torch.from_numpy(first).to(device),
-                        second=torch.from_numpy(second).to(device))
+                        second=torch.from_numpy(second).to(device),
+                        seg_full=segments(cu_full, device), seg_half=segments(cu_half, device))
 
 
 def _fwd_block(kernel, q, k, v, src, rank, zz, scale):
     """Returns ``(out, lse, rows)``; ``rows`` None means all queries."""
     if src == rank:
-        return (*kernel.forward(q, k, v, zz.cu_full, zz.cu_full, causal=True, scale=scale), None)
+        return (*kernel.forward(q, k, v, zz.seg_full, zz.seg_full, causal=True, scale=scale), None)
     if src < rank:
         kf, vf = k.index_select(0, zz.first), v.index_select(0, zz.first)
-        return (*kernel.forward(q, kf, vf, zz.cu_full, zz.cu_half, causal=False, scale=scale), None)
+        return (*kernel.forward(q, kf, vf, zz.seg_full, zz.seg_half, causal=False, scale=scale), None)
     q2 = q.index_select(0, zz.second)
-    return (*kernel.forward(q2, k, v, zz.cu_half, zz.cu_full, causal=False, scale=scale), zz.second)
+    return (*kernel.forward(q2, k, v, zz.seg_half, zz.seg_full, causal=False, scale=scale), zz.second)
 
 
 def _merge(acc_out, acc_lse, out, lse, rows):
@@ -139,18 +145,18 @@ def ring_forward(q, k, v, zz: ZigzagBlocks, comm, kernel: AttentionKernel, scale
 def _bwd_block(kernel, dout, q, k, v, out, lse, src, rank, zz, scale):
     """Returns ``(dq, q_rows, dk, dv, k_rows)``; rows None means all."""
     if src == rank:
-        dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, zz.cu_full, zz.cu_full,
+        dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, zz.seg_full, zz.seg_full,
                                      causal=True, scale=scale)
         return dq, None, dk, dv, None
     if src < rank:
         kf, vf = k.index_select(0, zz.first), v.index_select(0, zz.first)
-        dq, dk, dv = kernel.backward(dout, q, kf, vf, out, lse, zz.cu_full, zz.cu_half,
+        dq, dk, dv = kernel.backward(dout, q, kf, vf, out, lse, zz.seg_full, zz.seg_half,
                                      causal=False, scale=scale)
         return dq, None, dk, dv, zz.first
     s = zz.second
     dq, dk, dv = kernel.backward(dout.index_select(0, s), q.index_select(0, s), k, v,
                                  out.index_select(0, s), lse.index_select(1, s),
-                                 zz.cu_half, zz.cu_full, causal=False, scale=scale)
+                                 zz.seg_half, zz.seg_full, causal=False, scale=scale)
     return dq, s, dk, dv, None
 
 

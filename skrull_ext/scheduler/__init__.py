@@ -17,14 +17,16 @@ from typing import Optional, Sequence
 import numpy as np
 
 from skrull_ext import _backend
-from skrull_ext.cost import CostModel, default_cost_model
-from skrull_ext.plan import FlatPlan, MicroBatch, Plan, padded_length, shard_tokens
-from skrull_ext.scheduler import reference
+from skrull_ext.costmodel.model import CostModel, default_cost_model
+from skrull_ext.scheduler.plan import FlatPlan, MicroBatch, Plan
+from skrull_ext.sharding import padded_length, shard_tokens
+from skrull_ext.scheduler import portfolio, reference
 from skrull_ext.scheduler.baselines import BASELINES
+from skrull_ext.scheduler.bound import lower_bound
 
 POLICIES = ("skrull",) + tuple(BASELINES)
 _ROLLBACK_CODES = {"shortest": 0, "best-fit": 1, "auto": 2}
-_VARIANT_CODES = {"paper": 0, "balanced": 1, "auto": 2, "lpt": 3}
+_VARIANT_CODES = {"paper": 0, "balanced": 1, "lpt": 2, "auto": 3}
 _OBJECTIVE_CODES = {"paper": 0, "ring": 1}
 
 
@@ -47,6 +49,8 @@ class SchedulerConfig:
             (ours: distribute when that lowers the micro-batch objective), ``lpt`` (ours:
             distribute the ``k`` longest, pack the rest by LPT, best ``k``) or ``auto``
             (all three, keep the fastest micro-batch).
+        portfolio: (ours) Also place the baselines' groupings with DACP and keep the
+            fastest plan (:mod:`skrull_ext.scheduler.portfolio`); ``False`` runs GDS alone.
     """
 
     dp_size: int
@@ -55,6 +59,7 @@ class SchedulerConfig:
     policy: str = "skrull"
     rollback: str = "auto"
     dacp: str = "auto"
+    portfolio: bool = True
 
     def __post_init__(self):
         for name, flag in (("dp_size", "--dp-size"), ("cp_size", "--cp-size / --context-parallel-size"),
@@ -125,13 +130,13 @@ def _to_micro_batch(placement, cp_size: int, exact_ints: bool = False) -> MicroB
 def _skrull(lengths, costs, shares, comm, latency, cfg: SchedulerConfig, overhead: float,
             backend: str, objective: str):
     if backend == "cpp":
-        return _backend.CPP.gds_schedule(
-            lengths, costs, comm, float(latency), cfg.dp_size, cfg.cp_size, cfg.bucket_size,
-            _ROLLBACK_CODES[cfg.rollback], float(overhead), _VARIANT_CODES[cfg.dacp], shares,
-            objective=_OBJECTIVE_CODES[objective])
-    return reference.gds_schedule(lengths, costs, comm, latency, cfg.dp_size, cfg.cp_size,
-                                  cfg.bucket_size, cfg.rollback, overhead, cfg.dacp, shares,
-                                  objective)
+        fn = _backend.CPP.portfolio_schedule if cfg.portfolio else _backend.CPP.gds_schedule
+        return fn(lengths, costs, comm, float(latency), cfg.dp_size, cfg.cp_size,
+                  cfg.bucket_size, _ROLLBACK_CODES[cfg.rollback], float(overhead),
+                  _VARIANT_CODES[cfg.dacp], shares, objective=_OBJECTIVE_CODES[objective])
+    fn = portfolio.portfolio_schedule if cfg.portfolio else reference.gds_schedule
+    return fn(lengths, costs, comm, latency, cfg.dp_size, cfg.cp_size, cfg.bucket_size,
+              cfg.rollback, overhead, cfg.dacp, shares, objective)
 
 
 def schedule(lengths: Sequence[int], config: SchedulerConfig,
@@ -256,8 +261,8 @@ def predict(plan: Plan, cost_model: CostModel) -> dict:
     Returns:
         ``{"iteration_time", "dp_rank_times" [D], "micro_batch_times" [D][M],
         "lower_bound"}`` in seconds.  ``iteration_time`` is the slowest DP rank's time plus
-        the cost model's ``iteration_overhead``; ``lower_bound`` spreads the total compute
-        perfectly over all ``D * N`` ranks with no communication or micro-batch overhead.
+        the cost model's ``iteration_overhead``; ``lower_bound`` is
+        :func:`skrull_ext.scheduler.bound.lower_bound`, which no plan of the batch beats.
     """
     return _predict(plan, cost_model, cost_model.compute_seconds(plan.lengths),
                     cost_model.comm_seconds(plan.lengths, plan.cp_size),
@@ -280,7 +285,8 @@ def _predict(plan: Plan, cost_model: CostModel, costs, comm, shares) -> dict:
         "iteration_time": max(rank_times) + fixed,
         "dp_rank_times": rank_times,
         "micro_batch_times": mb_times,
-        "lower_bound": float(costs.sum()) / (plan.dp_size * plan.cp_size) + fixed,
+        "lower_bound": lower_bound(plan.lengths, cost_model, plan.dp_size, plan.cp_size,
+                                   plan.bucket_size),
     }
 
 

@@ -1,6 +1,6 @@
 """Baseline policies (SKRULL.md section 7) on the same placement type as Skrull.
 
-Every function returns ``dp_size`` lists of :class:`~skrull_ext.plan.MicroBatch` (not yet
+Every function returns ``dp_size`` lists of :class:`~skrull_ext.scheduler.plan.MicroBatch` (not yet
 padded to equal counts; :func:`skrull_ext.scheduler.schedule` pads).  They share the cost
 arrays of the Skrull scheduler, so predictions compare like with like.
 """
@@ -10,7 +10,8 @@ import heapq
 
 import numpy as np
 
-from skrull_ext.plan import MicroBatch, shard_tokens
+from skrull_ext.scheduler.plan import MicroBatch
+from skrull_ext.sharding import shard_tokens
 from skrull_ext.scheduler.reference import lpt_partition
 
 
@@ -33,21 +34,19 @@ def _next_fit(lengths, order, cp_size: int, bucket_size: int) -> list[list[int]]
     return groups
 
 
-def per_seq_cp(lengths, costs, dp_size, cp_size, bucket_size):
-    """The paper's DeepSpeed baseline: one sequence per micro-batch, all-CP, DP round-robin."""
-    return [[_all_cp([i], cp_size) for i in range(d, len(lengths), dp_size)]
-            for d in range(dp_size)]
+def per_seq_cp_groups(lengths, costs, dp_size, cp_size, bucket_size):
+    """The paper's DeepSpeed baseline's samples: one per micro-batch, DP round-robin."""
+    return [[[i] for i in range(d, len(lengths), dp_size)] for d in range(dp_size)]
 
 
-def all_cp(lengths, costs, dp_size, cp_size, bucket_size):
-    """Megatron static CP with packing: contiguous DP slices, next-fit packs in dataset order."""
-    slices = np.array_split(np.arange(len(lengths)), dp_size)
-    return [[_all_cp(g, cp_size) for g in _next_fit(lengths, s, cp_size, bucket_size)]
-            for s in slices]
+def all_cp_groups(lengths, costs, dp_size, cp_size, bucket_size):
+    """Megatron static CP with packing: contiguous DP slices, next-fit in dataset order."""
+    return [_next_fit(lengths, s, cp_size, bucket_size)
+            for s in np.array_split(np.arange(len(lengths)), dp_size)]
 
 
-def sorted_batching(lengths, costs, dp_size, cp_size, bucket_size):
-    """LongAlign sorted batching: sorted lengths dealt round-robin, consecutive packs, all-CP.
+def sorted_groups(lengths, costs, dp_size, cp_size, bucket_size):
+    """LongAlign sorted batching: sorted lengths dealt round-robin, consecutive packs.
 
     Dealing the sorted batch one sequence at a time gives every DP rank the same length
     spectrum (so no rank gets all the long ones, and none sits idle when the whole batch
@@ -55,9 +54,16 @@ def sorted_batching(lengths, costs, dp_size, cp_size, bucket_size):
     of similar lengths.
     """
     order = sorted(range(len(lengths)), key=lambda i: (int(lengths[i]), i))
-    return [[_all_cp(g, cp_size) for g in _next_fit(lengths, order[d::dp_size], cp_size,
-                                                    bucket_size)]
-            for d in range(dp_size)]
+    return [_next_fit(lengths, order[d::dp_size], cp_size, bucket_size) for d in range(dp_size)]
+
+
+def _all_cp_policy(groups_fn):
+    def policy(lengths, costs, dp_size, cp_size, bucket_size):
+        return [[_all_cp(g, cp_size) for g in groups]
+                for groups in groups_fn(lengths, costs, dp_size, cp_size, bucket_size)]
+
+    policy.__doc__ = f"{groups_fn.__doc__.splitlines()[0]} All-CP micro-batches."
+    return policy
 
 
 def hybrid_cp_size(length: int, cp_size: int, bucket_size: int) -> int:
@@ -88,13 +94,7 @@ def _hybrid_place(mbs, lengths, costs, i, n, cp_size, bucket_size):
     return False
 
 
-def hybrid_cp(lengths, costs, dp_size, cp_size, bucket_size):
-    """Megatron-Core hybrid CP: per-sequence power-of-two CP groups, greedy grouping.
-
-    DP ranks take contiguous slices; within a rank sequences go longest-cost first into
-    the first micro-batch with an aligned block of ranks that has room.  Single-rank
-    placements become ``local``, full-group ones ``distributed``, the rest ``grouped``.
-    """
+def _hybrid_micro_batches(lengths, costs, dp_size, cp_size, bucket_size) -> list[list[dict]]:
     out = []
     for s in np.array_split(np.arange(len(lengths)), dp_size):
         mbs: list[dict] = []
@@ -103,8 +103,19 @@ def hybrid_cp(lengths, costs, dp_size, cp_size, bucket_size):
             if not _hybrid_place(mbs, lengths, costs, i, n, cp_size, bucket_size):
                 mbs.append({"rem": [bucket_size] * cp_size, "load": [0.0] * cp_size, "items": []})
                 _hybrid_place(mbs[-1:], lengths, costs, i, n, cp_size, bucket_size)
-        out.append([_hybrid_micro_batch(mb["items"], cp_size) for mb in mbs])
+        out.append(mbs)
     return out
+
+
+def hybrid_cp(lengths, costs, dp_size, cp_size, bucket_size):
+    """Megatron-Core hybrid CP: per-sequence power-of-two CP groups, greedy grouping.
+
+    DP ranks take contiguous slices; within a rank sequences go longest-cost first into
+    the first micro-batch with an aligned block of ranks that has room.  Single-rank
+    placements become ``local``, full-group ones ``distributed``, the rest ``grouped``.
+    """
+    return [[_hybrid_micro_batch(mb["items"], cp_size) for mb in mbs]
+            for mbs in _hybrid_micro_batches(lengths, costs, dp_size, cp_size, bucket_size)]
 
 
 def _hybrid_micro_batch(items, cp_size) -> MicroBatch:
@@ -141,11 +152,11 @@ def karmarkar_karp(weights, idx, parts: int) -> list[list[int]]:
     return [sorted(items) for _, items in heap[0][2]]
 
 
-def kk_balanced(lengths, costs, dp_size, cp_size, bucket_size):
-    """FLOP-balanced batching (verl/slime style) without DACP, all-CP.
+def kk_groups(lengths, costs, dp_size, cp_size, bucket_size):
+    """FLOP-balanced batching (verl/slime style) without DACP.
 
     Karmarkar-Karp over DP ranks on the compute cost (``a S + b S^2``), then per rank the
-    fewest micro-batches whose Karmarkar-Karp split fits the bucket.
+    fewest micro-batches whose Karmarkar-Karp split fits the bucket all-CP.
     """
     out = []
     for seqs in karmarkar_karp(costs, range(len(lengths)), dp_size):
@@ -159,9 +170,29 @@ def kk_balanced(lengths, costs, dp_size, cp_size, bucket_size):
             if all(sum(shards[i] for i in p) <= bucket_size for p in parts):
                 break
             m += 1
-        out.append([_all_cp(p, cp_size) for p in parts])
+        out.append(parts)
     return out
 
+
+def hybrid_cp_groups(lengths, costs, dp_size, cp_size, bucket_size):
+    """The samples of each :func:`hybrid_cp` micro-batch, in placement order."""
+    return [[[i for i, _, _ in mb["items"]] for mb in mbs]
+            for mbs in _hybrid_micro_batches(lengths, costs, dp_size, cp_size, bucket_size)]
+
+
+per_seq_cp = _all_cp_policy(per_seq_cp_groups)
+all_cp = _all_cp_policy(all_cp_groups)
+sorted_batching = _all_cp_policy(sorted_groups)
+kk_balanced = _all_cp_policy(kk_groups)
+
+# Each baseline's samples per DP rank and micro-batch (Skrull's portfolio places them).
+GROUPINGS = {
+    "kk": kk_groups,
+    "sorted": sorted_groups,
+    "all-cp": all_cp_groups,
+    "per-seq-cp": per_seq_cp_groups,
+    "hybrid-cp": hybrid_cp_groups,
+}
 
 BASELINES = {
     "per-seq-cp": per_seq_cp,
@@ -171,4 +202,4 @@ BASELINES = {
     "kk": kk_balanced,
 }
 
-__all__ = ["BASELINES", "karmarkar_karp", "lpt_partition", "hybrid_cp_size"]
+__all__ = ["BASELINES", "GROUPINGS", "karmarkar_karp", "lpt_partition", "hybrid_cp_size"]

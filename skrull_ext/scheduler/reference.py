@@ -10,7 +10,7 @@ bit for bit:
   sequence; ``costs[i] / N`` when omitted), ``comm`` (float64 ring bandwidth seconds of a
   distributed sequence) and ``latency``
   (ring seconds paid once by a micro-batch with any distributed sequence), precomputed by
-  :class:`skrull_ext.cost.CostModel`; the core never evaluates a cost function itself.
+  :class:`skrull_ext.costmodel.model.CostModel`; the core never evaluates a cost function itself.
 * Float accumulations happen in the same order in both (C++ is built without FMA
   contraction), and every tie is broken by the lowest rank / sample index.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 from typing import NamedTuple, Optional, Sequence
 
-from skrull_ext.plan import shard_tokens
+from skrull_ext.sharding import shard_tokens
 
 ROLLBACK_POLICIES = ("shortest", "best-fit", "auto")
 DACP_VARIANTS = ("paper", "balanced", "lpt", "auto")
@@ -379,7 +379,7 @@ def interleave(sorted_idx: Sequence[int], m: int) -> list[list[int]]:
     return [list(sorted_idx[j::m]) for j in range(m)]
 
 
-class _Rank(NamedTuple):
+class GdsContext(NamedTuple):
     """What the GDS helpers share: the batch's arrays and the scheduling settings."""
 
     lengths: Sequence[int]
@@ -398,7 +398,8 @@ class _Rank(NamedTuple):
                          self.bucket_size, self.rollback, self.variant, self.shares,
                          self.objective)
 
-    def time(self, split, overhead: float) -> float:
+    def split_time(self, split, overhead: float) -> float:
+        """Predicted seconds of one DP rank's micro-batches (empty ones cost nothing)."""
         t = 0.0
         for placement in split:
             if placement[0] or any(placement[1]):
@@ -407,7 +408,7 @@ class _Rank(NamedTuple):
         return t
 
 
-def _split_rank(ctx: _Rank, seqs, m: int) -> Optional[list[Placement]]:
+def _split_rank(ctx: GdsContext, seqs, m: int) -> Optional[list[Placement]]:
     """Interleave into ``m`` micro-batches and place each; ``None`` if any is infeasible."""
     cap = ctx.bucket_size * ctx.cp_size
     out = []
@@ -432,7 +433,7 @@ def can_pair(sx: int, sy: int, cp_size: int, bucket_size: int) -> bool:
     return (sx <= c and hy <= c - sx) or (sy <= c and hx <= c - sy) or hx + hy <= c
 
 
-def _isolate(ctx: _Rank, seqs) -> tuple[list[int], list[int]]:
+def _isolate(ctx: GdsContext, seqs) -> tuple[list[int], list[int]]:
     """(ours) Splits off the samples that fit no micro-batch with any other sample.
 
     Such a sample (its shard fills almost the whole bucket) would make every interleaved
@@ -451,7 +452,7 @@ def _isolate(ctx: _Rank, seqs) -> tuple[list[int], list[int]]:
     return rest, alone
 
 
-def _plan_rank(ctx: _Rank, seqs, m: Optional[int] = None) -> Optional[list[Placement]]:
+def _plan_rank(ctx: GdsContext, seqs, m: Optional[int] = None) -> Optional[list[Placement]]:
     """One DP rank's micro-batches: the fewest feasible (``m=None``) or exactly ``m``.
 
     GDS steps 2-4 on the samples that can share, then one micro-batch per isolated sample.
@@ -484,7 +485,7 @@ def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: in
     need fewer micro-batches).  Every sample must already be known to fit alone
     (``shard_tokens(S, N) <= C``); the caller validates that.
     """
-    ctx = _Rank(lengths, costs, comm, latency, cp_size, bucket_size, rollback, variant, shares,
+    ctx = GdsContext(lengths, costs, comm, latency, cp_size, bucket_size, rollback, variant, shares,
                 objective)
     bins = lpt_partition(costs, range(len(lengths)), dp_size)
     sorted_bins = [sorted(seqs, key=lambda i: (int(lengths[i]), i)) for seqs in bins]
@@ -494,7 +495,7 @@ def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: in
         if seqs and len(splits[d]) < m_max:
             # (ours) Re-split into m_max micro-batches when that lowers this rank's time.
             alt = _plan_rank(ctx, seqs, m_max)
-            if alt is not None and ctx.time(alt, overhead) < ctx.time(splits[d], overhead):
+            if alt is not None and ctx.split_time(alt, overhead) < ctx.split_time(splits[d], overhead):
                 splits[d] = alt
         while len(splits[d]) < m_max:
             splits[d].append(([], [[] for _ in range(cp_size)]))

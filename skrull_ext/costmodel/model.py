@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from skrull_ext.plan import shard_tokens_array
+from skrull_ext.sharding import shard_tokens_array
 
 # Backward of FlashAttention-style kernels costs about 2.5x the forward (two extra
 # matmuls plus the recompute of P); linear layers cost 2x their forward in backward.
@@ -202,7 +202,7 @@ class TimeModel:
         """``[K]`` seconds each of ``cp_size`` ranks spends on a zigzag-sharded sequence.
 
         Linear and attention FLOPs split evenly (zigzag balances causal attention).  As in
-        :func:`skrull_ext.simulator.simulate`, the kernel runs at the efficiency of a block
+        :func:`skrull_ext.planner.simulator.simulate`, the kernel runs at the efficiency of a block
         of one shard (``pad(S) / N`` queries), and a rank makes ``N`` block calls per layer
         (one per ring step, each forward + backward) where a local sequence makes one.
         """

@@ -1,6 +1,6 @@
 """Schedules sampled global batches with every policy and simulates them.
 
-Shared by the planner CLI (:mod:`skrull_ext.planner`) and ``benchmarks/paper_table.py``.
+Shared by the planner CLI (:mod:`skrull_ext.planner.cli`) and ``benchmarks/paper_table.py``.
 Each policy schedules with the scheduler's simple cost model derived from the same
 hardware preset (:meth:`Hardware.cost_model`), and every plan is then timed by the
 detailed simulator, so all policies are judged by one yardstick they were not tuned on.
@@ -12,11 +12,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from skrull_ext.cost import ModelSpec
-from skrull_ext.hardware import Hardware
-from skrull_ext.plan import Plan
+from skrull_ext.costmodel.model import ModelSpec
+from skrull_ext.costmodel.hardware import Hardware
+from skrull_ext.scheduler.plan import Plan
 from skrull_ext.scheduler import POLICIES, SchedulerConfig, schedule
-from skrull_ext.simulator import SimResult, simulate
+from skrull_ext.planner.simulator import SimResult, simulate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +91,7 @@ def compare_policies(batches: Sequence[np.ndarray], model: ModelSpec, hardware: 
         dp_size, cp_size, bucket_size: Parallel layout and token bucket.
         policies: Policies to run.
         backend: Skrull scheduler backend (``cpp``/``python``; default the build's).
-        objective: The schedulers' :attr:`~skrull_ext.cost.CostModel.objective`.
+        objective: The schedulers' :attr:`~skrull_ext.costmodel.model.CostModel.objective`.
 
     Returns:
         :class:`Comparison`.

@@ -13,7 +13,7 @@ A :class:`LengthProfile` is either
   piecewise log-linear; they are converted to points at every component end.
 * *empirical*: a user's own lengths (file or Megatron ``.idx``), sampled with replacement.
 
-Bundled profiles live in ``skrull_ext/data/<name>.json`` with their sources; ``K`` there
+Bundled profiles live in ``skrull_ext/planner/data/<name>.json`` with their sources; ``K`` there
 means 1024 tokens.
 """
 from __future__ import annotations
@@ -26,14 +26,14 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from skrull_ext.lengths_io import read_lengths, read_megatron_idx_lengths
+from skrull_ext.planner.lengths_io import read_lengths, read_megatron_idx_lengths
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 OVERFLOW_POLICIES = ("error", "truncate", "redraw")
 
 
 def profile_names() -> list[str]:
-    """Names of the bundled profiles (``skrull_ext/data/*.json``)."""
+    """Names of the bundled profiles (``skrull_ext/planner/data/*.json``)."""
     return sorted(f[:-5] for f in os.listdir(DATA_DIR) if f.endswith(".json"))
 
 
@@ -237,7 +237,7 @@ def profile_from_lengths(lengths, name: str = "custom", source: str = "user data
 
 
 def profile_from_file(path: str) -> LengthProfile:
-    """An empirical profile from a lengths file (see :func:`skrull_ext.lengths_io.read_lengths`)."""
+    """An empirical profile from a lengths file (see :func:`skrull_ext.planner.lengths_io.read_lengths`)."""
     name = os.path.splitext(os.path.basename(path))[0]
     return profile_from_lengths(read_lengths(path), name=name, source=path)
 

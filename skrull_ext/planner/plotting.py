@@ -9,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from skrull_ext.simulator import SimResult
+from skrull_ext.planner.simulator import SimResult
 
 COLORS = {
     "overhead": "#9e9e9e",
@@ -86,7 +86,7 @@ def plot_planner(path: str, lengths: Sequence[np.ndarray], comparison, result: S
     Args:
         path: Output file.
         lengths: Sampled global batches (``[K]`` arrays), for the histogram.
-        comparison: :class:`skrull_ext.evaluate.Comparison` of the policies.
+        comparison: :class:`skrull_ext.planner.evaluate.Comparison` of the policies.
         result: The simulation whose timeline is drawn (one global batch).
         bucket: Bucket size (tokens per rank per micro-batch).
         max_len: Longest sequence that fits.

@@ -1,4 +1,4 @@
-"""``skrull-plan`` / ``python -m skrull_ext.planner``: plan a Skrull run before launching it.
+"""``skrull-plan`` / ``python -m skrull_ext.planner.cli``: plan a Skrull run before launching it.
 
 Given a length distribution (a bundled profile, a lengths file or a Megatron dataset), a
 model and a parallel layout, it recommends a bucket size from a memory estimate, samples
@@ -18,10 +18,10 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from skrull_ext.cost import MODEL_PRESETS, MemoryModel, ModelSpec, get_model_spec
-from skrull_ext.evaluate import compare_policies, max_fitting_length
-from skrull_ext.hardware import HARDWARE_PRESETS, Hardware, get_hardware
-from skrull_ext.profiles import (OVERFLOW_POLICIES, LengthProfile, load_profile,
+from skrull_ext.costmodel.model import MODEL_PRESETS, MemoryModel, ModelSpec, get_model_spec
+from skrull_ext.planner.evaluate import compare_policies, max_fitting_length
+from skrull_ext.costmodel.hardware import HARDWARE_PRESETS, Hardware, get_hardware
+from skrull_ext.planner.profiles import (OVERFLOW_POLICIES, LengthProfile, load_profile,
                                  profile_from_file, profile_from_megatron, profile_names,
                                  sample_global_batches)
 from skrull_ext.scheduler import POLICIES, SchedulerConfig
@@ -118,6 +118,33 @@ def _check_sizes(args):
     if bad:
         raise PlannerError(f"--policies: unknown {bad}; choose from {', '.join(POLICIES)}")
     return ["skrull"] + [p for p in policies if p != "skrull"]
+
+
+def memory_bucket(model: ModelSpec, hw: Hardware, dp_size: int, cp_size: int,
+                  device_gb: Optional[float] = None, margin_gb: Optional[float] = None,
+                  alpha: Optional[float] = None) -> int:
+    """Largest bucket the memory model allows (raises ``ValueError`` when none does).
+
+    Args:
+        model, hw: Model shape and hardware preset.
+        dp_size, cp_size: ``D`` and ``N`` (the optimizer state is sharded over both).
+        device_gb: Device memory in GiB (default :data:`DEFAULT_DEVICE_GB`).
+        margin_gb: Memory kept free in GiB (default 10% of the device).
+        alpha: Activation bytes per token (default the model's estimate at the preset's
+            element size).
+    """
+    device_gb = device_gb or DEFAULT_DEVICE_GB[hw.name]
+    margin_gb = 0.1 * device_gb if margin_gb is None else margin_gb
+    static = model.static_memory_bytes(dp_size * cp_size, grad_bytes=hw.grad_bytes,
+                                       weight_bytes=hw.activation_bytes)
+    alpha = alpha or model.activation_bytes_per_token() * hw.activation_bytes / 2.0
+    return MemoryModel(alpha=alpha).bucket_size(device_gb * GIB, static, margin_gb * GIB)
+
+
+def recommend_bucket(model: ModelSpec, hw: Hardware, dp_size: int, cp_size: int,
+                     **memory) -> int:
+    """The bucket the planner recommends (``memory``: :func:`memory_bucket` overrides)."""
+    return memory_bucket(model, hw, dp_size, cp_size, **memory)
 
 
 def memory_plan(args, model: ModelSpec, hw: Hardware) -> dict:
@@ -241,7 +268,7 @@ def run(args) -> dict:
     summary = summarize(comp, sampled, mem, limit)
     print_report(args, prof, model, hw, summary)
     if args.plot:
-        from skrull_ext.plotting import plot_planner
+        from skrull_ext.planner.plotting import plot_planner
 
         title = (f"{prof.name} | {model.name} | DP={args.dp_size} CP={args.cp_size} | bucket "
                  f"{mem['bucket']} | {hw.name}")

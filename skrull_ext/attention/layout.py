@@ -1,6 +1,6 @@
 """What one CP rank holds of a micro-batch, as one packed token stream (THD layout).
 
-Given a micro-batch's placement (see :class:`skrull_ext.plan.MicroBatch`), CP rank ``r``
+Given a micro-batch's placement (see :class:`skrull_ext.scheduler.plan.MicroBatch`), CP rank ``r``
 of ``N`` holds
 
 * its *local* sequences whole, in the order of ``local[r]``, then
@@ -26,7 +26,8 @@ from typing import Mapping, Sequence, Union
 
 import torch
 
-from skrull_ext.plan import MicroBatch, padded_length
+from skrull_ext.scheduler.plan import MicroBatch
+from skrull_ext.sharding import padded_length
 
 PerSample = Union[Sequence[torch.Tensor], Mapping[int, torch.Tensor]]
 
@@ -265,7 +266,7 @@ def build_rank_layout(
 
 
 def layout_for_micro_batch(mb: MicroBatch, lengths: Sequence[int], cp_rank: int) -> RankLayout:
-    """:func:`build_rank_layout` for a :class:`~skrull_ext.plan.MicroBatch`.
+    """:func:`build_rank_layout` for a :class:`~skrull_ext.scheduler.plan.MicroBatch`.
 
     Raises:
         ValueError: If the micro-batch has ``grouped`` placements (the hybrid-CP

@@ -1,4 +1,4 @@
-"""Hardware presets for the iteration-time simulator (:mod:`skrull_ext.simulator`).
+"""Hardware presets for the iteration-time simulator (:mod:`skrull_ext.planner.simulator`).
 
 Every constant says where it comes from: a public datasheet, the Skrull paper's measured
 collective table, a measurement of this project (``benchmarks/calibrate_cpu.py``), or an
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from skrull_ext.cost import H100_NVLINK_COMM, CommModel, CostModel, ModelSpec, TimeModel
+from skrull_ext.costmodel.model import H100_NVLINK_COMM, CommModel, CostModel, ModelSpec, TimeModel
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

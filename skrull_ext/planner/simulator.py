@@ -1,6 +1,6 @@
 """Iteration-time simulator: a plan on a hardware preset, per DP rank, micro-batch and CP rank.
 
-More detailed than the scheduler's :class:`~skrull_ext.cost.CostModel` (which it does not
+More detailed than the scheduler's :class:`~skrull_ext.costmodel.model.CostModel` (which it does not
 use).  For every micro-batch and CP rank ``r`` (times are forward + backward, all layers):
 
 * **linear**: ``linear FLOPs(T_r) / linear_rate(T_r)``; ``T_r`` the tokens the rank holds,
@@ -37,9 +37,10 @@ from typing import Optional
 
 import numpy as np
 
-from skrull_ext.cost import ATTENTION_TRAIN_FACTOR, ModelSpec
-from skrull_ext.hardware import Hardware, get_hardware
-from skrull_ext.plan import MicroBatch, Plan, padded_length, shard_tokens
+from skrull_ext.costmodel.model import ATTENTION_TRAIN_FACTOR, ModelSpec
+from skrull_ext.costmodel.hardware import Hardware, get_hardware
+from skrull_ext.scheduler.plan import MicroBatch, Plan
+from skrull_ext.sharding import padded_length, shard_tokens
 
 _ATT_FWD = 1.0 / ATTENTION_TRAIN_FACTOR  # forward share of attention training FLOPs
 COMPONENTS = ("linear", "attention_local", "attention_dist", "comm_exposed")

@@ -1,0 +1,148 @@
+"""Plan quality: Skrull against every baseline and the lower bound, on the cost model.
+
+For every setting (length profile x model x CP x global batch x bucket), samples global
+batches, schedules each with every policy under the *same* cost model (the hardware
+preset's, DP ranks fixed by ``--dp-size``) and compares the predicted iteration times
+(:func:`skrull_ext.scheduler.predict`): Skrull's ratio to each baseline
+(``t_baseline / t_skrull``, >= 1 means Skrull is at least as fast), to the lower bound
+(:func:`skrull_ext.scheduler.bound.lower_bound`) and Skrull's planning latency.  Buckets
+are ``--buckets`` multiples of the planner's recommended bucket; sequences longer than
+what a bucket holds are truncated (``--overflow truncate``).  The last line is the worst
+ratio to any baseline over every batch of every setting.
+
+    PYTHONPATH=. python benchmarks/plan_quality.py                      # bundled profiles
+    PYTHONPATH=. python benchmarks/plan_quality.py --lengths my.txt --models qwen2.5-7b
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from skrull_ext.costmodel.model import MODEL_PRESETS
+from skrull_ext.planner.evaluate import max_fitting_length
+from skrull_ext.costmodel.hardware import get_hardware
+from skrull_ext.planner.cli import recommend_bucket
+from skrull_ext.planner.profiles import (load_profile, profile_from_file, profile_names,
+                                 sample_global_batches)
+from skrull_ext.scheduler import POLICIES, SchedulerConfig, schedule
+
+BASELINES = [p for p in POLICIES if p != "skrull"]
+
+
+def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: str) -> dict:
+    """Every policy on ``batches``; per-batch predicted times, bound and Skrull's latency."""
+    cost = dataclasses.replace(hw.cost_model(model, cp, dp), objective=objective)
+    times = {p: [] for p in POLICIES}
+    bounds, latency_ms, mbs = [], [], []
+    for lengths in batches:
+        for policy in POLICIES:
+            cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, policy=policy)
+            start = time.perf_counter()
+            plan = schedule(lengths, cfg, cost)
+            elapsed = time.perf_counter() - start
+            times[policy].append(plan.predicted["iteration_time"])
+            if policy == "skrull":
+                latency_ms.append(1e3 * elapsed)
+                bounds.append(plan.predicted["lower_bound"])
+                mbs.append(plan.num_micro_batches)
+    sk = np.array(times["skrull"])
+    return {
+        "mean_s": {p: float(np.mean(t)) for p, t in times.items()},
+        "ratio": {p: float(np.mean(times[p]) / sk.mean()) for p in BASELINES},
+        "worst_batch_ratio": {p: float((np.array(times[p]) / sk).min()) for p in BASELINES},
+        "bound_ratio": float(sk.mean() / np.mean(bounds)),
+        "latency_ms": statistics.median(latency_ms), "micro_batches": float(np.mean(mbs)),
+    }
+
+
+def settings(args):
+    profiles = ([("lengths:" + args.lengths, profile_from_file(args.lengths))] if args.lengths
+                else [(name, load_profile(name)) for name in args.profiles])
+    for (pname, prof), mname, cp, gbs, factor in itertools.product(
+            profiles, args.models, args.cp, args.gbs, args.buckets):
+        yield pname, prof, mname, cp, gbs, factor
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profiles", nargs="+", default=profile_names())
+    parser.add_argument("--lengths", metavar="FILE", help="a lengths file instead of profiles")
+    parser.add_argument("--models", nargs="+", default=sorted(MODEL_PRESETS))
+    parser.add_argument("--cp", type=int, nargs="+", default=[2, 4, 8, 16])
+    parser.add_argument("--gbs", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    parser.add_argument("--buckets", type=float, nargs="+", default=[0.5, 1.0, 2.0],
+                        help="multiples of the planner's recommended bucket")
+    parser.add_argument("--dp-size", type=int, default=4)
+    parser.add_argument("--hardware", default="h100")
+    parser.add_argument("--objective", choices=("paper", "ring"), default=None,
+                        help="the cost model's objective (default: the CostModel default)")
+    parser.add_argument("--num-batches", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="write every row here")
+    args = parser.parse_args(argv)
+    try:
+        hw = get_hardware(args.hardware)
+        for path in [args.lengths] if args.lengths else []:
+            profile_from_file(path)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    objective = args.objective or _default_objective()
+    rows = []
+    head = (f"{'profile':22} {'model':13} {'CP':>3} {'GBS':>5} {'bucket':>7} {'mbs':>6} "
+            + " ".join(f"{p[:9]:>9}" for p in BASELINES) + f" {'/bound':>7} {'plan ms':>8}")
+    print(f"DP={args.dp_size} {hw.name} objective={objective}: t_policy / t_skrull "
+          "(predicted, mean of batches); /bound = t_skrull / lower bound")
+    print(head)
+    for pname, prof, mname, cp, gbs, factor in settings(args):
+        model = MODEL_PRESETS[mname]
+        bucket = max(2 * cp, int(factor * recommend_bucket(model, hw, args.dp_size, cp)))
+        limit = max_fitting_length(cp, bucket)
+        batches = sample_global_batches(prof, num_batches=args.num_batches,
+                                        global_batch_size=gbs, seed=args.seed,
+                                        max_length=limit, overflow="truncate").batches
+        row = run_setting(batches, model, hw, args.dp_size, cp, bucket, objective)
+        row.update(profile=pname, model=mname, cp=cp, gbs=gbs, bucket=bucket, factor=factor)
+        rows.append(row)
+        print(f"{pname[:22]:22} {mname:13} {cp:>3} {gbs:>5} {bucket:>7} "
+              f"{row['micro_batches']:>6.0f} "
+              + " ".join(f"{row['ratio'][p]:>9.3f}" for p in BASELINES)
+              + f" {row['bound_ratio']:>7.3f} {row['latency_ms']:>8.2f}", flush=True)
+    summarize(rows)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+def _default_objective() -> str:
+    from skrull_ext.costmodel.model import CostModel
+
+    return {f.name: f.default for f in dataclasses.fields(CostModel)}["objective"]
+
+
+def summarize(rows: list[dict]) -> None:
+    big = [r["bound_ratio"] for r in rows if r["gbs"] >= 256]
+    losses = sum(1 for r in rows for p in BASELINES if r["ratio"][p] < 1.0)
+    print(f"settings {len(rows)}; settings x baselines where skrull is slower: {losses}")
+    for p in BASELINES:
+        worst = min(rows, key=lambda r: r["worst_batch_ratio"][p])
+        print(f"  vs {p:11} mean {np.mean([r['ratio'][p] for r in rows]):.3f}x, worst batch "
+              f"{worst['worst_batch_ratio'][p]:.4f}x ({worst['profile']}, {worst['model']}, "
+              f"CP {worst['cp']}, GBS {worst['gbs']}, bucket {worst['bucket']})")
+    print(f"  skrull / bound: mean {np.mean([r['bound_ratio'] for r in rows]):.3f}, "
+          f"GBS >= 256 mean {np.mean(big) if big else float('nan'):.3f}, "
+          f"max {max(r['bound_ratio'] for r in rows):.3f}")
+    worst = min(r["worst_batch_ratio"][p] for r in rows for p in BASELINES)
+    print(f"worst ratio to any baseline: {worst:.4f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+// (ours) The baselines' groupings and Skrull's portfolio over them.
+// Mirrors per_seq_cp_groups / all_cp_groups / sorted_groups / karmarkar_karp / kk_groups /
+// hybrid_cp_size / hybrid_cp_groups of skrull_ext/scheduler/baselines.py and
+// grouping_work / all_distributed / place_group / place_groups / iteration_time /
+// portfolio_schedule of skrull_ext/scheduler/portfolio.py; see scheduler.h.
+#include <algorithm>
+#include <queue>
+#include <utility>
+
+#include "scheduler.h"
+
+namespace skrull {
+namespace {
+
+// reference portfolio.MAX_GROUPING_WORK: kk and hybrid-cp are skipped above it.
+constexpr int64_t kMaxGroupingWork = int64_t{1} << 21;
+
+// Packs `order` into consecutive groups whose shard tokens fit the bucket (_next_fit).
+std::vector<std::vector<Index>> next_fit(const Batch& batch, const std::vector<Index>& order,
+                                         int cp_size, int64_t bucket_size) {
+  std::vector<std::vector<Index>> groups;
+  int64_t used = bucket_size + 1;
+  for (Index i : order) {
+    const int64_t sh = shard_tokens(batch.lengths[i], cp_size);
+    if (used + sh > bucket_size) {
+      groups.emplace_back();
+      used = 0;
+    }
+    groups.back().push_back(i);
+    used += sh;
+  }
+  return groups;
+}
+
+// One part of a Karmarkar-Karp state: its weight and samples (order irrelevant: sorted
+// at the end).
+struct KkPart {
+  double sum;
+  std::vector<Index> items;
+};
+
+// numpy.array_split(arange(size), parts): the first size % parts slices get one more.
+std::vector<std::vector<Index>> array_split(int64_t size, int parts) {
+  std::vector<std::vector<Index>> out(static_cast<size_t>(parts));
+  const int64_t base = size / parts, extra = size % parts;
+  Index next = 0;
+  for (int d = 0; d < parts; ++d) {
+    const int64_t count = base + (d < extra ? 1 : 0);
+    for (int64_t p = 0; p < count; ++p) out[d].push_back(next++);
+  }
+  return out;
+}
+
+// Puts sample i on the least-loaded aligned block of n ranks with room (_hybrid_place).
+struct HybridMicroBatch {
+  std::vector<int64_t> rem;
+  std::vector<double> load;
+  std::vector<Index> items;
+};
+
+bool hybrid_place(HybridMicroBatch& mb, const Batch& batch, Index i, int n, int cp_size) {
+  const int64_t sh = shard_tokens(batch.lengths[i], n);
+  int best_first = -1;
+  double best_load = 0.0;
+  for (int first = 0; first + n <= cp_size; first += n) {
+    bool room = true;
+    double load = mb.load[first];
+    for (int r = first; r < first + n; ++r) {
+      room = room && mb.rem[r] >= sh;
+      load = std::max(load, mb.load[r]);
+    }
+    if (room && (best_first < 0 || load < best_load)) {
+      best_first = first;
+      best_load = load;
+    }
+  }
+  if (best_first < 0) return false;
+  for (int r = best_first; r < best_first + n; ++r) {
+    mb.rem[r] -= sh;
+    mb.load[r] += batch.costs[i] / n;
+  }
+  mb.items.push_back(i);
+  return true;
+}
+
+int64_t grouping_work(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
+  int64_t total = 0;
+  for (int64_t i = 0; i < batch.size; ++i) total += batch.lengths[i];
+  const int64_t per = bucket_size * cp_size * dp_size;
+  return batch.size * std::max<int64_t>(1, (total + per - 1) / per);
+}
+
+std::optional<Placement> all_distributed(const GdsContext& ctx, const std::vector<Index>& group) {
+  int64_t tokens = 0;
+  for (Index i : group) tokens += shard_tokens(ctx.batch.lengths[i], ctx.cp_size);
+  if (tokens > ctx.bucket_size) return std::nullopt;
+  Placement out;
+  out.distributed = group;
+  out.local.resize(static_cast<size_t>(ctx.cp_size));
+  return out;
+}
+
+std::optional<Placement> place_group(const GdsContext& ctx, const std::vector<Index>& group) {
+  auto placed = ctx.place(group);
+  auto alt = all_distributed(ctx, group);
+  if (!alt) return placed;
+  if (!placed || micro_batch_time(*alt, ctx.batch, ctx.latency, ctx.cp_size) <
+                     micro_batch_time(*placed, ctx.batch, ctx.latency, ctx.cp_size)) {
+    return alt;
+  }
+  return placed;
+}
+
+std::optional<std::vector<RankSplit>> place_groups(const GdsContext& ctx, const Groups& groups) {
+  std::vector<RankSplit> out;
+  out.reserve(groups.size());
+  for (const auto& rank : groups) {
+    RankSplit placed;
+    placed.reserve(rank.size());
+    for (const auto& group : rank) {
+      auto p = place_group(ctx, group);
+      if (!p) return std::nullopt;
+      placed.push_back(std::move(*p));
+    }
+    out.push_back(std::move(placed));
+  }
+  return out;
+}
+
+double iteration_time(const GdsContext& ctx, const std::vector<RankSplit>& splits,
+                      double overhead) {
+  double worst = 0.0;
+  for (const auto& split : splits) worst = std::max(worst, ctx.split_time(split, overhead));
+  return worst;
+}
+
+}  // namespace
+
+Groups per_seq_cp_groups(const Batch& batch, int dp_size, int, int64_t) {
+  Groups out(static_cast<size_t>(dp_size));
+  for (int d = 0; d < dp_size; ++d) {
+    for (Index i = d; i < batch.size; i += dp_size) out[d].push_back({i});
+  }
+  return out;
+}
+
+Groups all_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
+  Groups out;
+  for (const auto& slice : array_split(batch.size, dp_size)) {
+    out.push_back(next_fit(batch, slice, cp_size, bucket_size));
+  }
+  return out;
+}
+
+Groups sorted_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
+  std::vector<Index> order(static_cast<size_t>(batch.size));
+  for (Index i = 0; i < batch.size; ++i) order[i] = i;
+  const int64_t* len = batch.lengths;
+  std::stable_sort(order.begin(), order.end(), [len](Index a, Index b) { return len[a] < len[b]; });
+  Groups out;
+  for (int d = 0; d < dp_size; ++d) {
+    std::vector<Index> mine;
+    for (size_t p = static_cast<size_t>(d); p < order.size(); p += dp_size) mine.push_back(order[p]);
+    out.push_back(next_fit(batch, mine, cp_size, bucket_size));
+  }
+  return out;
+}
+
+std::vector<std::vector<Index>> karmarkar_karp(const double* weights,
+                                               const std::vector<Index>& idx, int parts) {
+  std::vector<Index> order(idx);
+  std::sort(order.begin(), order.end(), [weights](Index a, Index b) {
+    return weights[a] > weights[b] || (weights[a] == weights[b] && a < b);
+  });
+  std::vector<std::vector<KkPart>> states;
+  states.reserve(order.size() * 2);
+  // Min-heap on (-difference, counter), as the reference's heapq of tuples.
+  using Entry = std::pair<double, int64_t>;  // (key, counter == index into states)
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  for (Index i : order) {
+    std::vector<KkPart> state(static_cast<size_t>(parts), KkPart{0.0, {}});
+    state[0] = KkPart{weights[i], {i}};
+    heap.emplace(-weights[i], static_cast<int64_t>(states.size()));
+    states.push_back(std::move(state));
+  }
+  while (heap.size() > 1) {
+    auto a = std::move(states[heap.top().second]);
+    heap.pop();
+    auto b = std::move(states[heap.top().second]);
+    heap.pop();
+    std::stable_sort(b.begin(), b.end(),
+                     [](const KkPart& x, const KkPart& y) { return x.sum < y.sum; });
+    for (size_t j = 0; j < a.size(); ++j) {  // smallest of b pairs with largest of a
+      a[j].sum = a[j].sum + b[j].sum;
+      a[j].items.insert(a[j].items.end(), b[j].items.begin(), b[j].items.end());
+    }
+    std::stable_sort(a.begin(), a.end(),
+                     [](const KkPart& x, const KkPart& y) { return x.sum > y.sum; });
+    heap.emplace(-(a.front().sum - a.back().sum), static_cast<int64_t>(states.size()));
+    states.push_back(std::move(a));
+  }
+  std::vector<std::vector<Index>> out(static_cast<size_t>(parts));
+  if (heap.empty()) return out;
+  auto& last = states[heap.top().second];
+  for (int j = 0; j < parts; ++j) {
+    out[j] = std::move(last[j].items);
+    std::sort(out[j].begin(), out[j].end());
+  }
+  return out;
+}
+
+Groups kk_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
+  std::vector<Index> all(static_cast<size_t>(batch.size));
+  for (Index i = 0; i < batch.size; ++i) all[i] = i;
+  Groups out;
+  for (const auto& seqs : karmarkar_karp(batch.costs, all, dp_size)) {
+    std::vector<std::vector<Index>> parts;
+    if (!seqs.empty()) {
+      int64_t total = 0;
+      for (Index i : seqs) total += shard_tokens(batch.lengths[i], cp_size);
+      for (int64_t m = std::max<int64_t>(1, (total + bucket_size - 1) / bucket_size);; ++m) {
+        parts.clear();
+        bool fits = true;
+        for (auto& p : karmarkar_karp(batch.costs, seqs, static_cast<int>(m))) {
+          if (p.empty()) continue;
+          int64_t tokens = 0;
+          for (Index i : p) tokens += shard_tokens(batch.lengths[i], cp_size);
+          fits = fits && tokens <= bucket_size;
+          parts.push_back(std::move(p));
+        }
+        if (fits) break;
+      }
+    }
+    out.push_back(std::move(parts));
+  }
+  return out;
+}
+
+int64_t hybrid_cp_size(int64_t length, int cp_size, int64_t bucket_size) {
+  int64_t n = 1;
+  while (n < cp_size && shard_tokens(length, n) > bucket_size) n *= 2;
+  return std::min<int64_t>(n, cp_size);
+}
+
+Groups hybrid_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
+  Groups out;
+  const double* costs = batch.costs;
+  for (auto slice : array_split(batch.size, dp_size)) {
+    std::stable_sort(slice.begin(), slice.end(),
+                     [costs](Index a, Index b) { return costs[a] > costs[b]; });
+    std::vector<HybridMicroBatch> mbs;
+    for (Index i : slice) {
+      const int n = static_cast<int>(hybrid_cp_size(batch.lengths[i], cp_size, bucket_size));
+      bool placed = false;
+      for (auto& mb : mbs) {
+        if ((placed = hybrid_place(mb, batch, i, n, cp_size))) break;
+      }
+      if (!placed) {
+        mbs.push_back({std::vector<int64_t>(cp_size, bucket_size),
+                       std::vector<double>(cp_size, 0.0), {}});
+        hybrid_place(mbs.back(), batch, i, n, cp_size);
+      }
+    }
+    std::vector<std::vector<Index>> groups;
+    for (auto& mb : mbs) groups.push_back(std::move(mb.items));
+    out.push_back(std::move(groups));
+  }
+  return out;
+}
+
+std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, int dp_size,
+                                          int cp_size, int64_t bucket_size, Rollback policy,
+                                          double overhead, Variant variant) {
+  const GdsContext ctx{batch, latency, cp_size, bucket_size, policy, variant};
+  auto best = gds_schedule(batch, latency, dp_size, cp_size, bucket_size, policy, overhead,
+                           variant);
+  double best_t = iteration_time(ctx, best, overhead);
+  const bool costly = grouping_work(batch, dp_size, cp_size, bucket_size) > kMaxGroupingWork;
+  using Grouping = Groups (*)(const Batch&, int, int, int64_t);
+  const std::pair<Grouping, bool> candidates[] = {
+      {kk_groups, true}, {sorted_groups, false}, {all_cp_groups, false},
+      {per_seq_cp_groups, false}, {hybrid_cp_groups, true}};
+  for (const auto& [grouping, is_costly] : candidates) {
+    if (costly && is_costly) continue;
+    auto placed = place_groups(ctx, grouping(batch, dp_size, cp_size, bucket_size));
+    if (!placed) continue;
+    const double t = iteration_time(ctx, *placed, overhead);
+    if (t < best_t) {
+      best = std::move(*placed);
+      best_t = t;
+    }
+  }
+  size_t m = 0;
+  for (const auto& split : best) m = std::max(m, split.size());
+  for (auto& split : best) {
+    while (split.size() < m) {
+      Placement empty;
+      empty.local.resize(static_cast<size_t>(cp_size));
+      split.push_back(std::move(empty));
+    }
+  }
+  return best;
+}
+
+}  // namespace skrull

@@ -1,0 +1,1 @@
+"""Hugging Face interop: config.json <-> model flags, safetensors <-> mcore GPTModel weights."""

@@ -1,0 +1,182 @@
+"""Training checkpoint -> Hugging Face model directory (``tools/export_hf.py``).
+
+``--load CKPT [--iteration N] --output DIR`` writes ``config.json``, ``model.safetensors``
+(sharded with an index above 5 GB), ``generation_config.json`` and the tokenizer files (chat
+template included).  ``config.json``, generation config and tokenizer come from the
+``--pretrained-hf`` directory recorded in the checkpoint when it is still there, else from the
+model flags and ``--tokenizer-model``.  Weights are written in the source model's dtype, so an
+import followed by an export without training gives the source tensors bit for bit.
+
+The checkpoint is read by :func:`read_checkpoint` alone (the one place that knows the layout),
+which returns full (TP = 1) tensors whatever TP/CP/DP layout wrote it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any, Optional
+
+import torch
+
+from megatron.skrull.hf.config import hf_config_from_model, read_hf_config
+from megatron.skrull.hf.io import MAX_SHARD_BYTES, SIDE_FILES, save_safetensors
+from megatron.skrull.hf.weights import AttentionShape, merge_tp_shards, mcore_to_hf, rule_for
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def read_checkpoint(root: str, iteration: Optional[int] = None
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any], int]:
+    """Full (TP = 1) model tensors and the run description of a checkpoint.
+
+    Args:
+        root: ``--save`` directory of a run.
+        iteration: Which iteration (default: the latest).
+
+    Returns:
+        ``(state, run_config, iteration)``; ``state`` maps mcore names to full tensors.
+
+    Raises:
+        FileNotFoundError: No checkpoint there.
+    """
+    from megatron.skrull import checkpointing as ckpt
+
+    it = ckpt.latest_iteration(root) if iteration is None else iteration
+    it_dir = ckpt.iteration_dir(root, it) if it is not None else None
+    if it_dir is None or not os.path.isdir(it_dir):
+        raise FileNotFoundError(f"--load {root}: no checkpoint"
+                                + (f" of iteration {iteration}" if iteration is not None else "")
+                                + "; pass the --save directory of a training run")
+    tp_dirs = sorted(d for d in os.listdir(it_dir) if d.startswith("mp_rank_"))
+    shards = [torch.load(os.path.join(it_dir, d, "model_optim_rng.pt"), map_location="cpu",
+                         weights_only=False) for d in tp_dirs]
+    state = {}
+    for name, first in shards[0]["model"].items():
+        found = rule_for(name)
+        if found is not None and isinstance(first, torch.Tensor):
+            state[name] = merge_tp_shards(found[0], [s["model"][name] for s in shards])
+    return state, shards[0].get("config", {}), it
+
+
+def _source_dir(run: dict[str, Any]) -> Optional[str]:
+    src = run.get("checkpoint", {}).get("pretrained_hf")
+    return src if src and os.path.isfile(os.path.join(src, "config.json")) else None
+
+
+def _target_dtype(hf_config: dict[str, Any], override: Optional[str],
+                  source: Optional[str]) -> torch.dtype:
+    """--dtype, else the source weights' stored dtype, else config.json's, else float32."""
+    if override is None and source is not None:
+        from megatron.skrull.hf.io import SafetensorsDir
+
+        try:
+            return SafetensorsDir(source).dtype()
+        except FileNotFoundError:
+            pass
+    name = override or hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32"
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {name!r} not supported; use one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def _copy_tokenizer(out: str, source: Optional[str], tokenizer_model: Optional[str]) -> None:
+    """Tokenizer + generation files: from --tokenizer-model, else the pretrained directory."""
+    for src in (source, tokenizer_model):
+        if src and os.path.isdir(src):
+            for name in SIDE_FILES:
+                if os.path.isfile(os.path.join(src, name)):
+                    shutil.copyfile(os.path.join(src, name), os.path.join(out, name))
+        elif src and os.path.isfile(src):
+            shutil.copyfile(src, os.path.join(out, "tokenizer.json"))
+
+
+def export(root: str, output: str, *, iteration: Optional[int] = None,
+           tokenizer_model: Optional[str] = None, dtype: Optional[str] = None,
+           max_shard_bytes: int = MAX_SHARD_BYTES) -> dict[str, Any]:
+    """Writes the Hugging Face directory ``output``; returns its config.
+
+    The directory is built next to ``output`` and renamed at the end: on error nothing is
+    left behind.
+
+    Raises:
+        FileNotFoundError: No checkpoint.
+        ValueError: Not a Llama/Qwen2-shaped model, or ``output`` exists and is not empty.
+    """
+    if os.path.isdir(output) and os.listdir(output):
+        raise ValueError(f"--output {output} exists and is not empty; pick a new directory")
+    state, run, _ = read_checkpoint(root, iteration)
+    model = run.get("model", {})
+    source = _source_dir(run)
+    hf_config = read_hf_config(source) if source else hf_config_from_model(
+        model, vocab_size=state["embedding.word_embeddings.weight"].shape[0])
+    heads = int(model["num_attention_heads"])
+    shape = AttentionShape(heads=heads, groups=int(model.get("num_query_groups") or heads),
+                           head_dim=int(model.get("kv_channels")
+                                        or model["hidden_size"] // heads))
+    tensors = mcore_to_hf(state, shape)
+    vocab = int(hf_config["vocab_size"])
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in tensors:  # padded vocabulary rows never leave the trainer
+            tensors[name] = tensors[name][:vocab]
+    target = _target_dtype(hf_config, dtype, source)
+    tensors = {k: v.to(target).contiguous() for k, v in tensors.items()}
+    parent = os.path.dirname(os.path.abspath(output))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    try:
+        save_safetensors(tensors, tmp, max_shard_bytes)
+        tok = tokenizer_model or run.get("data", {}).get("tokenizer_model")
+        _copy_tokenizer(tmp, source, tok)
+        with open(os.path.join(tmp, "config.json"), "w") as fh:
+            json.dump(hf_config, fh, indent=2, sort_keys=True)
+        if not os.path.isfile(os.path.join(tmp, "generation_config.json")):
+            _write_generation_config(tmp, hf_config)
+        if os.path.isdir(output):
+            os.rmdir(output)
+        os.replace(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return hf_config
+
+
+def _write_generation_config(directory: str, hf_config: dict[str, Any]) -> None:
+    from transformers import GenerationConfig
+
+    GenerationConfig(bos_token_id=hf_config.get("bos_token_id"),
+                     eos_token_id=hf_config.get("eos_token_id"),
+                     pad_token_id=hf_config.get("pad_token_id")).save_pretrained(directory)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="export_hf.py", description="Export a Skrull-Megatron "
+                                "training checkpoint (any TP/CP/DP layout) as a Hugging Face "
+                                "model directory.")
+    p.add_argument("--load", required=True, help="checkpoint directory (--save of the run)")
+    p.add_argument("--iteration", type=int, help="iteration to export (default: latest)")
+    p.add_argument("--output", required=True, help="new Hugging Face model directory")
+    p.add_argument("--tokenizer-model", help="tokenizer directory or tokenizer.json to ship "
+                   "(default: the run's --tokenizer-model / --pretrained-hf files)")
+    p.add_argument("--dtype", choices=tuple(_DTYPES), help="weight dtype (default: the "
+                   "pretrained model's, else float32)")
+    p.add_argument("--max-shard-size-gb", type=float, default=5.0)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """CLI entry point; one ``error:`` line and status 2 on bad input."""
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = export(args.load, args.output, iteration=args.iteration,
+                     tokenizer_model=args.tokenizer_model, dtype=args.dtype,
+                     max_shard_bytes=int(args.max_shard_size_gb * 1024 ** 3))
+    except (ValueError, OSError) as exc:
+        print(f"export_hf.py: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output}: {cfg.get('architectures')} {cfg.get('num_hidden_layers')} "
+          f"layers, vocab {cfg.get('vocab_size')}")
+    return 0

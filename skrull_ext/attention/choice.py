@@ -1,0 +1,112 @@
+"""The attention kernel choice: ``--skrull-attention-kernel``, ``SKRULL_ATTENTION_KERNEL``
+and ``dacp_attention(backend=)`` take the same names (:data:`KERNEL_CHOICES`).
+
+``auto`` never picks a float64 kernel on CUDA: it takes Transformer Engine, else
+flash-attn, else fails with what to install; the choice is logged once per device type.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+
+import torch
+
+from skrull_ext.attention.flash import FlashAttnKernel
+from skrull_ext.attention.kernels import CpuFlashKernel, ReferenceKernel
+from skrull_ext.attention.te import TEBackend
+
+log = logging.getLogger("skrull_ext.attention")
+
+#: Values of ``--skrull-attention-kernel`` and ``SKRULL_ATTENTION_KERNEL``.
+KERNEL_CHOICES = ("auto", "flash", "te", "torch", "reference")
+ENV_VAR = "SKRULL_ATTENTION_KERNEL"
+_ALIASES = {"cpu_flash": "torch", "flash_attn": "flash"}  # earlier names of ``backend=``
+_BUILDERS = {"reference": ReferenceKernel, "torch": CpuFlashKernel, "flash": FlashAttnKernel,
+             "te": TEBackend}
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except Exception:  # ImportError, or a broken CUDA build raising at import
+        return False
+    return True
+
+
+def flash_attn_available() -> bool:
+    """True when the optional ``flash_attn`` package imports."""
+    return _importable("flash_attn")
+
+
+def te_available() -> bool:
+    """True when the optional ``transformer_engine.pytorch`` imports."""
+    return _importable("transformer_engine.pytorch")
+
+
+def kernel_name(name=None) -> str:
+    """Canonical kernel name: ``name``, else ``$SKRULL_ATTENTION_KERNEL``, else ``auto``.
+
+    Raises:
+        ValueError: Unknown name (the message lists the choices).
+    """
+    source = "backend"
+    if name is None:
+        name, source = os.environ.get(ENV_VAR) or "auto", ENV_VAR
+    name = _ALIASES.get(name, name)
+    if name not in KERNEL_CHOICES:
+        raise ValueError(f"unknown attention kernel {name!r} ({source}); use one of "
+                         f"{', '.join(KERNEL_CHOICES)}")
+    return name
+
+
+_LOGGED: set = set()
+
+
+def _auto(device: torch.device) -> str:
+    if device.type == "cpu":
+        return "torch"
+    for name, ok in (("te", te_available), ("flash", flash_attn_available)):
+        if ok():
+            if (device.type, name) not in _LOGGED:
+                _LOGGED.add((device.type, name))
+                log.info("attention kernel auto -> %s on %s", name, device.type)
+            return name
+    raise RuntimeError(
+        f"no attention kernel for {device.type}: install Transformer Engine or flash-attn "
+        "(pip install 'skrull-megatron[gpu]', see the README's version table), or ask for "
+        "the float64 reference kernel explicitly (--skrull-attention-kernel reference; slow)")
+
+
+_CACHE: dict = {}
+
+
+def get_kernel(backend, device: torch.device, dtype: torch.dtype):
+    """Resolves a kernel name (or instance) for tensors on ``device``.
+
+    Args:
+        backend: One of :data:`KERNEL_CHOICES` (or an alias), None for
+            ``$SKRULL_ATTENTION_KERNEL`` / ``auto``, or a kernel instance (returned as is).
+        device: Device of the attention's tensors.
+        dtype: Their dtype (kernels do not check it; the libraries do).
+
+    Returns:
+        An :class:`AttentionKernel`, or a :class:`~skrull_ext.attention.te.TEBackend`.
+
+    Raises:
+        ValueError: Unknown name, or the ``torch`` kernel on a non-CPU device.
+        RuntimeError: The kernel's library is missing (or too old); ``auto`` on CUDA
+            with neither Transformer Engine nor flash-attn installed.
+    """
+    del dtype  # the libraries check it
+    if not isinstance(backend, (str, type(None))):
+        return backend
+    name = kernel_name(backend)
+    if name == "auto":
+        name = _auto(device)
+    if name == "torch" and device.type != "cpu":
+        raise ValueError(f"the torch kernel is ATen's CPU flash attention; on {device.type} "
+                         "use te or flash (or auto)")
+    if name not in _CACHE:
+        _CACHE[name] = _BUILDERS[name]()
+    return _CACHE[name]

@@ -1,0 +1,95 @@
+"""Per-micro-batch attention metadata on the device, built once and shared by all layers.
+
+Every layer's forward and backward of a micro-batch attend the same layout, so the
+segment offsets (``cu_seqlens``), their maxima (``max_seqlen``) and the zigzag index
+tensors are built from the host-side :class:`~skrull_ext.attention.layout.RankLayout` once per
+layout and device (one host-to-device copy each) and cached with the layout.  Nothing in
+the per-layer code builds a tensor from a Python list or reads a value back from the
+device (``tests/test_attention_fakes.py`` counts such calls).
+"""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Optional
+
+import numpy as np
+import torch
+
+from skrull_ext.attention.kernels import Segments, segments
+from skrull_ext.attention.ring import ZigzagBlocks, zigzag_blocks
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class DistributedMeta:
+    """What Transformer Engine's THD context-parallel attention needs (all GLOBAL).
+
+    Attributes:
+        cu_seqlens: ``[n + 1]`` int32 cumsum of the real lengths of the distributed
+            sequences (TE derives each rank's real tokens per chunk from it).
+        cu_seqlens_padded: ``[n + 1]`` int32 cumsum of their padded lengths (multiples
+            of ``2 N``; TE divides by ``N`` for this rank's offsets).
+        max_seqlen: Longest padded length.
+        pad_between_seqs: Whether some sequence is padded (passing it spares TE a
+            device-to-host comparison per call).
+        padding_rows: ``[Td, 1, 1]`` bool, True on this rank's padding tokens (TE makes
+            no promise about their output; they are zeroed so no NaN reaches the loss).
+    """
+
+    cu_seqlens: torch.Tensor
+    cu_seqlens_padded: torch.Tensor
+    max_seqlen: int
+    pad_between_seqs: bool
+    padding_rows: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class LayoutMeta:
+    """Device metadata of one rank's layout.
+
+    Attributes:
+        use_ring: Distributed sequences are sharded over a CP group of >= 2 ranks (so a
+            ring runs); False when ``cp_size == 1`` or nothing is distributed.
+        num_causal: Tokens attended without communication: the local part, or every
+            token when there is no ring (distributed sequences then held whole).
+        causal: Their per-document :class:`Segments`.
+        zigzag: Ring blocks of the distributed part (None without a ring).
+        distributed: Global metadata for Transformer Engine's ring (None without one).
+    """
+
+    use_ring: bool
+    num_causal: int
+    causal: Segments
+    zigzag: Optional[ZigzagBlocks]
+    distributed: Optional[DistributedMeta]
+
+
+_META: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def layout_meta(layout, device) -> LayoutMeta:
+    """:class:`LayoutMeta` of ``layout`` on ``device`` (built on first use, then cached)."""
+    per_device = _META.setdefault(layout, {})
+    key = str(device)
+    if key not in per_device:
+        per_device[key] = _build(layout, device)
+    return per_device[key]
+
+
+def _build(layout, device) -> LayoutMeta:
+    use_ring = layout.cp_size > 1 and layout.num_distributed_tokens > 0
+    cu = tuple(layout.local_cu_seqlens)
+    if not use_ring:  # distributed shards are whole sequences (or there are none)
+        nl = layout.num_local_tokens
+        cu = cu + tuple(nl + x for x in layout.dist_cu_seqlens[1:])
+        return LayoutMeta(use_ring=False, num_causal=cu[-1], causal=segments(cu, device),
+                          zigzag=None, distributed=None)
+    real = np.array([0] + [d.length for d in layout.distributed], dtype=np.int64)
+    padded = np.array([0] + [d.padded_length for d in layout.distributed], dtype=np.int64)
+    dist = DistributedMeta(
+        cu_seqlens=torch.from_numpy(np.cumsum(real).astype(np.int32)).to(device),
+        cu_seqlens_padded=torch.from_numpy(np.cumsum(padded).astype(np.int32)).to(device),
+        max_seqlen=int(padded.max()), pad_between_seqs=bool((real != padded).any()),
+        padding_rows=layout.is_padding[cu[-1]:].to(device)[:, None, None])
+    return LayoutMeta(use_ring=True, num_causal=cu[-1], causal=segments(cu, device),
+                      zigzag=zigzag_blocks(layout, device), distributed=dist)

@@ -1,0 +1,8 @@
+"""Cost model: what a plan costs in time and memory.
+
+- :mod:`skrull_ext.costmodel.model`: model shapes (``ModelSpec``), the time model of compute
+  (``TimeModel``), communication (``CommModel``), their combination the scheduler minimises
+  (``CostModel``) and the memory model that sizes the bucket (``MemoryModel``).
+- :mod:`skrull_ext.costmodel.hardware`: hardware presets (``h100``, a fitted ``cpu``) that bind
+  a cost model to a machine for the simulator and the planner.
+"""

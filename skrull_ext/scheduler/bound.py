@@ -1,0 +1,100 @@
+"""A valid lower bound on any plan's predicted iteration time under a :class:`CostModel`.
+
+Every policy's prediction (:func:`skrull_ext.scheduler.predict`) is composed per CP rank
+as ``rank_time(x, t_comm, t_dist)``, which under both objectives is at least
+``x + t_dist`` (local work plus the rank's share of distributed work) and is monotone in
+every argument.  So for any plan:
+
+* **work**: a DP rank's time is at least the mean over its CP ranks of their work, and a
+  sample's cheapest total work over its CP group is ``w_i = min_g g share_g(S_i)`` over the
+  group sizes ``g`` it fits (``g = 1``: whole on one rank, ``g = N``: distributed, and the
+  power-of-two sub-groups the hybrid-CP baseline uses);
+* **micro-batches**: a micro-batch holds at most ``C N`` tokens (a sample costs at least
+  its length in tokens, padding only adds), so the batch needs at least
+  ``ceil(sum S / (C N))`` micro-batches, each paying the fixed overhead;
+* **one sample**: the DP rank holding sample ``i`` takes at least its cheapest placement
+  alone, ``min(cost_i, rank_time(0, comm_i + latency, share_i))``, plus one overhead;
+* **indivisible samples over DP ranks**: of the ``j D + 1`` samples with the most work,
+  one DP rank holds ``j + 1``, so it works at least the ``j + 1`` smallest of them.
+
+The bound is the largest of these plus the iteration overhead (less a 1e-12 relative
+slack for float rounding); makespan / bound then measures the scheduler, not the bound.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from skrull_ext.sharding import shard_tokens_array
+
+
+def _group_sizes(cp_size: int) -> list[int]:
+    sizes, g = [], 1
+    while g < cp_size:
+        sizes.append(g)
+        g *= 2
+    return sizes + [cp_size]
+
+
+def _rank_time(x, t_comm, t_dist, n: int, objective: str):
+    """:func:`skrull_ext.scheduler.reference.rank_time` elementwise (numpy)."""
+    if objective == "paper" or n < 2:
+        return np.maximum(t_comm, x) + t_dist
+    b, c = t_dist / n, t_comm / (n - 1)
+    return np.maximum(x + b, c) + b + (n - 2) * np.maximum(b, c)
+
+
+def sample_bounds(lengths, cost_model, cp_size: int, bucket_size: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample ``(work, alone)``, both ``[K]`` float64 seconds.
+
+    ``work[i]``: the least total CP-rank seconds sample ``i`` can cost (any group size it
+    fits); ``alone[i]``: the least time of a micro-batch holding only sample ``i``
+    (overhead excluded).
+    """
+    s = np.asarray(lengths, dtype=np.int64)
+    n = cp_size
+    work = np.full(s.shape, np.inf)
+    alone = np.full(s.shape, np.inf)
+    for g in _group_sizes(n):
+        fits = shard_tokens_array(s, g) <= bucket_size
+        if g == 1:
+            cost = cost_model.compute_seconds(s)
+            work = np.where(fits, np.minimum(work, cost), work)
+            alone = np.where(fits, np.minimum(alone, cost), alone)
+            continue
+        share = cost_model.share_seconds(s, g)
+        comm = cost_model.comm_seconds(s, g) + cost_model.comm_latency(g)
+        work = np.where(fits, np.minimum(work, g * share), work)
+        t = _rank_time(0.0, comm, share, n, cost_model.objective)
+        alone = np.where(fits, np.minimum(alone, t), alone)
+    return work, alone
+
+
+def lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_size: int) -> float:
+    """Seconds no plan of this batch can beat under ``cost_model`` (see module doc).
+
+    Args:
+        lengths: ``[K]`` sample lengths (each must fit the bucket distributed).
+        cost_model: The scheduler's :class:`~skrull_ext.costmodel.model.CostModel`.
+        dp_size, cp_size, bucket_size: ``D``, ``N``, ``C``.
+    """
+    s = np.asarray(lengths, dtype=np.int64)
+    d, n = dp_size, cp_size
+    ovh = cost_model.micro_batch_overhead
+    fixed = cost_model.time.iteration_overhead
+    if s.size == 0:
+        return fixed
+    work, alone = sample_bounds(s, cost_model, n, bucket_size)
+    min_mbs = max(-(-int(s.sum()) // (bucket_size * n)), min(s.size, d))
+    average = float(work.sum()) / (d * n) + ovh * min_mbs / d
+    single = float(alone.max()) + ovh
+    ranked = np.sort(work)[::-1] / n
+    prefix = np.concatenate([[0.0], np.cumsum(ranked)])
+    j = np.arange(1, (s.size - 1) // d + 1)
+    top = j * d + 1  # some DP rank holds j + 1 of the top j*D + 1 samples
+    best_group = float((prefix[top] - prefix[top - j - 1]).max()) if j.size else 0.0
+    # Less a relative 1e-12: the plans' predictions add the same terms in other orders.
+    return (max(average, single, best_group + ovh) + fixed) * (1.0 - 1e-12)
+
+
+__all__ = ["lower_bound", "sample_bounds"]

@@ -1,0 +1,117 @@
+"""(ours) Skrull's portfolio: the fastest of GDS and the baselines' groupings under DACP.
+
+The paper's GDS (LPT over DP ranks, interleaved micro-batches) is one way to group a
+global batch; the baselines group it other ways (Karmarkar-Karp over DP ranks and
+micro-batches, sorted packs, dataset-order packs, one sample per micro-batch, hybrid CP's
+greedy blocks).  The portfolio places every baseline's micro-batches with DACP (or keeps
+them all-distributed when that is faster) and keeps the candidate whose predicted
+iteration time (the slowest DP rank) is the lowest; GDS wins ties.  Because a baseline's
+own all-CP placement of each micro-batch is a candidate, and the prediction sums the
+same micro-batch times in the same order, Skrull's predicted time is never above that of
+``kk``, ``sorted``, ``all-cp`` or ``per-seq-cp`` on the same cost model.
+
+This module is the specification; ``csrc/portfolio.cpp`` mirrors it function for
+function (``tests/test_parity.py``).  Candidates whose grouping would be expensive on
+huge batches (Karmarkar-Karp states of ``items x parts``, hybrid CP's first-fit over
+micro-batches) are skipped when ``K x`` the estimated micro-batches per DP rank exceeds
+:data:`MAX_GROUPING_WORK` (a size rule, so the plan is the same on every run).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from skrull_ext.sharding import shard_tokens
+from skrull_ext.scheduler.baselines import GROUPINGS
+from skrull_ext.scheduler.reference import GdsContext, Placement, gds_schedule, micro_batch_time
+
+# Baseline groupings tried after GDS, in order (ties keep the earlier candidate).
+PORTFOLIO = ("kk", "sorted", "all-cp", "per-seq-cp", "hybrid-cp")
+# Groupings whose cost grows with K x micro-batches per DP rank.
+COSTLY_GROUPINGS = ("kk", "hybrid-cp")
+MAX_GROUPING_WORK = 1 << 21
+
+
+def grouping_work(lengths, dp_size: int, cp_size: int, bucket_size: int) -> int:
+    """``K x ceil(sum S / (C N D))``: the size rule for :data:`COSTLY_GROUPINGS`."""
+    total = sum(int(s) for s in lengths)
+    return len(lengths) * max(1, -(-total // (bucket_size * cp_size * dp_size)))
+
+
+def all_distributed(ctx: GdsContext, group: Sequence[int]) -> Optional[Placement]:
+    """Every sample of ``group`` distributed, in the given order; ``None`` if it overflows."""
+    if sum(shard_tokens(int(ctx.lengths[i]), ctx.cp_size) for i in group) > ctx.bucket_size:
+        return None
+    return list(group), [[] for _ in range(ctx.cp_size)]
+
+
+def place_group(ctx: GdsContext, group: Sequence[int]) -> Optional[Placement]:
+    """DACP of one micro-batch, or all-distributed in ``group`` order when strictly faster."""
+    placed = ctx.place(group)
+    alt = all_distributed(ctx, group)
+    if alt is None:
+        return placed
+    if placed is None or (_time(ctx, alt) < _time(ctx, placed)):
+        return alt
+    return placed
+
+
+def _time(ctx: GdsContext, placement: Placement) -> float:
+    return micro_batch_time(placement, ctx.costs, ctx.comm, ctx.latency, ctx.cp_size,
+                            ctx.shares, ctx.objective)
+
+
+def place_groups(ctx: GdsContext, groups: Sequence[Sequence[Sequence[int]]]
+                 ) -> Optional[list[list[Placement]]]:
+    """:func:`place_group` of every DP rank's micro-batches; ``None`` if one cannot be placed."""
+    out = []
+    for rank in groups:
+        placed = []
+        for group in rank:
+            p = place_group(ctx, group)
+            if p is None:
+                return None
+            placed.append(p)
+        out.append(placed)
+    return out
+
+
+def iteration_time(ctx: GdsContext, splits, overhead: float) -> float:
+    """The slowest DP rank's :meth:`GdsContext.split_time`."""
+    worst = 0.0
+    for split in splits:
+        worst = max(worst, ctx.split_time(split, overhead))
+    return worst
+
+
+def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: int,
+                       bucket_size: int, rollback: str = "auto", overhead: float = 0.0,
+                       variant: str = "auto", shares=None, objective: str = "paper",
+                       candidates: Sequence[str] = PORTFOLIO) -> list[list[Placement]]:
+    """GDS, then each baseline grouping of ``candidates`` placed by :func:`place_groups`;
+    the lowest :func:`iteration_time` wins (ties: the earlier).  Same return value as
+    :func:`~skrull_ext.scheduler.reference.gds_schedule` (equal micro-batch counts)."""
+    ctx = GdsContext(lengths, costs, comm, latency, cp_size, bucket_size, rollback, variant,
+                     shares, objective)
+    best = gds_schedule(lengths, costs, comm, latency, dp_size, cp_size, bucket_size, rollback,
+                        overhead, variant, shares, objective)
+    best_t = iteration_time(ctx, best, overhead)
+    costly = grouping_work(lengths, dp_size, cp_size, bucket_size) > MAX_GROUPING_WORK
+    for name in candidates:
+        if costly and name in COSTLY_GROUPINGS:
+            continue
+        placed = place_groups(ctx, GROUPINGS[name](lengths, costs, dp_size, cp_size,
+                                                   bucket_size))
+        if placed is None:
+            continue
+        t = iteration_time(ctx, placed, overhead)
+        if t < best_t:
+            best, best_t = placed, t
+    m = max(len(s) for s in best)
+    for split in best:
+        split.extend(([], [[] for _ in range(cp_size)]) for _ in range(m - len(split)))
+    return best
+
+
+__all__ = ["COSTLY_GROUPINGS", "MAX_GROUPING_WORK", "PORTFOLIO", "all_distributed",
+           "grouping_work", "iteration_time", "place_group", "place_groups",
+           "portfolio_schedule"]

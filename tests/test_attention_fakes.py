@@ -1,0 +1,158 @@
+"""The GPU adapters (flash-attn 2.6-2.8, Transformer Engine) driven through fakes of the
+libraries (tests/fakes), single process; the world-2/4 parity, stream-order and host-sync
+checks through the same fakes run in tests/test_attention_dist.py."""
+import inspect
+import logging
+import math
+
+import pytest
+import torch
+
+import fakes
+from fakes import flash_attn as fake_flash
+from skrull_ext.attention import ReferenceKernel, dacp_attention, get_kernel
+from skrull_ext.attention.layout import build_rank_layout
+
+from _attn_worker import reference_attention
+
+CPU = torch.device("cpu")
+CUDA = torch.device("cuda")
+
+
+def rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("version", fakes.FLASH_VERSIONS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_adapter_matches_reference_for_every_api_shape(monkeypatch, version, causal):
+    fakes.install(monkeypatch, "flash", version)
+    kernel = get_kernel("flash", CPU, torch.float64)
+    assert kernel.name == "flash" and kernel.version == version
+    cu_q = (0, 5, 6, 13)
+    cu_k = cu_q if causal else (0, 3, 9, 11)
+    q, k, v = rand(13, 4, 8, seed=1), rand(cu_k[-1], 2, 8, seed=2), rand(cu_k[-1], 2, 8, seed=3)
+    dout = rand(13, 4, 8, seed=4)
+    ref = ReferenceKernel()
+    out, lse = kernel.forward(q, k, v, cu_q, cu_k, causal=causal, scale=0.4)
+    want_out, want_lse = ref.forward(q, k, v, cu_q, cu_k, causal=causal, scale=0.4)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(lse, want_lse)
+    got = kernel.backward(dout, q, k, v, out, lse, cu_q, cu_k, causal=causal, scale=0.4)
+    want = ref.backward(dout, q, k, v, want_out, want_lse, cu_q, cu_k, causal=causal, scale=0.4)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_flash_adapter_reads_custom_op_parameters(monkeypatch):
+    mods = fakes.install(monkeypatch, "flash", "2.8.3")
+    fwd = mods["flash_attn.flash_attn_interface"]._flash_attn_varlen_forward
+    assert not hasattr(fwd, "__wrapped__")  # what inspect sees is (*args, **kwargs):
+    assert list(inspect.signature(fwd).parameters) == ["args", "kwargs"]
+    kernel = get_kernel("flash", CPU, torch.float64)
+    assert {"window_size_left", "window_size_right", "zero_tensors"} <= kernel._fwd_params
+    assert "window_size" not in kernel._fwd_params and "window_size" not in kernel._bwd_params
+    fakes.install(monkeypatch, "flash", "2.6.3")
+    kernel = get_kernel("flash", CPU, torch.float64)
+    assert "window_size" in kernel._bwd_params and "zero_tensors" not in kernel._bwd_params
+
+
+def test_flash_before_2_6_is_rejected_and_padded_lse_caught(monkeypatch):
+    fakes.install(monkeypatch, "flash", "2.5.9")
+    with pytest.raises(RuntimeError, match="2.5.9 pads the varlen softmax LSE.*flash-attn>=2.6"):
+        get_kernel("flash", CPU, torch.float64)
+    mods = fakes.install(monkeypatch, "flash", "2.6.3")  # a build whose forward pads anyway
+    monkeypatch.setattr(mods["flash_attn.flash_attn_interface"], "_flash_attn_varlen_forward",
+                        fake_flash._fwd_25)
+    kernel = get_kernel("flash", CPU, torch.float64)
+    q = rand(4, 2, 8)
+    with pytest.raises(RuntimeError, match=r"padded varlen LSE \(1, 2, 4\)"):
+        kernel.forward(q, q, q, (0, 4), (0, 4), causal=False, scale=1.0)
+
+
+def test_flash_unknown_required_parameter_is_a_clear_error(monkeypatch):
+    mods = fakes.install(monkeypatch, "flash", "2.8.3")
+
+    def future(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+               softmax_scale, causal, new_required_thing):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(mods["flash_attn.flash_attn_interface"], "_flash_attn_varlen_forward",
+                        fake_flash.CustomOp("x", future))
+    with pytest.raises(RuntimeError, match="requires \\['new_required_thing'\\]"):
+        get_kernel("flash", CPU, torch.float64)
+
+
+def test_auto_on_cuda_prefers_te_then_flash_and_logs_once(monkeypatch, caplog):
+    fakes.install(monkeypatch, "flash", "2.8.3")
+    caplog.set_level(logging.INFO, logger="skrull_ext.attention")
+    assert get_kernel("auto", CUDA, torch.bfloat16).name == "flash"
+    assert get_kernel("auto", CUDA, torch.bfloat16).name == "flash"
+    assert [r.getMessage() for r in caplog.records] == ["attention kernel auto -> flash on cuda"]
+    fakes.install(monkeypatch, "te", "2.9")
+    assert get_kernel("auto", CUDA, torch.bfloat16).name == "te"
+    assert get_kernel("auto", CPU, torch.float32).name == "torch"
+
+
+def _single_rank(backend, monkeypatch, kind, version, log=None):
+    fakes.install(monkeypatch, kind, version, log)
+    lengths = [7, 1, 12, 4]
+    lay = build_rank_layout(lengths, [2, 0], [[3, 1]], 0, 1)
+    qs = [rand(n, 4, 8, seed=20 + i).requires_grad_() for i, n in enumerate(lengths)]
+    ks = [rand(n, 2, 8, seed=30 + i).requires_grad_() for i, n in enumerate(lengths)]
+    vs = [rand(n, 2, 8, seed=40 + i).requires_grad_() for i, n in enumerate(lengths)]
+    out = dacp_attention(*(lay.pack(t) for t in (qs, ks, vs)), lay, None, backend=backend)
+    ref = lay.pack([reference_attention(q, k, v, 1 / math.sqrt(8)) for q, k, v in zip(qs, ks, vs)])
+    w = rand(*out.shape, seed=9)
+    got = torch.autograd.grad((out * w).sum(), qs + ks + vs)
+    want = torch.autograd.grad((ref * w).sum(), qs + ks + vs)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("version", fakes.FLASH_VERSIONS)
+def test_dacp_attention_without_group_through_fake_flash(monkeypatch, version):
+    _single_rank("flash", monkeypatch, "flash", version)
+
+
+@pytest.mark.parametrize("version", ["1.13", "2.9"])
+def test_dacp_attention_without_group_through_fake_te(monkeypatch, version):
+    log = []
+    _single_rank("te", monkeypatch, "te", version, log)
+    assert [e for e in log if e[0] == "te_forward"] == [("te_forward", "local", "none")]
+    assert not any(e[0] == "te_set_cp_group" for e in log)  # no CP group: no ring
+
+
+def test_te_kernel_refuses_a_custom_comm(monkeypatch):
+    fakes.install(monkeypatch, "te", "2.9")
+    lay = build_rank_layout([3], [], [[0]], 0, 1)
+    q = rand(3, 2, 4)
+    with pytest.raises(ValueError, match="drop comm="):
+        dacp_attention(q, q, q, lay, None, backend="te", comm=object())
+
+
+def test_fakes_do_not_leak():
+    import sys
+
+    for name in ("flash_attn", "transformer_engine"):  # fakes have an empty __path__
+        assert getattr(sys.modules.get(name), "__path__", None) != [], name
+    from skrull_ext.attention import choice
+    assert all(k.name in ("torch", "reference") for k in choice._CACHE.values())
+
+
+def test_launcher_flag_env_and_errors(monkeypatch):
+    from megatron.skrull.arguments import ConfigError, parse_args
+
+    argv = ["--num-layers", "1", "--hidden-size", "8", "--num-attention-heads", "2",
+            "--seq-length", "16", "--global-batch-size", "2", "--lr", "1e-3", "--train-iters",
+            "1", "--skrull-bucket-size", "16"]
+    monkeypatch.delenv("SKRULL_ATTENTION_KERNEL", raising=False)
+    assert parse_args(argv).skrull.attention_kernel == "auto"
+    assert parse_args(argv + ["--skrull-attention-kernel", "te"]).skrull.attention_kernel == "te"
+    monkeypatch.setenv("SKRULL_ATTENTION_KERNEL", "reference")
+    assert parse_args(argv).skrull.attention_kernel == "reference"
+    assert parse_args(argv + ["--skrull-attention-kernel", "flash"]).skrull.attention_kernel == "flash"
+    monkeypatch.setenv("SKRULL_ATTENTION_KERNEL", "fastest")
+    with pytest.raises(ConfigError, match="'fastest'.*SKRULL_ATTENTION_KERNEL.*auto, flash, te"):
+        parse_args(argv)
