@@ -200,26 +200,40 @@ class DataArgs:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CheckpointArgs:
-    """``--save``/``--load`` and fine-tuning from ``--pretrained-hf`` (Megatron semantics).
+    """``--save``/``--load`` (``torch_dist`` checkpoints) and fine-tuning (Megatron semantics).
 
     ``--pretrained-hf DIR`` initialises the model from a Hugging Face checkpoint (iteration 0,
     fresh optimizer); a checkpoint found in ``--load`` wins over it (a resumed fine-tune).
     ``--finetune`` loads only the model weights of ``--load`` and restarts at iteration 0;
-    ``--no-load-optim`` / ``--no-load-rng`` skip the optimizer / RNG state.
+    ``--no-load-optim`` / ``--no-load-rng`` skip the optimizer (and LR scheduler) / RNG state.
+    A missing ``--load`` directory is an error unless it is also ``--save`` (restart loops)
+    or ``--pretrained-hf`` gives the start.
     """
 
     save: Optional[str] = None
     load: Optional[str] = None
     save_interval: Optional[int] = None
     pretrained_hf: Optional[str] = None
+    ckpt_format: str = "torch_dist"
     finetune: bool = False
     no_load_optim: bool = False
     no_load_rng: bool = False
+    exit_signal_handler: bool = False
 
     def __post_init__(self) -> None:
         p = []
+        if self.ckpt_format != "torch_dist":
+            p.append(f"--ckpt-format {self.ckpt_format!r} is not supported; use torch_dist "
+                     "(megatron.core.dist_checkpointing, loads at any TP/CP/DP layout)")
         if self.save_interval is not None and self.save_interval < 1:
             p.append(f"--save-interval must be >= 1, got {self.save_interval}")
+        if (self.load is not None and not os.path.isdir(self.load) and self.load != self.save
+                and not self.pretrained_hf):
+            # A typo must not silently start a fresh run (Megatron's behaviour).
+            p.append(f"--load {self.load}: no such directory; fix the path (or drop --load "
+                     "to start from scratch)")
+        if self.exit_signal_handler and not self.save:
+            p.append("--exit-signal-handler saves a checkpoint on SIGTERM: give --save DIR")
         if self.save_interval is not None and not self.save:
             p.append("--save-interval needs --save DIR to write checkpoints to")
         _raise_if(p)
@@ -394,10 +408,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save-interval", type=int)
     g.add_argument("--pretrained-hf", metavar="DIR", help="initialise from a Hugging Face model "
                    "directory (config.json + safetensors); model flags come from its config")
-    g.add_argument("--finetune", action="store_true", help="load only model weights from "
-                   "--load and start at iteration 0")
-    g.add_argument("--no-load-optim", action="store_true")
-    g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--ckpt-format", default="torch_dist",
+                   help="checkpoint format (torch_dist only: Megatron's distributed format)")
+    g.add_argument("--finetune", action="store_true",
+                   help="--load only the model weights; start at iteration 0 with fresh "
+                        "optimizer, LR schedule, data position and RNG")
+    g.add_argument("--no-load-optim", action="store_true",
+                   help="do not load the optimizer and LR scheduler state")
+    g.add_argument("--no-load-rng", action="store_true", help="do not load the RNG state")
+    g.add_argument("--exit-signal-handler", action="store_true",
+                   help="on SIGTERM, save a checkpoint at the next iteration boundary and "
+                        "exit 0")
     g.add_argument("--log-interval", type=int, default=100)
     g.add_argument("--tensorboard-dir")
     g = ap.add_argument_group("skrull")
@@ -465,8 +486,9 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                     cost_model_config=ns.skrull_cost_model_config)
     ckpt = _group(CheckpointArgs, p, save=ns.save, load=ns.load,
                   save_interval=ns.save_interval, pretrained_hf=ns.pretrained_hf,
-                  finetune=ns.finetune, no_load_optim=ns.no_load_optim,
-                  no_load_rng=ns.no_load_rng)
+                  ckpt_format=ns.ckpt_format, finetune=ns.finetune,
+                  no_load_optim=ns.no_load_optim, no_load_rng=ns.no_load_rng,
+                  exit_signal_handler=ns.exit_signal_handler)
     log = _group(LoggingArgs, p, log_interval=ns.log_interval,
                  tensorboard_dir=ns.tensorboard_dir)
     _raise_if(p)

@@ -39,14 +39,15 @@ calls ``RotaryEmbedding.forward``.
 from __future__ import annotations
 
 import contextlib
+import queue
 import functools
 from typing import Any, Callable, Optional, Union
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["apply_cpu_compat", "cpu_compat_applied", "cuda_to_cpu", "resolve_device", "original",
-           "ORIGINALS"]
+__all__ = ["apply_cpu_compat", "cpu_checkpoint_io", "cpu_compat_applied", "cuda_to_cpu",
+           "resolve_device", "original", "ORIGINALS"]
 
 # name -> object that was replaced (kept so tests can check the upstream behaviour).
 ORIGINALS: dict[str, Any] = {}
@@ -221,3 +222,70 @@ def cuda_to_cpu(device: Union[str, torch.device, None] = "cpu"):
         return
     with _CudaToCpuMode():
         yield
+
+
+# --- dist_checkpointing on CPU (scoped: only while a checkpoint is saved or loaded) ----------
+#
+# mcore's torch_dist writer (``strategies.filesystem_async``) assumes a GPU job:
+# * ``FileSystemWriterAsync.preload_tensors`` calls ``torch.cuda.synchronize()`` after its
+#   (non-blocking) device-to-host copies; a CPU-only torch can only raise there.  On CPU the
+#   tensors already are host memory, so there is nothing to wait for.
+# * ``write_preloaded_data_multiproc`` forks one writer process per bucket and the results
+#   travel through a spawned ``multiprocessing.Manager`` queue.  Forking a trainer that holds
+#   gloo and OpenMP threads deadlocks here (measured: the forked writer never finishes), and
+#   the Manager re-imports ``__main__``.  On CPU we run the same per-bucket writer
+#   (``write_preloaded_data``, upstream's own function) in-process with thread queues.
+# Upstream's files, metadata and load path are untouched; tests/test_cpu_compat.py checks
+# that upstream still has the code these patches stand in for.
+
+class _DoneQueue(queue.Queue):
+    """``JoinableQueue`` stand-in for the in-process writer (``get`` + ``task_done``)."""
+
+
+def _inprocess_write_multiproc(transform_list, use_msc, rank, write_buckets,
+                               global_results_queue) -> None:
+    """In-process twin of ``FileSystemWriterAsync.write_preloaded_data_multiproc``."""
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import (
+        FileSystemWriterAsync)
+
+    results: queue.Queue = queue.Queue()
+    out: Any = {}
+    for idx, bucket in enumerate(write_buckets):
+        done = _DoneQueue()
+        done.put(idx)
+        FileSystemWriterAsync.write_preloaded_data(transform_list, idx, bucket, results, done,
+                                                   True, use_msc=use_msc)
+        proc_idx, res = results.get_nowait()
+        if isinstance(res, Exception):
+            out = res
+            break
+        out[proc_idx] = res
+    global_results_queue.put(out)
+
+
+@contextlib.contextmanager
+def cpu_checkpoint_io(device: Union[str, torch.device, None] = None):
+    """Lets ``megatron.core.dist_checkpointing.save/load`` run on CPU inside the block.
+
+    No-op on CUDA.  Patches ``torch.cuda.synchronize`` (no-op), the writer's results queue
+    (a thread queue) and its forked multi-process writer (in-process), and restores all
+    three on exit, so the rest of the run sees upstream's objects.
+    """
+    if resolve_device(device).type == "cuda":
+        yield
+        return
+    from megatron.core.dist_checkpointing.strategies import filesystem_async as fsa
+
+    saved = [(torch.cuda, "synchronize", torch.cuda.synchronize),
+             (fsa, "_get_write_results_queue", fsa._get_write_results_queue),
+             (fsa.FileSystemWriterAsync, "write_preloaded_data_multiproc",
+              fsa.FileSystemWriterAsync.__dict__["write_preloaded_data_multiproc"])]
+    torch.cuda.synchronize = lambda device=None: None
+    fsa._get_write_results_queue = queue.Queue
+    fsa.FileSystemWriterAsync.write_preloaded_data_multiproc = staticmethod(
+        _inprocess_write_multiproc)
+    try:
+        yield
+    finally:
+        for owner, attr, value in saved:
+            setattr(owner, attr, value)

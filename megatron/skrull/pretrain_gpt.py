@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import tempfile
 from typing import Any, Callable, Optional, Sequence
@@ -136,7 +137,8 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         source=source,
         sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
         planner=planner or make_planner(cfg, vocab), groups=ParallelGroups.from_parallel_state(),
-        device=device, float64_loss=cfg.fp64 and tp == 1, attention_backend=attention_kernel)
+        device=device, float64_loss=cfg.fp64 and tp == 1,
+        attention_backend=attention_kernel)
 
 
 def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
@@ -147,6 +149,27 @@ def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
         return get_kernel(cfg.skrull.attention_kernel, device, torch.float32).name
     except RuntimeError as exc:  # the kernel's library is missing: exit 2 naming the fix
         raise ValueError(f"--skrull-attention-kernel {cfg.skrull.attention_kernel}: {exc}") from exc
+
+
+class ExitSignalHandler:
+    """Megatron's ``--exit-signal-handler``: SIGTERM sets a flag, and at the next iteration
+    boundary every rank learns (one MAX all-reduce) whether any rank received it."""
+
+    def __init__(self, device: torch.device, sig: int = signal.SIGTERM):
+        self.device, self.received = device, False
+        signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = True
+
+    def __call__(self, trainer) -> bool:
+        flag = torch.tensor([int(self.received)], device=self.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item():
+            logger.warning("SIGTERM received: saving a checkpoint of iteration %d and exiting",
+                           trainer.iteration)
+        return bool(flag.item())
 
 
 class SetupError(RuntimeError):
@@ -169,12 +192,13 @@ def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
     init_model_parallel(cfg, device)
     try:
         trainer = build_trainer(cfg, device)
-        meta = ckpt.CheckpointMeta.from_parallel_state()
+        meta = ckpt.CheckpointMeta.from_parallel_state(device)
         if cfg.checkpoint.load:
             c = cfg.checkpoint  # a checkpoint of this run in --load wins over --pretrained-hf
             ckpt.load_checkpoint(c.load, trainer, meta, dataclasses.asdict(cfg),
                                  finetune=c.finetune, load_optim=not c.no_load_optim,
-                                 load_rng=not c.no_load_rng)
+                                 load_rng=not c.no_load_rng,
+                                 allow_missing=c.load == c.save or bool(c.pretrained_hf))
     except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
         raise SetupError(str(exc)) from exc
     return trainer, meta, device
@@ -204,8 +228,10 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                 + (f" ({cfg.skrull.objective} objective)" if cfg.skrull.scheduler == "skrull"
                    else ""))
     try:
+        exit_fn = ExitSignalHandler(device) if cfg.checkpoint.exit_signal_handler else None
         return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
-                     save_interval=cfg.checkpoint.save_interval, save_fn=save_fn)
+                     save_interval=cfg.checkpoint.save_interval, save_fn=save_fn,
+                     exit_fn=exit_fn)
     finally:
         metrics.close()
 

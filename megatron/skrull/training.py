@@ -365,7 +365,8 @@ class MetricsLogger:
 
 def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger] = None,
           save_interval: Optional[int] = None,
-          save_fn: Optional[Callable[[Trainer], None]] = None) -> list[IterationStats]:
+          save_fn: Optional[Callable[[Trainer], None]] = None,
+          exit_fn: Optional[Callable[[Trainer], bool]] = None) -> list[IterationStats]:
     """Runs iterations ``trainer.iteration + 1 .. train_iters``.
 
     Args:
@@ -373,6 +374,8 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
         metrics: Logger (``None``: silent).
         save_interval: Save every this many iterations (and after the last) via ``save_fn``.
         save_fn: ``save_fn(trainer)`` writes a checkpoint.
+        exit_fn: Asked after every iteration (same answer on every rank); True saves
+            (``save_fn``) and stops early (``--exit-signal-handler``).
 
     Returns:
         The stats of every iteration run.
@@ -385,6 +388,8 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
             metrics.record(stats)
         if save_fn is not None and save_interval and trainer.iteration % save_interval == 0:
             save_fn(trainer)
+        if exit_fn is not None and exit_fn(trainer):
+            break
     if save_fn is not None and history and not (save_interval and
                                                 trainer.iteration % save_interval == 0):
         save_fn(trainer)
