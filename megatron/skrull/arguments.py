@@ -117,9 +117,10 @@ def _recompute_problems(r: RecomputeArgs, num_layers: int) -> list[str]:
         p.append(f"--recompute-granularity {gran!r}: use full or selective")
     elif gran == "full":
         if m.recompute_method not in ("uniform", "block"):
-            p.append("--recompute-granularity full needs --recompute-method uniform or block")
-        layers = m.recompute_num_layers
-        if layers is None or not 1 <= layers <= num_layers:
+            p.append("--recompute-granularity full needs --recompute-method uniform or block "
+                     "(and --recompute-num-layers N)")
+        elif m.recompute_num_layers is None or not 1 <= m.recompute_num_layers <= num_layers:
+            layers = m.recompute_num_layers
             p.append(f"--recompute-num-layers {layers} must be in [1, --num-layers "
                      f"{num_layers}] with --recompute-granularity full")
     elif m.recompute_method is not None or m.recompute_num_layers is not None:
