@@ -165,6 +165,8 @@ def test_mcore_ddp_optimizer_schedule_still_assume_cuda():
     assert "model_param.type() == 'torch.cuda.FloatTensor'" in inspect.getsource(
         distrib_optimizer.DistributedOptimizer)
     assert "torch.cuda.current_device()" in inspect.getsource(param_and_grad_buffer)
+    assert "shard_main_param.grad = shard_model_grad.float()" in inspect.getsource(
+        distrib_optimizer.DistributedOptimizer)
     with pytest.raises((AssertionError, RuntimeError)):
         torch.zeros(1, device="cuda")
 
@@ -180,6 +182,8 @@ def test_cuda_to_cpu_mode_is_scoped():
         assert torch.zeros(1, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
         assert torch.zeros(1, dtype=torch.int64).type() == "torch.LongTensor"
         assert t64.type(torch.float32).dtype == torch.float32  # conversions untouched
+        assert t64.float() is t64 and torch.zeros(1, dtype=torch.float16).float().dtype == \
+            torch.float32
     assert t64.type() == "torch.DoubleTensor"  # gone after the block
     if NO_CUDA:
         with pytest.raises((AssertionError, RuntimeError)):

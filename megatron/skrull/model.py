@@ -46,7 +46,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from skrull_ext.attention import dacp_attention
 from skrull_ext.attention.layout import RankLayout
 
-from megatron.skrull.arguments import ModelArgs
+from megatron.skrull.arguments import ModelArgs, RecomputeArgs
 
 AttentionFn = Callable[..., torch.Tensor]
 
@@ -200,7 +200,8 @@ class SkrullCoreAttention(MegatronModule):
 
 
 def transformer_config(args: ModelArgs, *, tp_size: int, cp_size: int, dtype: torch.dtype,
-                       use_cpu_initialization: bool) -> TransformerConfig:
+                       use_cpu_initialization: bool,
+                       recompute: Optional[RecomputeArgs] = None) -> TransformerConfig:
     """mcore ``TransformerConfig`` for ``args`` (parameters in ``dtype``)."""
     return TransformerConfig(
         num_layers=args.num_layers, hidden_size=args.hidden_size,
@@ -212,6 +213,10 @@ def transformer_config(args: ModelArgs, *, tp_size: int, cp_size: int, dtype: to
         add_bias_linear=not args.disable_bias_linear, add_qkv_bias=args.add_qkv_bias,
         qk_layernorm=args.qk_layernorm,
         hidden_dropout=args.hidden_dropout, attention_dropout=0.0,
+        # Recompute: "selective" checkpoints core attention (SkrullCoreAttention: the ring's
+        # forward, P2P exchange included, re-runs in backward on every CP rank in the same
+        # order); "full" checkpoints whole layers.
+        **dataclasses.asdict(recompute or RecomputeArgs()),
         init_method_std=args.init_method_std, params_dtype=dtype, pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         use_cpu_initialization=use_cpu_initialization,
@@ -240,7 +245,8 @@ def layer_spec(args: ModelArgs, attention_fn: Optional[AttentionFn] = None) -> M
 
 def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: int = 1,
                 dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu"),
-                attention_fn: Optional[AttentionFn] = None) -> GPTModel:
+                attention_fn: Optional[AttentionFn] = None,
+                recompute: Optional[RecomputeArgs] = None) -> GPTModel:
     """Builds the model on ``device`` (parallel state must be initialised).
 
     ``forward(input_ids [1, T], position_ids [1, T], attention_mask=None, labels=[1, T],
@@ -257,9 +263,11 @@ def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: 
         device: Where the parameters live; CPU initialisation is used on CPU.
         attention_fn: Replacement of ``skrull_ext.attention.dacp_attention`` (same
             signature; tests wrap it to record calls).
+        recompute: Activation recompute (``--recompute-*``; default none).
     """
     cpu = device.type == "cpu"
     config = transformer_config(args, tp_size=tp_size, cp_size=cp_size, dtype=dtype,
+                                recompute=recompute,
                                 use_cpu_initialization=cpu)
     # RoPE lives in SkrullCoreAttention (see the module docstring): "none" here.
     model = GPTModel(

@@ -117,7 +117,7 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     attention_kernel = _attention_kernel(cfg, device)
     model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
                         cp_size=cfg.parallel.context_parallel_size, dtype=cfg.params_dtype,
-                        device=device, attention_fn=attention_fn)
+                        device=device, attention_fn=attention_fn, recompute=cfg.recompute)
     if cfg.checkpoint.pretrained_hf:  # before DDP and the optimizer copy anything
         from megatron.core import parallel_state as ps
         from megatron.skrull.hf.io import load_pretrained
@@ -234,11 +234,18 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                 f"{cfg.skrull.scheduler} on the {skrull_ext.BACKEND} backend"
                 + (f" ({cfg.skrull.objective} objective)" if cfg.skrull.scheduler == "skrull"
                    else ""))
+        precision = ("fp64" if cfg.fp64 else "bf16" if cfg.bf16 else "fp16" if cfg.fp16
+                     else "fp32")
+        printer(f" skrull: {precision} params, distributed optimizer "
+                f"{'on' if cfg.optim.use_distributed_optimizer else 'off'}, recompute "
+                f"{cfg.recompute.recompute_granularity or 'none'}; --micro-batch-size "
+                f"{cfg.micro_batch_size} ignored: the scheduler packs each micro-batch to "
+                f"--skrull-bucket-size {cfg.skrull.bucket_size} tokens per CP rank")
     try:
         exit_fn = ExitSignalHandler(device) if cfg.checkpoint.exit_signal_handler else None
         return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
                      save_interval=cfg.checkpoint.save_interval, save_fn=save_fn,
-                     exit_fn=exit_fn)
+                     exit_fn=exit_fn, exit_interval=cfg.exit_interval)
     finally:
         metrics.close()
 

@@ -386,7 +386,8 @@ class MetricsLogger:
 def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger] = None,
           save_interval: Optional[int] = None,
           save_fn: Optional[Callable[[Trainer], None]] = None,
-          exit_fn: Optional[Callable[[Trainer], bool]] = None) -> list[IterationStats]:
+          exit_fn: Optional[Callable[[Trainer], bool]] = None,
+          exit_interval: Optional[int] = None) -> list[IterationStats]:
     """Runs iterations ``trainer.iteration + 1 .. train_iters``.
 
     Args:
@@ -396,6 +397,7 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
         save_fn: ``save_fn(trainer)`` writes a checkpoint.
         exit_fn: Asked after every iteration (same answer on every rank); True saves
             (``save_fn``) and stops early (``--exit-signal-handler``).
+        exit_interval: Save and stop after an iteration divisible by it (``--exit-interval``).
 
     Returns:
         The stats of every iteration run.
@@ -409,6 +411,8 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
         if save_fn is not None and save_interval and trainer.iteration % save_interval == 0:
             save_fn(trainer)
         if exit_fn is not None and exit_fn(trainer):
+            break
+        if exit_interval and trainer.iteration % exit_interval == 0:
             break
     trainer.sampler.cancel()  # a batch drawn ahead is not consumed: rewind the sampler
     if save_fn is not None and history and not (save_interval and
