@@ -138,6 +138,42 @@ def test_cuda_requested_without_cuda_is_a_clear_error():
         cpu_compat.resolve_device("cuda")
 
 
+@pytest.mark.skipif(not NO_CUDA, reason="upstream behaviour is only observable without CUDA")
+def test_mcore_ddp_optimizer_schedule_still_assume_cuda():
+    # What cuda_to_cpu exists for; when upstream drops these, drop the mode.
+    from megatron.core.distributed import param_and_grad_buffer
+    from megatron.core.optimizer import clip_grads, distrib_optimizer, optimizer
+    from megatron.core.pipeline_parallel import schedules
+
+    assert 'device="cuda"' in inspect.getsource(schedules.forward_backward_no_pipelining)
+    assert "device='cuda'" in inspect.getsource(optimizer.FP32Optimizer)
+    assert "device='cuda'" in inspect.getsource(clip_grads.get_grad_norm_fp32)
+    assert "param.grad.type() == 'torch.cuda.FloatTensor'" in inspect.getsource(
+        clip_grads.clip_grad_by_total_norm_fp32)
+    assert "model_param.type() == 'torch.cuda.FloatTensor'" in inspect.getsource(
+        distrib_optimizer.DistributedOptimizer)
+    assert "torch.cuda.current_device()" in inspect.getsource(param_and_grad_buffer)
+    with pytest.raises((AssertionError, RuntimeError)):
+        torch.zeros(1, device="cuda")
+
+
+def test_cuda_to_cpu_mode_is_scoped():
+    t64 = torch.zeros(2, dtype=torch.float64)
+    with cpu_compat.cuda_to_cpu("cpu"):
+        assert torch.zeros(3, dtype=torch.int, device="cuda").device.type == "cpu"
+        assert torch.tensor([1.0], device=torch.device("cuda", 0)).device.type == "cpu"
+        assert t64.cuda() is t64
+        # float64 plays float32's role (full-precision params are their own main params).
+        assert t64.type() == "torch.cuda.FloatTensor"
+        assert torch.zeros(1, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
+        assert torch.zeros(1, dtype=torch.int64).type() == "torch.LongTensor"
+        assert t64.type(torch.float32).dtype == torch.float32  # conversions untouched
+    assert t64.type() == "torch.DoubleTensor"  # gone after the block
+    if NO_CUDA:
+        with pytest.raises((AssertionError, RuntimeError)):
+            torch.zeros(1, device="cuda")
+
+
 def test_checkpoint_writer_shim_matches_upstream_and_is_scoped():
     # cpu_checkpoint_io stands in for these upstream pieces; fail when they move.
     from megatron.core.dist_checkpointing.strategies import filesystem_async as fsa

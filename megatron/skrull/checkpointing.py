@@ -36,7 +36,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from megatron.skrull.cpu_compat import cpu_checkpoint_io
+from megatron.skrull.cpu_compat import cpu_checkpoint_io, cuda_to_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +190,11 @@ def _optimizer_load(optimizer, state: dict) -> None:
     optimizer.load_state_dict(state)
 
 
+def _scheduler(trainer):
+    """mcore's ``OptimizerParamScheduler`` (``trainer.scheduler``) or a stateless schedule."""
+    return getattr(trainer, "scheduler", None) or getattr(trainer, "schedule", None)
+
+
 def _rng_sharded(meta: CheckpointMeta, state: Any):
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
@@ -206,8 +211,8 @@ def _state(trainer, meta: CheckpointMeta, config: Optional[dict], *, is_loading:
         state["data"] = trainer.sampler.state_dict()
         if not is_loading or opts.load_optim:
             state["optimizer"] = _optimizer_sharded(trainer.optimizer, model_sd, is_loading)
-            if hasattr(trainer.schedule, "state_dict"):
-                state["opt_param_scheduler"] = trainer.schedule.state_dict()
+            if hasattr(_scheduler(trainer), "state_dict"):
+                state["opt_param_scheduler"] = _scheduler(trainer).state_dict()
         if not is_loading or (opts.load_rng and saved_layout == meta.layout):
             state["rng_state"] = _rng_sharded(meta, _rng_state())
     if not is_loading:
@@ -242,7 +247,7 @@ def save_checkpoint(root: str, trainer, meta: CheckpointMeta,
     dist.barrier()
     if read_tracker(root) == it and is_complete(path):
         return path
-    with cpu_checkpoint_io(meta.device):
+    with cpu_checkpoint_io(meta.device), cuda_to_cpu(meta.device):
         dist_checkpointing.save(_state(trainer, meta, config, is_loading=False), path,
                                 sharded_strategy=("torch_dist", 1))
     dist.barrier()  # every shard and metadata.json is on disk before the tracker names it
@@ -273,7 +278,7 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.core import CheckpointingException
 
-    with cpu_checkpoint_io(meta.device):
+    with cpu_checkpoint_io(meta.device), cuda_to_cpu(meta.device):
         layout = _check_compatible(path, config)
         request = _state(trainer, meta, config, is_loading=True, opts=opts, saved_layout=layout)
         try:
@@ -287,11 +292,14 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
     if opts.finetune:
         return 0
     if "optimizer" in loaded:
-        _optimizer_load(trainer.optimizer, loaded["optimizer"])
-    if "opt_param_scheduler" in loaded:
-        trainer.schedule.load_state_dict(loaded["opt_param_scheduler"])
+        with cuda_to_cpu(meta.device):
+            _optimizer_load(trainer.optimizer, loaded["optimizer"])
     trainer.sampler.load_state_dict(loaded["data"])
-    trainer.iteration = int(loaded["iteration"])
+    trainer.iteration = int(loaded["iteration"])  # (moves a stateful LR schedule along)
+    if "opt_param_scheduler" in loaded:  # then the saved schedule state wins
+        scheduler = _scheduler(trainer)
+        scheduler.num_steps = 0  # mcore's load_state_dict steps by the saved num_steps
+        scheduler.load_state_dict(loaded["opt_param_scheduler"])
     if "rng_state" in loaded:
         _set_rng_state(loaded["rng_state"])
     elif opts.load_rng:

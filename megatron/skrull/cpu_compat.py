@@ -18,12 +18,21 @@ paths our training stack reaches are patched here, in ONE place, by
   ``get_cuda_rng_tracker().fork()`` work and still give tensor-parallel ranks separate
   streams.
 
+Scoped, not patched: :func:`cuda_to_cpu` is a context manager (a torch function mode) under
+which mcore's ``DistributedDataParallel``, optimizers (``get_megatron_optimizer``, the
+distributed optimizer, grad scalers, clipping) and pipeline schedules run on CPU.  Those
+hard-code ``device='cuda'`` in tensor factories (``torch.zeros(..., device='cuda')``), call
+``Tensor.cuda()`` and check ``param.type() == 'torch.cuda.FloatTensor'``.  Inside the mode
+factory calls get ``device='cpu'``, ``.cuda()`` returns the CPU tensor, and ``type()`` of a
+CPU tensor reports the CUDA name mcore expects -- float64 reports ``torch.cuda.FloatTensor``
+because our parity mode (``--fp64``) gives float64 the role float32 has in mcore (full
+precision params that are their own main params).  The training loop enters the mode around
+its mcore calls only; nothing outside it changes.
+
 Not patched because our stack never reaches them: RoPE's CP slicing
 (``get_pos_emb_on_this_cp_rank``, which also calls ``.cuda()``) -- :mod:`megatron.skrull.model`
 computes rotary frequencies from the global position ids of the packed stream and never
-calls ``RotaryEmbedding.forward``; mcore's ``DistributedDataParallel`` / optimizer (their
-``device='cuda'`` buffers) -- :mod:`megatron.skrull.training` all-reduces gradients itself
-and uses ``torch.optim.AdamW``.
+calls ``RotaryEmbedding.forward``.
 
 ``tests/test_cpu_compat.py`` fails when upstream changes under these shims.
 """
@@ -35,8 +44,10 @@ import functools
 from typing import Any, Callable, Optional, Union
 
 import torch
+from torch.overrides import TorchFunctionMode
 
-__all__ = ["apply_cpu_compat", "cpu_checkpoint_io", "cpu_compat_applied", "resolve_device", "original", "ORIGINALS"]
+__all__ = ["apply_cpu_compat", "cpu_checkpoint_io", "cpu_compat_applied", "cuda_to_cpu",
+           "resolve_device", "original", "ORIGINALS"]
 
 # name -> object that was replaced (kept so tests can check the upstream behaviour).
 ORIGINALS: dict[str, Any] = {}
@@ -170,6 +181,47 @@ def cpu_compat_applied() -> bool:
 def original(name: str) -> Optional[Callable[..., Any]]:
     """The upstream object replaced under ``name`` (see :data:`ORIGINALS`), if patched."""
     return ORIGINALS.get(name)
+
+
+_CUDA_TYPE_NAMES = {torch.float32: "torch.cuda.FloatTensor", torch.float64: "torch.cuda.FloatTensor",
+                    torch.float16: "torch.cuda.HalfTensor",
+                    torch.bfloat16: "torch.cuda.BFloat16Tensor"}
+
+
+def _is_cuda_device(device: Any) -> bool:
+    if isinstance(device, int):
+        return True  # a bare ordinal means a CUDA device to torch
+    return device is not None and torch.device(device).type == "cuda"
+
+
+class _CudaToCpuMode(TorchFunctionMode):
+    """Redirects the CUDA device of mcore's factories, ``.cuda()`` and ``type()`` to CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            tensor = args[0]
+            if tensor.device.type == "cpu" and tensor.dtype in _CUDA_TYPE_NAMES:
+                return _CUDA_TYPE_NAMES[tensor.dtype]
+        elif "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            kwargs = dict(kwargs, device="cpu")
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_to_cpu(device: Union[str, torch.device, None] = "cpu"):
+    """Runs mcore's DDP/optimizer/schedule code on CPU inside the block (no-op on CUDA).
+
+    Args:
+        device: The training device; the mode is entered only when it is the CPU.
+    """
+    if resolve_device(device).type != "cpu":
+        yield
+        return
+    with _CudaToCpuMode():
+        yield
 
 
 # --- dist_checkpointing on CPU (scoped: only while a checkpoint is saved or loaded) ----------

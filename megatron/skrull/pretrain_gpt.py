@@ -5,8 +5,8 @@ directory, no port).  Invalid flags print one ``error:`` line per problem and ex
 
 Steps: parse flags -> CPU shims (CPU only) -> ``torch.distributed`` (gloo on CPU, NCCL on
 GPU) -> ``parallel_state.initialize_model_parallel(TP, CP)`` -> seeds -> data source, model,
-AdamW, LR schedule, sampler, planner -> optional ``--load`` -> train (log, TensorBoard,
-``--save`` every ``--save-interval`` and at the end).
+mcore DDP + optimizer + LR schedule, sampler, planner -> optional ``--load`` -> train (log,
+TensorBoard, ``--save`` every ``--save-interval`` and at the end).
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def build_sample_source(cfg: RunConfig):
 
 def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
                   planner: Optional[Callable] = None, attention_fn: Optional[Callable] = None):
-    """Model, optimizer, schedule, sampler and planner on an initialised parallel state.
+    """Model (mcore DDP), optimizer, LR schedule, sampler and planner on a parallel state.
 
     Args:
         cfg: The run.
@@ -98,9 +98,11 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     Returns:
         A :class:`megatron.skrull.training.Trainer` at iteration 0.
     """
+    from megatron.core.distributed import finalize_model_grads
+
     from megatron.skrull.data import GlobalBatchSampler
     from megatron.skrull.model import build_model
-    from megatron.skrull.optimizer import LRSchedule, build_optimizer, sync_parameters
+    from megatron.skrull.optimizer import build_optimizer, build_scheduler, wrap_ddp
     from megatron.skrull.planning import make_planner
     from megatron.skrull.training import ParallelGroups, Trainer
 
@@ -112,24 +114,30 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
                          f"vocabulary {source.vocab_size}; drop --vocab-size or raise it")
     attention_kernel = _attention_kernel(cfg, device)
     model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
-                        cp_size=cfg.parallel.context_parallel_size,
-                        dtype=torch.float64 if cfg.fp64 else torch.float32, device=device,
-                        attention_fn=attention_fn)
+                        cp_size=cfg.parallel.context_parallel_size, dtype=cfg.params_dtype,
+                        device=device, attention_fn=attention_fn)
     if cfg.checkpoint.pretrained_hf:  # before the optimizer copies anything
         from megatron.core import parallel_state as ps
         from megatron.skrull.hf.io import load_pretrained
 
         load_pretrained(model, cfg.checkpoint.pretrained_hf, cfg.model,
                         tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp)
-    groups = ParallelGroups.from_parallel_state()
-    sync_parameters(model, groups.grad_group)
+    ddp = wrap_ddp(model, cfg.optim, grad_reduce_in_fp32=cfg.bf16 or cfg.fp16, device=device)
+    optimizer = build_optimizer(ddp, cfg.optim, params_dtype=cfg.params_dtype, bf16=cfg.bf16,
+                                fp16=cfg.fp16, device=device)
+    # What Megatron's training.py wires into the model config for its schedules.
+    config = ddp.config
+    config.no_sync_func = ddp.no_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    if cfg.optim.overlap_param_gather:
+        config.param_sync_func = ddp.start_param_sync
     return Trainer(
-        model=model, optimizer=build_optimizer(model, cfg.optim),
-        schedule=LRSchedule.from_args(cfg.optim), source=source,
+        model=ddp, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.optim),
+        source=source,
         sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
-        planner=planner or make_planner(cfg, vocab), groups=groups, device=device,
-        clip_grad=cfg.optim.clip_grad, float64_loss=cfg.fp64 and tp == 1,
-        autocast_dtype=torch.bfloat16 if device.type == "cuda" else None,
+        planner=planner or make_planner(cfg, vocab), groups=ParallelGroups.from_parallel_state(),
+        device=device, float64_loss=cfg.fp64 and tp == 1,
         attention_backend=attention_kernel)
 
 
