@@ -11,7 +11,7 @@ What one checkpoint holds:
 * ``model``: the GPT model's ``sharded_state_dict()`` -- global tensors with their TP
   sharding, so a checkpoint saved at one TP/CP/DP layout loads at another;
 * ``optimizer``: the mcore optimizer's ``sharded_state_dict(model_sd)`` (the distributed
-  optimizer saves ``fully_sharded_model_space``, which reshards over DP x CP); a plain
+  optimizer saves ``fully_reshardable``, which reshards over DP x CP); a plain
   ``torch.optim`` optimizer is mapped onto the model's sharded tensors with mcore's own
   ``optim_state_to_sharding_state``;
 * ``opt_param_scheduler`` (when the schedule has state), ``iteration``, ``data`` (the
@@ -154,14 +154,16 @@ def _optimizer_sharded(optimizer, model_sd: dict, is_loading: bool) -> dict:
     """The optimizer's sharded state dict.
 
     mcore optimizers build it themselves; the distributed optimizer is asked for
-    ``fully_sharded_model_space`` (one global tensor per parameter state), the sharding
+    ``fully_reshardable`` (canonical per-parameter state tensors), the sharding
     that loads at any DP x CP size.  A plain ``torch.optim`` optimizer goes through the
     same helpers mcore's ``FP32Optimizer`` uses.
     """
     if hasattr(optimizer, "sharded_state_dict"):
+        if is_loading:
+            _init_mcore_state(optimizer)
         return optimizer.sharded_state_dict(
             model_sd, is_loading=is_loading,
-            metadata={"distrib_optim_sharding_type": "fully_sharded_model_space"})
+            metadata={"distrib_optim_sharding_type": "fully_reshardable"})
     from megatron.core.dist_checkpointing.optimizer import (
         get_param_id_to_sharded_param_map, optim_state_to_sharding_state)
 
@@ -178,6 +180,21 @@ def _optimizer_sharded(optimizer, model_sd: dict, is_loading: bool) -> dict:
                                   exclude_keys="step")
     state["common_step"] = steps.pop() if len(steps) == 1 else 0.0
     return state
+
+
+def _init_mcore_state(optimizer) -> None:
+    """Gives a fresh mcore optimizer Adam state (and a step) to receive the loaded tensors.
+
+    The distributed optimizer's ``state_dict`` asserts one common ``step`` over its state,
+    which a never-stepped optimizer lacks (Megatron-LM loads into a stepped one).
+    """
+    for opt in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        inner = getattr(opt, "optimizer", None)
+        if inner is None or getattr(opt, "init_state_fn", None) is None:
+            continue
+        opt.init_state_fn(inner, getattr(opt, "config", None))
+        for state in inner.state.values():
+            state.setdefault("step", torch.zeros((), dtype=torch.float32))
 
 
 def _optimizer_load(optimizer, state: dict) -> None:
