@@ -49,6 +49,7 @@ class ModelArgs:
     norm_epsilon: float = 1e-5
     disable_bias_linear: bool = False
     add_qkv_bias: bool = False
+    qk_layernorm: bool = False
     untie_embeddings_and_output_weights: bool = False
     rotary_base: int = 10000
     hidden_dropout: float = 0.0
@@ -257,7 +258,7 @@ class SkrullArgs:
     scheduler: str = "skrull"
     hardware: Optional[str] = None  # None: cpu on --device cpu, h100 on cuda
     cost_model_config: Optional[str] = None
-    objective: str = "paper"  # how the scheduler composes a micro-batch's time
+    objective: str = "ring"  # how the scheduler composes a micro-batch's time
     attention_kernel: str = "auto"  # --skrull-attention-kernel, else $SKRULL_ATTENTION_KERNEL
 
     def __post_init__(self) -> None:
@@ -368,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--norm-epsilon", type=float, default=1e-5)
     g.add_argument("--disable-bias-linear", action="store_true")
     g.add_argument("--add-qkv-bias", action="store_true")
+    g.add_argument("--qk-layernorm", action="store_true", help="norm of each query/key head "
+                   "before RoPE (Qwen3)")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     g.add_argument("--rotary-base", type=int, default=10000)
     g.add_argument("--hidden-dropout", type=float, default=0.0)
@@ -424,8 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("skrull")
     g.add_argument("--skrull-bucket-size", type=int, required=True, help="tokens per CP rank")
     g.add_argument("--skrull-scheduler", default="skrull", choices=SCHEDULERS)
-    g.add_argument("--skrull-objective", default="paper", choices=("paper", "ring"),
-                   help="micro-batch time the scheduler minimises: paper (SKRULL.md section 3) "
+    g.add_argument("--skrull-objective", default="ring", choices=("paper", "ring"),
+                   help="micro-batch time the scheduler minimises: paper (docs/design.md section 3) "
                         "or ring (ours: step by step as the DACP ring runs)")
     g.add_argument("--skrull-hardware", choices=("cpu", "h100"),
                    help="cost-model preset (default: from the device)")
@@ -460,6 +463,7 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                    make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
                    swiglu=ns.swiglu, normalization=ns.normalization, norm_epsilon=ns.norm_epsilon,
                    disable_bias_linear=ns.disable_bias_linear, add_qkv_bias=ns.add_qkv_bias,
+                   qk_layernorm=ns.qk_layernorm,
                    untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights,
                    rotary_base=ns.rotary_base, hidden_dropout=ns.hidden_dropout,
                    init_method_std=ns.init_method_std)

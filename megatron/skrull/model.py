@@ -167,6 +167,7 @@ def transformer_config(args: ModelArgs, *, tp_size: int, cp_size: int, dtype: to
         normalization=args.normalization, layernorm_epsilon=args.norm_epsilon,
         gated_linear_unit=args.swiglu, activation_func=F.silu if args.swiglu else F.gelu,
         add_bias_linear=not args.disable_bias_linear, add_qkv_bias=args.add_qkv_bias,
+        qk_layernorm=args.qk_layernorm,
         hidden_dropout=args.hidden_dropout, attention_dropout=0.0,
         init_method_std=args.init_method_std, params_dtype=dtype, pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
@@ -185,7 +186,8 @@ def transformer_config(args: ModelArgs, *, tp_size: int, cp_size: int, dtype: to
 
 def layer_spec(args: ModelArgs, attention_fn: Optional[AttentionFn] = None) -> ModuleSpec:
     """mcore's local GPT layer spec with :class:`SkrullCoreAttention` as ``core_attention``."""
-    spec = get_gpt_layer_local_spec(normalization=args.normalization)
+    spec = get_gpt_layer_local_spec(normalization=args.normalization,
+                                    qk_layernorm=args.qk_layernorm)
     attn = spec.submodules.self_attention
     attn.submodules.core_attention = ModuleSpec(
         module=SkrullCoreAttention, params={"attention_fn": attention_fn})

@@ -116,7 +116,7 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
                         cp_size=cfg.parallel.context_parallel_size, dtype=cfg.params_dtype,
                         device=device, attention_fn=attention_fn)
-    if cfg.checkpoint.pretrained_hf:  # before the optimizer copies anything
+    if cfg.checkpoint.pretrained_hf:  # before DDP and the optimizer copy anything
         from megatron.core import parallel_state as ps
         from megatron.skrull.hf.io import load_pretrained
 
@@ -215,6 +215,10 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
     save_fn = None
     if cfg.checkpoint.save:
         save_fn = lambda t: ckpt.save_checkpoint(cfg.checkpoint.save, t, meta, description)  # noqa: E731
+        if meta.rank == 0:  # what tools/export_hf.py needs besides weights, any ckpt format
+            from megatron.skrull.hf.export import record_run
+
+            record_run(cfg.checkpoint.save, description)
     metrics = MetricsLogger(log_interval=cfg.logging.log_interval,
                             train_iters=cfg.optim.train_iters, enabled=meta.rank == 0,
                             tensorboard_dir=cfg.logging.tensorboard_dir, printer=printer)
@@ -251,6 +255,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         cfg = errors.parse_quietly(lambda a: parse_args(a, world_size=world), argv)
         resolve_device(cfg.device)
+    except SystemExit as exc:  # argparse (already reported on rank 0) or --help
+        return exc.code if isinstance(exc.code, int) else errors.EXIT_BAD_INPUT
     except ConfigError as exc:
         return errors.report(exc.problems)
     except ValueError as exc:
