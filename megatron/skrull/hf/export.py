@@ -17,13 +17,13 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from typing import Any, Optional
 
 import torch
 
 from megatron.skrull.hf.config import hf_config_from_model, read_hf_config
-from megatron.skrull.hf.io import MAX_SHARD_BYTES, SIDE_FILES, save_safetensors
+from megatron.skrull.hf.io import (MAX_SHARD_BYTES, SIDE_FILES, save_safetensors,
+                                   staged_directory)
 from megatron.skrull.hf.weights import AttentionShape, merge_tp_shards, mcore_to_hf, rule_for
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -155,10 +155,7 @@ def export(root: str, output: str, *, iteration: Optional[int] = None,
             tensors[name] = tensors[name][:vocab]
     target = _target_dtype(hf_config, dtype, source)
     tensors = {k: v.to(target).contiguous() for k, v in tensors.items()}
-    parent = os.path.dirname(os.path.abspath(output))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
-    try:
+    with staged_directory(output, ".export-") as tmp:
         save_safetensors(tensors, tmp, max_shard_bytes)
         tok = tokenizer_model or run.get("data", {}).get("tokenizer_model")
         _copy_tokenizer(tmp, source, tok)
@@ -166,12 +163,6 @@ def export(root: str, output: str, *, iteration: Optional[int] = None,
             json.dump(hf_config, fh, indent=2, sort_keys=True)
         if not os.path.isfile(os.path.join(tmp, "generation_config.json")):
             _write_generation_config(tmp, hf_config)
-        if os.path.isdir(output):
-            os.rmdir(output)
-        os.replace(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return hf_config
 
 
