@@ -66,7 +66,7 @@ def test_quickstart_and_cpu_demo_train_save_and_resume(tmp_path):
     assert "UserWarning" not in first.stderr  # the expected CPU fallback notices are muted
     ckpt = run_dir / "ckpt"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "3"
-    assert (ckpt / "iter_0000003" / "mp_rank_00" / "model_optim_rng.pt").is_file()
+    assert (ckpt / "iter_0000003" / "metadata.json").is_file()  # torch_dist checkpoint
     assert _iterations((run_dir / "train.log").read_text()) == [1, 2, 3]
     assert f"checkpoint:  {ckpt} (iteration 3" in out
     # run_cpu_demo.sh again: reuses the corpus and continues the checkpoint.

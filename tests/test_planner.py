@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from skrull_ext.costmodel.memory import TrainingMemory
 from skrull_ext.costmodel.model import MODEL_PRESETS
 from skrull_ext.planner.cli import GIB, main
 
@@ -72,8 +73,10 @@ def test_bucket_follows_the_memory_model(tmp_path):
                  "--policies", "skrull", "--backend", "python", "--json", str(js)]) == 0
     summary = json.loads(js.read_text())
     spec = MODEL_PRESETS["qwen2.5-0.5b"]
-    static = spec.static_memory_bytes(32)
-    want = int((80 * GIB - static - 8 * GIB) // spec.activation_bytes_per_token())
+    # No flags: Megatron's defaults (no distributed optimizer, no recompute), h100 -> bf16.
+    mem = TrainingMemory(precision="bf16", dp_cp_size=32)
+    static = mem.static_bytes(spec)
+    want = int((80 * GIB - static - 8 * GIB) // mem.activation_bytes_per_token(spec))
     assert summary["bucket_size"] == want
     assert summary["memory"]["static_gib"] == pytest.approx(static / GIB)
     assert 20_000 < want < 60_000  # the paper used 26K on 80 GB

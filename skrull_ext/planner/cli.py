@@ -18,6 +18,7 @@ import json
 import sys
 from typing import Optional, Sequence
 
+from skrull_ext.costmodel.memory import TrainingMemory
 from skrull_ext.costmodel.model import MODEL_PRESETS, MemoryModel, ModelSpec, get_model_spec
 from skrull_ext.planner.evaluate import compare_policies, max_fitting_length
 from skrull_ext.costmodel.hardware import HARDWARE_PRESETS, Hardware, get_hardware
@@ -59,6 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="device memory in GiB (default: 80 for h100, 16 for cpu)")
     p.add_argument("--memory-margin-gb", type=float, default=None,
                    help="memory kept free, GiB (default 10%% of --device-memory-gb)")
+    prec = p.add_mutually_exclusive_group()
+    prec.add_argument("--bf16", action="store_true", help="bf16 training (default on h100)")
+    prec.add_argument("--fp16", action="store_true", help="fp16 training")
+    p.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="Megatron's distributed optimizer: fp32 main params and Adam state "
+                        "sharded over DP x CP")
+    p.add_argument("--recompute-granularity", choices=("selective", "full"), default=None,
+                   help="activation recompute (default none)")
     p.add_argument("--activation-bytes-per-token", type=float, default=None,
                    help="override the model-based activation estimate (alpha)")
     p.add_argument("--bucket-size", type=int, default=None,
@@ -120,9 +129,27 @@ def _check_sizes(args):
     return ["skrull"] + [p for p in policies if p != "skrull"]
 
 
+def training_memory(hw: Hardware, dp_size: int, cp_size: int, *, precision: Optional[str] = None,
+                    distributed_optimizer: bool = True,
+                    recompute: Optional[str] = "selective") -> TrainingMemory:
+    """The launcher's memory setup; defaults: the paper's (distributed optimizer, selective
+    recompute) in the preset's precision (h100: bf16, cpu: fp32)."""
+    return TrainingMemory(precision=precision or ("bf16" if hw.activation_bytes == 2 else "fp32"),
+                          distributed_optimizer=distributed_optimizer,
+                          dp_cp_size=dp_size * cp_size, recompute=recompute)
+
+
+def _training_from_args(args, hw: Hardware) -> TrainingMemory:
+    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else None
+    return training_memory(hw, args.dp_size, args.cp_size, precision=precision,
+                           distributed_optimizer=args.use_distributed_optimizer,
+                           recompute=args.recompute_granularity)
+
+
 def memory_bucket(model: ModelSpec, hw: Hardware, dp_size: int, cp_size: int,
                   device_gb: Optional[float] = None, margin_gb: Optional[float] = None,
-                  alpha: Optional[float] = None) -> int:
+                  alpha: Optional[float] = None,
+                  training: Optional[TrainingMemory] = None) -> int:
     """Largest bucket the memory model allows (raises ``ValueError`` when none does).
 
     Args:
@@ -130,14 +157,15 @@ def memory_bucket(model: ModelSpec, hw: Hardware, dp_size: int, cp_size: int,
         dp_size, cp_size: ``D`` and ``N`` (the optimizer state is sharded over both).
         device_gb: Device memory in GiB (default :data:`DEFAULT_DEVICE_GB`).
         margin_gb: Memory kept free in GiB (default 10% of the device).
-        alpha: Activation bytes per token (default the model's estimate at the preset's
-            element size).
+        alpha: Activation bytes per token (default the memory model's).
+        training: Precision, optimizer sharding, recompute (default
+            :func:`training_memory`: the paper's setting).
     """
     device_gb = device_gb or DEFAULT_DEVICE_GB[hw.name]
     margin_gb = 0.1 * device_gb if margin_gb is None else margin_gb
-    static = model.static_memory_bytes(dp_size * cp_size, grad_bytes=hw.grad_bytes,
-                                       weight_bytes=hw.activation_bytes)
-    alpha = alpha or model.activation_bytes_per_token() * hw.activation_bytes / 2.0
+    training = training or training_memory(hw, dp_size, cp_size)
+    static = training.static_bytes(model)
+    alpha = alpha or training.activation_bytes_per_token(model)
     return MemoryModel(alpha=alpha).bucket_size(device_gb * GIB, static, margin_gb * GIB)
 
 
@@ -153,20 +181,24 @@ def memory_plan(args, model: ModelSpec, hw: Hardware) -> dict:
     if device_gb <= 0:
         raise PlannerError(f"--device-memory-gb must be > 0, got {device_gb}")
     margin_gb = 0.1 * device_gb if args.memory_margin_gb is None else args.memory_margin_gb
-    static = model.static_memory_bytes(args.dp_size * args.cp_size, grad_bytes=hw.grad_bytes,
-                                       weight_bytes=hw.activation_bytes)
-    # The model's estimate is for bf16 activations; scale to the preset's element size.
-    alpha = args.activation_bytes_per_token or (
-        model.activation_bytes_per_token() * hw.activation_bytes / 2.0)
+    training = _training_from_args(args, hw)
+    static = training.static_bytes(model)
+    alpha = args.activation_bytes_per_token or training.activation_bytes_per_token(model)
     info = {"device_gib": device_gb, "margin_gib": margin_gb, "static_gib": static / GIB,
-            "activation_bytes_per_token": alpha, "recommended_bucket": None}
+            "activation_bytes_per_token": alpha, "recommended_bucket": None,
+            "training": {"precision": training.precision,
+                         "distributed_optimizer": training.distributed_optimizer,
+                         "recompute": training.recompute},
+            "static_breakdown_gib": {k: v / GIB for k, v in
+                                     training.static_breakdown(model).items()}}
     try:
         info["recommended_bucket"] = MemoryModel(alpha=alpha).bucket_size(
             device_gb * GIB, static, margin_gb * GIB)
     except ValueError as exc:
         if args.bucket_size is None:
-            raise PlannerError(f"{exc}; or raise --device-memory-gb, lower --memory-margin-gb, "
-                               "or give --bucket-size") from None
+            raise PlannerError(f"{exc}; or pass --use-distributed-optimizer / "
+                               "--recompute-granularity full, raise --device-memory-gb, lower "
+                               "--memory-margin-gb, or give --bucket-size") from None
     info["bucket"] = args.bucket_size or info["recommended_bucket"]
     if args.cp_size > 1 and info["bucket"] < 2 * args.cp_size:
         raise PlannerError(f"bucket size {info['bucket']} < 2 x --cp-size ({2 * args.cp_size}): "
@@ -220,8 +252,13 @@ def print_report(args, prof, model, hw, summary, out=None):
     w(f"layout    DP={args.dp_size} CP={args.cp_size}, global batch {args.global_batch_size}, "
       f"{args.num_batches} sampled batches (seed {args.seed})")
     rec = mem["recommended_bucket"]
+    t, parts = mem["training"], mem["static_breakdown_gib"]
+    w(f"training  {t['precision']}, distributed optimizer "
+      f"{'on (sharded over DP x CP = ' + str(args.dp_size * args.cp_size) + ')' if t['distributed_optimizer'] else 'off'}"
+      f", recompute {t['recompute'] or 'none'}")
     w(f"memory    device {mem['device_gib']:.1f} GiB - static {mem['static_gib']:.2f} GiB "
-      f"(weights + grads + Adam sharded over {args.dp_size * args.cp_size}) - margin "
+      f"(params {parts['params']:.2f} + grads {parts['grads']:.2f} + main params "
+      f"{parts['main_params']:.2f} + Adam {parts['optimizer_state']:.2f}) - margin "
       f"{mem['margin_gib']:.1f} GiB, {mem['activation_bytes_per_token'] / 2**20:.3f} MiB/token "
       f"-> recommended bucket {rec if rec is not None else 'none'} tokens")
     w(f"bucket    {summary['bucket_size']} tokens per CP rank per micro-batch"
