@@ -1,12 +1,19 @@
-"""Scheduling latency per global batch: C++ core vs Python reference.
+"""Scheduling latency per global batch: C++ core, full ``schedule()``, Python reference and
+Megatron-Core's ``BalancedCPScheduler``, side by side in one run.
 
-Times (a) the GDS core alone (``skrull_ext._C.gds_schedule`` vs
-``reference.gds_schedule`` on precomputed cost arrays) and (b) the full
-``schedule()`` (validation, cost arrays, core, plan building, ``Plan.validate``,
-prediction), for the paper's setting (DP=4, CP=8, bucket 26K tokens) on long-tail
-lengths: Pareto, most samples under 1K tokens, the longest capped at 100K.
+For each case (K samples, bucket) on DP=4, CP=8 with long-tail lengths (Pareto, most
+samples under 1K tokens, the longest capped at what the bucket holds) it times:
 
-    PYTHONPATH=. python benchmarks/bench_scheduler.py [--sizes 256 65536] [--json out.json]
+* ``core``: ``skrull_ext._C.portfolio_schedule`` on precomputed cost arrays (GDS plus the
+  baselines' groupings, the default Skrull policy), conversion to Python lists included;
+* ``schedule()``: the whole call (input checks, cost arrays, core, ``Plan`` building,
+  ``Plan.validate()``, prediction and lower bound);
+* ``python``: the same ``schedule()`` on the pure-Python reference (small K only);
+* ``megatron``: ``megatron.core.pipeline_parallel.hybrid_cp_schedule.BalancedCPScheduler
+  .get_groups_and_subsamples`` with ``max_seq_len_per_rank`` = the bucket over the D x N
+  ranks (skipped when megatron-core is not importable).
+
+    PYTHONPATH=. python benchmarks/bench_scheduler.py [--cases 256:26000 65536:6000] [--json f]
 """
 from __future__ import annotations
 
@@ -20,19 +27,19 @@ import numpy as np
 
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
-from skrull_ext.scheduler import SchedulerConfig, reference, schedule
+from skrull_ext.scheduler import _OBJECTIVE_CODES, SchedulerConfig, schedule
 
-DP, CP, BUCKET = 4, 8, 26_000
-MAX_LEN = 100_000
+DP, CP = 4, 8
+DEFAULT_CASES = ("256:26000", "4096:26000", "65536:26000", "16384:6000", "65536:6000")
 
 
-def long_tail_lengths(k: int, seed: int) -> np.ndarray:
-    """``[k]`` int64: ``200 * (1 + Pareto(1.1))`` tokens, capped at 100K.
+def long_tail_lengths(k: int, seed: int, max_len: int = 100_000) -> np.ndarray:
+    """``[k]`` int64: ``200 * (1 + Pareto(1.1))`` tokens, capped at ``max_len``.
 
     Median ~380 tokens, ~17% above 1K, a few percent above 10K.
     """
     rng = np.random.default_rng(seed)
-    return np.minimum(np.ceil(200.0 * (1.0 + rng.pareto(1.1, k))), MAX_LEN).astype(np.int64)
+    return np.minimum(np.ceil(200.0 * (1.0 + rng.pareto(1.1, k))), max_len).astype(np.int64)
 
 
 def median_ms(fn, runs: int) -> float:
@@ -46,75 +53,93 @@ def median_ms(fn, runs: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def bench_size(k: int, args) -> list[dict]:
-    lengths = long_tail_lengths(k, args.seed)
+def megatron_scheduler(bucket: int):
+    """``BalancedCPScheduler.get_groups_and_subsamples`` over D x N ranks, or ``None``."""
+    try:
+        from megatron.core.pipeline_parallel.hybrid_cp_schedule import BalancedCPScheduler
+    except ImportError:
+        return None
+
+    class _Group:  # the scheduler only asks the DP x CP group for its size
+        def size(self):
+            return DP * CP
+
+    sched = BalancedCPScheduler(max_seq_len_per_rank=bucket, dp_cp_group=_Group())
+    return lambda lengths: sched.get_groups_and_subsamples(
+        [(i, int(s)) for i, s in enumerate(lengths)], None)
+
+
+def bench_case(k: int, bucket: int, args) -> dict:
+    lengths = long_tail_lengths(k, args.seed, min(100_000, CP * bucket - 2 * CP))
     cost_model = default_cost_model()
     costs = cost_model.compute_seconds(lengths)
     comm = cost_model.comm_seconds(lengths, CP)
+    shares = cost_model.share_seconds(lengths, CP)
     latency = cost_model.comm_latency(CP)
-    overhead = cost_model.micro_batch_overhead
-    cfg = SchedulerConfig(dp_size=DP, cp_size=CP, bucket_size=BUCKET)
+    cfg = SchedulerConfig(dp_size=DP, cp_size=CP, bucket_size=bucket)
     ext = _backend.CPP
-    runs_cpp = args.runs if k <= 4096 else max(3, args.runs // 20)
-    runs_py = args.runs if k <= 4096 else args.python_runs
-    core = {
-        "cpp": lambda: ext.gds_schedule(lengths, costs, comm, latency, DP, CP, BUCKET, 2,
-                                        overhead),
-        "python": lambda: reference.gds_schedule(lengths, costs, comm, latency, DP, CP, BUCKET,
-                                                 "auto", overhead),
-    }
-    full = {b: (lambda b=b: schedule(lengths, cfg, cost_model, backend=b))
-            for b in ("cpp", "python")}
-    plan_cpp = schedule(lengths, cfg, cost_model, backend="cpp")
-    if not args.skip_python:
-        same = plan_cpp.dp_ranks == schedule(lengths, cfg, cost_model, backend="python").dp_ranks
-        if not same:
+    runs = args.runs if k <= 4096 else max(3, args.runs // 20)
+    plan = schedule(lengths, cfg, cost_model, backend="cpp")
+    row = {"K": k, "bucket": bucket, "micro_batches": plan.num_micro_batches,
+           "predicted_s": plan.predicted["iteration_time"],
+           "bound_ratio": plan.predicted["iteration_time"] / plan.predicted["lower_bound"],
+           "runs": runs}
+    row["core_ms"] = median_ms(lambda: ext.portfolio_schedule(
+        lengths, costs, comm, latency, DP, CP, bucket, 2, cost_model.micro_batch_overhead, 3,
+        shares, objective=_OBJECTIVE_CODES[cost_model.objective]), runs)
+    row["schedule_ms"] = median_ms(lambda: schedule(lengths, cfg, cost_model, backend="cpp"),
+                                   runs)
+    if k <= args.python_max_k:
+        py = schedule(lengths, cfg, cost_model, backend="python")
+        if py.dp_ranks != plan.dp_ranks:
             raise SystemExit(f"K={k}: C++ and Python plans differ")
-    rows = []
-    for part, fns in (("core", core), ("schedule()", full)):
-        row = {"K": k, "part": part, "micro_batches": plan_cpp.num_micro_batches,
-               "cpp_ms": median_ms(fns["cpp"], runs_cpp), "cpp_runs": runs_cpp}
-        if not args.skip_python:
-            row["python_ms"] = median_ms(fns["python"], runs_py)
-            row["python_runs"] = runs_py
-        rows.append(row)
-    return rows
+        row["python_ms"] = median_ms(lambda: schedule(lengths, cfg, cost_model,
+                                                      backend="python"), 3)
+    mega = None if args.skip_megatron else megatron_scheduler(bucket)
+    if mega is not None:
+        row["megatron_ms"] = median_ms(lambda: mega(lengths), 3 if k > 4096 else 10)
+    return row
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"DP={DP} CP={CP} bucket={BUCKET}, long-tail lengths (median of runs, wall ms)")
-    head = (f"{'K':>7} {'part':<11} {'M':>4} {'C++ ms':>10} {'runs':>5} "
-            f"{'Python ms':>11} {'runs':>5} {'speedup':>8}")
+    print(f"DP={DP} CP={CP}, long-tail lengths, default schedule() (portfolio, ring objective);"
+          " median wall ms")
+    head = (f"{'K':>6} {'bucket':>7} {'M/DP':>5} {'/bound':>7} {'core':>9} {'schedule()':>10} "
+            f"{'ratio':>6} {'python':>9} {'megatron':>9}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        py = r.get("python_ms")
-        py_cols = (f"{py:>11.3f} {r['python_runs']:>5} {py / r['cpp_ms']:>7.0f}x"
-                   if py is not None else f"{'-':>11} {'-':>5} {'-':>8}")
-        print(f"{r['K']:>7} {r['part']:<11} {r['micro_batches']:>4} {r['cpp_ms']:>10.3f} "
-              f"{r['cpp_runs']:>5} {py_cols}")
+        opt = lambda key: f"{r[key]:>9.2f}" if key in r else f"{'-':>9}"  # noqa: E731
+        print(f"{r['K']:>6} {r['bucket']:>7} {r['micro_batches']:>5} {r['bound_ratio']:>7.3f} "
+              f"{r['core_ms']:>9.2f} {r['schedule_ms']:>10.2f} "
+              f"{r['schedule_ms'] / r['core_ms']:>5.2f}x {opt('python_ms')} {opt('megatron_ms')}")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[256, 65_536],
-                        help="global batch sizes K to time")
-    parser.add_argument("--runs", type=int, default=200,
-                        help="timed runs for small K (C++ large K uses runs/20, at least 3)")
-    parser.add_argument("--python-runs", type=int, default=3,
-                        help="timed runs of the Python reference for K > 4096")
-    parser.add_argument("--skip-python", action="store_true", help="time the C++ core only")
+    parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES),
+                        help="K:bucket pairs (global batch size : tokens per CP rank)")
+    parser.add_argument("--runs", type=int, default=100,
+                        help="timed runs for K <= 4096 (larger K: runs/20, at least 3)")
+    parser.add_argument("--python-max-k", type=int, default=4096,
+                        help="time the Python reference up to this K")
+    parser.add_argument("--skip-megatron", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
-    if min(args.sizes) < 1 or args.runs < 1 or args.python_runs < 1:
-        print("error: --sizes, --runs and --python-runs must be >= 1", file=sys.stderr)
+    try:
+        cases = [tuple(int(x) for x in c.split(":")) for c in args.cases]
+    except ValueError:
+        cases = []
+    if not cases or any(len(c) != 2 or min(c) < 2 * CP for c in cases) or args.runs < 1:
+        print(f"error: --cases takes K:bucket pairs with K, bucket >= {2 * CP}; --runs >= 1",
+              file=sys.stderr)
         return 2
     if _backend.CPP is None:
         print("error: C++ backend unavailable: build it (python setup.py build_ext --inplace) "
               "and unset SKRULL_IMPL=python", file=sys.stderr)
         return 2
-    rows = [row for k in args.sizes for row in bench_size(k, args)]
+    rows = [bench_case(k, bucket, args) for k, bucket in cases]
     print_table(rows)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -1,6 +1,7 @@
-// GDS (SKRULL.md section 4): LPT over DP ranks, then per DP rank the fewest interleaved
+// GDS (docs/design.md section 4): LPT over DP ranks, then per DP rank the fewest interleaved
 // micro-batches that DACP can place, then the (ours) re-split to the common count.
-// Mirrors lpt_partition / interleave / _split_rank / GdsContext / gds_schedule of
+// Mirrors lpt_partition / interleave / _split_rank / _fewest_split / _isolate / _plan_rank /
+// GdsContext / gds_schedule of
 // skrull_ext/scheduler/reference.py; see scheduler.h.
 #include <algorithm>
 #include <cstring>
@@ -127,6 +128,38 @@ std::vector<RankSeqs> sort_bins(const std::vector<std::vector<Index>>& bins,
   return out;
 }
 
+// reference LINEAR_COUNTS: counts tried one by one before galloping.
+constexpr int64_t kLinearCounts = 16;
+
+// The interleaved split with a locally fewest micro-batch count (reference
+// _fewest_split): kLinearCounts counts one by one from m, then galloping to the first
+// feasible count and a binary search down to the last infeasible one.
+RankSplit fewest_split(const Batch& batch, const RankSeqs& rest, int64_t m, double latency,
+                       int cp_size, int64_t bucket_size, Rollback policy, Variant variant) {
+  const int64_t count = static_cast<int64_t>(rest.ids.size());
+  int64_t lo = m - 1, step = 1, tries = 0;
+  std::optional<RankSplit> split;
+  while (true) {
+    split = split_rank(batch, rest, m, latency, cp_size, bucket_size, policy, variant);
+    if (split) break;
+    if (m >= count) throw std::logic_error("one sample per micro-batch must be feasible");
+    if (++tries > kLinearCounts) step *= 2;
+    lo = m;
+    m = std::min(m + step, count);
+  }
+  while (m - lo > 1) {
+    const int64_t mid = (lo + m) / 2;
+    auto trial = split_rank(batch, rest, mid, latency, cp_size, bucket_size, policy, variant);
+    if (!trial) {
+      lo = mid;
+    } else {
+      m = mid;
+      split = std::move(trial);
+    }
+  }
+  return std::move(*split);
+}
+
 // (ours) Splits off the samples that fit no micro-batch with any other sample of the
 // rank (reference _isolate): whether one pairs with the rank's shortest other sample
 // decides it.  Both outputs keep the ascending order.
@@ -180,13 +213,8 @@ std::optional<RankSplit> plan_rank(const Batch& batch, const RankSeqs& seqs, int
   int64_t total = 0;
   for (int64_t s : rest.lengths) total += s;
   m = std::max<int64_t>(1, (total + cap - 1) / cap);
-  const int64_t count = static_cast<int64_t>(rest.ids.size());
-  while (true) {
-    auto split = split_rank(batch, rest, m, latency, cp_size, bucket_size, policy, variant);
-    if (split) return with_singles(std::move(*split));
-    if (m >= count) throw std::logic_error("one sample per micro-batch must be feasible");
-    ++m;
-  }
+  return with_singles(fewest_split(batch, rest, m, latency, cp_size, bucket_size, policy,
+                                   variant));
 }
 
 void check_fits(const Batch& batch, int cp_size, int64_t bucket_size) {

@@ -13,7 +13,7 @@ namespace skrull {
 namespace {
 
 // reference portfolio.MAX_GROUPING_WORK: kk and hybrid-cp are skipped above it.
-constexpr int64_t kMaxGroupingWork = int64_t{1} << 21;
+constexpr int64_t kMaxGroupingWork = int64_t{1} << 20;
 
 // Packs `order` into consecutive groups whose shard tokens fit the bucket (_next_fit).
 std::vector<std::vector<Index>> next_fit(const Batch& batch, const std::vector<Index>& order,
@@ -111,16 +111,22 @@ std::optional<Placement> place_group(const GdsContext& ctx, const std::vector<In
   return placed;
 }
 
-std::optional<std::vector<RankSplit>> place_groups(const GdsContext& ctx, const Groups& groups) {
+// Gives up (nullopt) when a group cannot be placed or a DP rank's running time reaches
+// best_t (reference place_groups).
+std::optional<std::vector<RankSplit>> place_groups(const GdsContext& ctx, const Groups& groups,
+                                                   double overhead, double best_t) {
   std::vector<RankSplit> out;
   out.reserve(groups.size());
   for (const auto& rank : groups) {
     RankSplit placed;
     placed.reserve(rank.size());
+    double t = 0.0;
     for (const auto& group : rank) {
       auto p = place_group(ctx, group);
       if (!p) return std::nullopt;
+      t += micro_batch_time(*p, ctx.batch, ctx.latency, ctx.cp_size) + overhead;
       placed.push_back(std::move(*p));
+      if (t >= best_t) return std::nullopt;
     }
     out.push_back(std::move(placed));
   }
@@ -131,6 +137,36 @@ double iteration_time(const GdsContext& ctx, const std::vector<RankSplit>& split
                       double overhead) {
   double worst = 0.0;
   for (const auto& split : splits) worst = std::max(worst, ctx.split_time(split, overhead));
+  return worst;
+}
+
+// (C++ only: exact pruning, same plans) A lower bound on the iteration time of any
+// placement of `groups`: per micro-batch at least its samples' least work over the N
+// ranks, and at least each sample's cheapest placement alone (rank_time is >= local work
+// plus the distributed share and monotone), plus the overhead.
+double grouping_bound(const GdsContext& ctx, const Groups& groups, double overhead) {
+  const Batch& b = ctx.batch;
+  const int n = ctx.cp_size;
+  double worst = 0.0;
+  for (const auto& rank : groups) {
+    double t = 0.0;
+    for (const auto& group : rank) {
+      double work = 0.0, alone = 0.0;
+      for (Index i : group) {
+        const double sh = b.share(i, n);
+        double w = n * sh;
+        double a = rank_time(0.0, b.comm[i] + ctx.latency, sh, n, b.objective);
+        if (b.lengths[i] <= ctx.bucket_size) {
+          w = std::min(w, b.costs[i]);
+          a = std::min(a, b.costs[i]);
+        }
+        work += w;
+        alone = std::max(alone, a);
+      }
+      t += std::max(work / n, alone) + overhead;
+    }
+    worst = std::max(worst, t);
+  }
   return worst;
 }
 
@@ -166,12 +202,12 @@ Groups sorted_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucke
   return out;
 }
 
-std::vector<std::vector<Index>> karmarkar_karp(const double* weights,
-                                               const std::vector<Index>& idx, int parts) {
-  std::vector<Index> order(idx);
-  std::sort(order.begin(), order.end(), [weights](Index a, Index b) {
-    return weights[a] > weights[b] || (weights[a] == weights[b] && a < b);
-  });
+namespace {
+
+// The reference's algorithm as written: every state holds all `parts` parts.
+std::vector<std::vector<Index>> karmarkar_karp_dense(const double* weights,
+                                                     const std::vector<Index>& order,
+                                                     int parts) {
   std::vector<std::vector<KkPart>> states;
   states.reserve(order.size() * 2);
   // Min-heap on (-difference, counter), as the reference's heapq of tuples.
@@ -207,6 +243,81 @@ std::vector<std::vector<Index>> karmarkar_karp(const double* weights,
     std::sort(out[j].begin(), out[j].end());
   }
   return out;
+}
+
+// Same answer as karmarkar_karp_dense when every weight is > 0, in time that does not
+// grow with parts x items: a state keeps only its non-empty parts (the dense state's
+// zero-sum parts are all alike and sort last), and a part's samples are a linked list
+// (concatenation in O(1); the final lists are sorted anyway).  Pairing the dense a[j]
+// with b ascending[j] touches a's non-empty parts (j < p) and b's (j >= parts - q).
+std::vector<std::vector<Index>> karmarkar_karp_sparse(const double* weights,
+                                                      const std::vector<Index>& order,
+                                                      int parts) {
+  struct Part {
+    double sum;
+    Index head, tail;
+  };
+  Index max_id = 0;
+  for (Index i : order) max_id = std::max(max_id, i);
+  std::vector<Index> next(static_cast<size_t>(max_id + 1), -1);
+  std::vector<std::vector<Part>> states;
+  states.reserve(order.size() * 2);
+  using Entry = std::pair<double, int64_t>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  for (Index i : order) {
+    heap.emplace(-weights[i], static_cast<int64_t>(states.size()));
+    states.push_back({Part{weights[i], i, i}});
+  }
+  const int64_t m = parts;
+  std::vector<Part> merged;
+  while (heap.size() > 1) {
+    auto a = std::move(states[heap.top().second]);
+    heap.pop();
+    auto b = std::move(states[heap.top().second]);
+    heap.pop();
+    std::stable_sort(b.begin(), b.end(), [](const Part& x, const Part& y) { return x.sum < y.sum; });
+    const int64_t p = static_cast<int64_t>(a.size()), q = static_cast<int64_t>(b.size());
+    const int64_t off = m - q;  // dense index of b's first non-empty part
+    merged.clear();
+    for (int64_t j = 0; j < p; ++j) {
+      Part part = a[j];
+      if (j >= off) {
+        const Part& o = b[j - off];
+        part.sum = part.sum + o.sum;
+        next[part.tail] = o.head;
+        part.tail = o.tail;
+      }
+      merged.push_back(part);
+    }
+    for (int64_t j = std::max(p, off); j < m; ++j) merged.push_back(b[j - off]);
+    std::stable_sort(merged.begin(), merged.end(),
+                     [](const Part& x, const Part& y) { return x.sum > y.sum; });
+    const double low = static_cast<int64_t>(merged.size()) < m ? 0.0 : merged.back().sum;
+    heap.emplace(-(merged.front().sum - low), static_cast<int64_t>(states.size()));
+    states.push_back(merged);
+  }
+  std::vector<std::vector<Index>> out(static_cast<size_t>(parts));
+  if (heap.empty()) return out;
+  const auto& last = states[heap.top().second];
+  for (size_t j = 0; j < last.size(); ++j) {
+    for (Index i = last[j].head; i >= 0; i = next[i]) out[j].push_back(i);
+    std::sort(out[j].begin(), out[j].end());
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<Index>> karmarkar_karp(const double* weights,
+                                               const std::vector<Index>& idx, int parts) {
+  std::vector<Index> order(idx);
+  std::sort(order.begin(), order.end(), [weights](Index a, Index b) {
+    return weights[a] > weights[b] || (weights[a] == weights[b] && a < b);
+  });
+  for (Index i : order) {
+    if (!(weights[i] > 0.0)) return karmarkar_karp_dense(weights, order, parts);
+  }
+  return karmarkar_karp_sparse(weights, order, parts);
 }
 
 Groups kk_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
@@ -282,7 +393,10 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
       {per_seq_cp_groups, false}, {hybrid_cp_groups, true}};
   for (const auto& [grouping, is_costly] : candidates) {
     if (costly && is_costly) continue;
-    auto placed = place_groups(ctx, grouping(batch, dp_size, cp_size, bucket_size));
+    const Groups groups = grouping(batch, dp_size, cp_size, bucket_size);
+    // Cannot beat the best (ties keep the earlier); the margin covers float reordering.
+    if (grouping_bound(ctx, groups, overhead) * (1.0 - 1e-9) >= best_t) continue;
+    auto placed = place_groups(ctx, groups, overhead, best_t);
     if (!placed) continue;
     const double t = iteration_time(ctx, *placed, overhead);
     if (t < best_t) {

@@ -37,13 +37,13 @@ def test_json_contract_and_summary(tmp_path, capsys):
     Plan.from_json(obj).validate()  # round-trips through the plan type
     text = capsys.readouterr().out
     assert "predicted speedup over all-cp" in text and "tokens/cp-rank" in text
-    assert obj["config"]["objective"] == "paper"
-    # The ring objective (ours) is accepted, planned with and recorded.
+    assert obj["config"]["objective"] == "ring"  # the default
+    # The paper's objective is accepted, planned with and recorded.
     assert main(["--lengths", src, "--dp-size", "2", "--cp-size", "4", "--bucket-size", "9000",
-                 "--json", out, "--objective", "ring"]) == 0
-    ring = json.load(open(out))
-    assert ring["config"]["objective"] == "ring"
-    Plan.from_json(ring).validate()
+                 "--json", out, "--objective", "paper"]) == 0
+    paper = json.load(open(out))
+    assert paper["config"]["objective"] == "paper"
+    Plan.from_json(paper).validate()
 
 
 @pytest.mark.parametrize("content,name,needle", [
@@ -64,7 +64,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, content, name, needle
 
 def test_bad_sizes_and_flags(tmp_path):
     src = _write(tmp_path, "b.txt", "10\n20\n")
-    for argv, needle in ([["--dp-size", "0", "--cp-size", "2", "--bucket-size", "100"], "dp_size"],
+    for argv, needle in ([["--dp-size", "0", "--cp-size", "2", "--bucket-size", "100"], "--dp-size"],
                          [["--dp-size", "1", "--cp-size", "2", "--bucket-size", "3"], "bucket"],
                          [["--dp-size", "1", "--cp-size", "x", "--bucket-size", "3"], "--cp-size"]):
         proc = subprocess.run([sys.executable, "-m", "skrull_ext.plan", "--lengths", src] + argv,

@@ -77,14 +77,18 @@ def test_bucket_follows_the_memory_model(tmp_path):
     mem = TrainingMemory(precision="bf16", dp_cp_size=32)
     static = mem.static_bytes(spec)
     want = int((80 * GIB - static - 8 * GIB) // mem.activation_bytes_per_token(spec))
-    assert summary["bucket_size"] == want
+    assert summary["memory"]["recommended_bucket"] == want
+    # The planner keeps the fastest predicted bucket among fractions of the memory limit.
+    choice = {int(c): t for c, t in summary["memory"]["bucket_choice"].items()}
+    assert want in choice and len(choice) > 1 and max(choice) == want
+    assert summary["bucket_size"] == min(choice, key=lambda c: (choice[c], -c))
     assert summary["memory"]["static_gib"] == pytest.approx(static / GIB)
     assert 20_000 < want < 60_000  # the paper used 26K on 80 GB
 
 
 @pytest.mark.parametrize("argv,flag", [
     (["--profile", "lmsyschat1m", "--cp-size", "8", "--dp-size", "4"], "--overflow"),
-    (["--profile", "chatqa2-long-sft", "--bucket-size", "4096"], "--cp-size"),
+    (["--profile", "chatqa2-long-sft", "--bucket-size", "4096", "--cp-size", "1"], "--cp-size"),
     (["--profile", "wikipedia", "--model", "qwen2.5-7b", "--device-memory-gb", "20"],
      "--device-memory-gb"),
     (["--profile", "wikipedia", "--cp-size", "8", "--bucket-size", "10"], "--bucket-size"),

@@ -1,6 +1,6 @@
 """The Python reference scheduler (the spec of the C++ core) on hand-made cases.
 
-Each expected placement below was worked out by hand from SKRULL.md sections 3-4;
+Each expected placement below was worked out by hand from docs/design.md sections 3-4;
 comments walk through the steps.  ``costs == lengths`` unless a case says otherwise.
 The hypothesis tests check the plan invariants of every policy on random batches.
 """
@@ -303,3 +303,21 @@ def test_lower_bound_is_tight_for_one_sample_and_for_even_work():
     two = lower_bound(lengths, cm, 2, 1, 16_000) - cm.time.iteration_overhead
     one = cm.compute_seconds([8000])[0] + cm.micro_batch_overhead
     assert two == pytest.approx(2 * one - cm.micro_batch_overhead, rel=1e-9)
+
+
+def test_gds_count_search_gallops_to_a_locally_fewest_count():
+    """Past LINEAR_COUNTS infeasible counts GDS gallops and binary-searches: the count it
+    returns is feasible and one fewer is not."""
+    rng = np.random.default_rng(3)
+    lengths = np.sort(rng.integers(200, 1000, size=400))
+    costs = lengths.astype(np.float64)
+    ctx = reference.GdsContext(lengths, costs, np.zeros(400), 0.0, 2, 600, "auto", "lpt",
+                               None, "ring")
+    seqs = list(range(400))
+    bound = -(-int(lengths.sum()) // (600 * 2))
+    split = reference._fewest_split(ctx, seqs, bound)
+    m = len(split)
+    assert m > bound + reference.LINEAR_COUNTS  # the galloping phase really ran
+    assert reference._split_rank(ctx, seqs, m - 1) is None
+    placed = sorted(i for dist, local in split for i in dist + [j for r in local for j in r])
+    assert placed == seqs

@@ -31,9 +31,9 @@ def test_cpu_runs_use_the_cpu_preset_with_the_run_dtype():
                             VOCAB)
     assert h100.time == H100.cost_model(model_spec(cfg, VOCAB), 2, 1).time
     assert h100.bytes_per_element == 2
-    assert cost.objective == "paper"
-    ring = tiny_config(DEMO + ["--skrull-objective", "ring"], world_size=2)
-    assert build_cost_model(ring, VOCAB).objective == "ring"
+    assert cost.objective == "ring"  # the default
+    paper = tiny_config(DEMO + ["--skrull-objective", "paper"], world_size=2)
+    assert build_cost_model(paper, VOCAB).objective == "paper"
 
 
 def test_config_file_overrides_every_time_key(tmp_path):

@@ -258,7 +258,7 @@ class SkrullArgs:
     scheduler: str = "skrull"
     hardware: Optional[str] = None  # None: cpu on --device cpu, h100 on cuda
     cost_model_config: Optional[str] = None
-    objective: str = "paper"  # how the scheduler composes a micro-batch's time
+    objective: str = "ring"  # how the scheduler composes a micro-batch's time
     attention_kernel: str = "auto"  # --skrull-attention-kernel, else $SKRULL_ATTENTION_KERNEL
 
     def __post_init__(self) -> None:
@@ -427,8 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("skrull")
     g.add_argument("--skrull-bucket-size", type=int, required=True, help="tokens per CP rank")
     g.add_argument("--skrull-scheduler", default="skrull", choices=SCHEDULERS)
-    g.add_argument("--skrull-objective", default="paper", choices=("paper", "ring"),
-                   help="micro-batch time the scheduler minimises: paper (SKRULL.md section 3) "
+    g.add_argument("--skrull-objective", default="ring", choices=("paper", "ring"),
+                   help="micro-batch time the scheduler minimises: paper (docs/design.md section 3) "
                         "or ring (ours: step by step as the DACP ring runs)")
     g.add_argument("--skrull-hardware", choices=("cpu", "h100"),
                    help="cost-model preset (default: from the device)")

@@ -255,6 +255,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         cfg = errors.parse_quietly(lambda a: parse_args(a, world_size=world), argv)
         resolve_device(cfg.device)
+    except SystemExit as exc:  # argparse (already reported on rank 0) or --help
+        return exc.code if isinstance(exc.code, int) else errors.EXIT_BAD_INPUT
     except ConfigError as exc:
         return errors.report(exc.problems)
     except ValueError as exc:

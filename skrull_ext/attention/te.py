@@ -21,7 +21,7 @@ import inspect
 import torch
 import torch.distributed as dist
 
-from skrull_ext.attention import streams
+from skrull_ext.attention.streams import named_stream
 
 _INSTALL = ("pip install --no-build-isolation 'transformer-engine[pytorch]>=2.6,<2.13' "
             "(see the README's version table)")
@@ -64,7 +64,7 @@ class TEBackend:
                             attn_mask_type="padding_causal", softmax_scale=scale)
             if cp_group is not None:
                 mod.set_context_parallel_group(cp_group, dist.get_process_group_ranks(cp_group),
-                                               streams.named_stream(q.device, "te_cp"), "p2p")
+                                               named_stream(q.device, "te_cp"), "p2p")
             self._modules[key] = (mod, cp_group)  # the group is kept alive with its id
         return self._modules[key][0]
 

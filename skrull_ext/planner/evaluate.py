@@ -16,6 +16,7 @@ from skrull_ext.costmodel.model import ModelSpec
 from skrull_ext.costmodel.hardware import Hardware
 from skrull_ext.scheduler.plan import Plan
 from skrull_ext.scheduler import POLICIES, SchedulerConfig, schedule
+from skrull_ext.sharding import shard_tokens_array
 from skrull_ext.planner.simulator import SimResult, simulate
 
 
@@ -80,7 +81,7 @@ def _stats(policy: str, plans: Sequence[Plan], results: Sequence[SimResult]) -> 
 def compare_policies(batches: Sequence[np.ndarray], model: ModelSpec, hardware: Hardware, *,
                      dp_size: int, cp_size: int, bucket_size: int,
                      policies: Sequence[str] = POLICIES, backend: Optional[str] = None,
-                     objective: str = "paper") -> Comparison:
+                     objective: str = "ring") -> Comparison:
     """Schedules and simulates every batch with every policy.
 
     Args:
@@ -108,7 +109,34 @@ def compare_policies(batches: Sequence[np.ndarray], model: ModelSpec, hardware: 
     return Comparison(stats=stats, example_plans=plans0, example_results=results0)
 
 
-__all__ = ["Comparison", "PolicyStats", "compare_policies"]
+def fastest_bucket(batches: Sequence[np.ndarray], model: ModelSpec, hardware: Hardware, *,
+                   dp_size: int, cp_size: int, max_bucket: int, objective: str = "ring",
+                   backend: Optional[str] = None,
+                   fractions: Sequence[float] = (1.0, 0.75, 0.5, 0.25)) -> tuple[int, dict]:
+    """The bucket with the lowest mean predicted Skrull iteration time, within memory.
+
+    Tries ``fractions`` of ``max_bucket`` (the memory model's largest bucket) that still
+    hold every sampled sequence distributed; ties keep the larger bucket.  A smaller bucket
+    can win: fewer tokens per micro-batch change how GDS interleaves and how DACP places.
+
+    Returns:
+        ``(bucket, {bucket: mean predicted seconds})`` (the scheduler's cost model).
+    """
+    cost = dataclasses.replace(hardware.cost_model(model, cp_size, dp_size), objective=objective)
+    need = max(int(shard_tokens_array(b, cp_size).max()) for b in batches)
+    times = {}
+    for frac in fractions:
+        bucket = int(max_bucket * frac)
+        if bucket < max(need, 2 * cp_size if cp_size > 1 else 1) or bucket in times:
+            continue
+        cfg = SchedulerConfig(dp_size=dp_size, cp_size=cp_size, bucket_size=bucket)
+        times[bucket] = float(np.mean([schedule(b, cfg, cost, backend=backend)
+                                       .predicted["iteration_time"] for b in batches]))
+    best = min(times, key=lambda c: (times[c], -c))
+    return best, times
+
+
+__all__ = ["Comparison", "PolicyStats", "compare_policies", "fastest_bucket"]
 
 
 def max_fitting_length(cp_size: int, bucket_size: int) -> int:

@@ -262,7 +262,9 @@ def predict(plan: Plan, cost_model: CostModel) -> dict:
         ``{"iteration_time", "dp_rank_times" [D], "micro_batch_times" [D][M],
         "lower_bound"}`` in seconds.  ``iteration_time`` is the slowest DP rank's time plus
         the cost model's ``iteration_overhead``; ``lower_bound`` is
-        :func:`skrull_ext.scheduler.bound.lower_bound`, which no plan of the batch beats.
+        :func:`skrull_ext.scheduler.bound.lower_bound`, which no plan of the batch that
+        places samples like this one (local / distributed, or hybrid-CP sub-groups too
+        when it has grouped placements) beats.
     """
     return _predict(plan, cost_model, cost_model.compute_seconds(plan.lengths),
                     cost_model.comm_seconds(plan.lengths, plan.cp_size),
@@ -286,7 +288,8 @@ def _predict(plan: Plan, cost_model: CostModel, costs, comm, shares) -> dict:
         "dp_rank_times": rank_times,
         "micro_batch_times": mb_times,
         "lower_bound": lower_bound(plan.lengths, cost_model, plan.dp_size, plan.cp_size,
-                                   plan.bucket_size),
+                                   plan.bucket_size, arrays=(costs, shares, comm),
+                                   subgroups=flat is None or bool(flat.grouped)),
     }
 
 

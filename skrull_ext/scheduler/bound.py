@@ -43,40 +43,52 @@ def _rank_time(x, t_comm, t_dist, n: int, objective: str):
     return np.maximum(x + b, c) + b + (n - 2) * np.maximum(b, c)
 
 
-def sample_bounds(lengths, cost_model, cp_size: int, bucket_size: int
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def sample_bounds(lengths, cost_model, cp_size: int, bucket_size: int, *, arrays=None,
+                  subgroups: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Per-sample ``(work, alone)``, both ``[K]`` float64 seconds.
 
     ``work[i]``: the least total CP-rank seconds sample ``i`` can cost (any group size it
     fits); ``alone[i]``: the least time of a micro-batch holding only sample ``i``
     (overhead excluded).
+
+    Args:
+        arrays: Optional ``(costs, shares, comm)`` of the batch for ``cp_size`` (what
+            ``schedule`` already computed), saving their recomputation.
+        subgroups: Also consider hybrid-CP sub-groups (``1 < g < N``); only plans with
+            grouped placements can use them.
     """
     s = np.asarray(lengths, dtype=np.int64)
     n = cp_size
     work = np.full(s.shape, np.inf)
     alone = np.full(s.shape, np.inf)
-    for g in _group_sizes(n):
+    for g in _group_sizes(n) if subgroups else sorted({1, n}):
         fits = shard_tokens_array(s, g) <= bucket_size
         if g == 1:
-            cost = cost_model.compute_seconds(s)
+            cost = cost_model.compute_seconds(s) if arrays is None else arrays[0]
             work = np.where(fits, np.minimum(work, cost), work)
             alone = np.where(fits, np.minimum(alone, cost), alone)
             continue
-        share = cost_model.share_seconds(s, g)
-        comm = cost_model.comm_seconds(s, g) + cost_model.comm_latency(g)
+        if arrays is not None and g == n:
+            share, comm = arrays[1], arrays[2] + cost_model.comm_latency(g)
+        else:
+            share = cost_model.share_seconds(s, g)
+            comm = cost_model.comm_seconds(s, g) + cost_model.comm_latency(g)
         work = np.where(fits, np.minimum(work, g * share), work)
         t = _rank_time(0.0, comm, share, n, cost_model.objective)
         alone = np.where(fits, np.minimum(alone, t), alone)
     return work, alone
 
 
-def lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_size: int) -> float:
+def lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_size: int, *,
+                arrays=None, subgroups: bool = True) -> float:
     """Seconds no plan of this batch can beat under ``cost_model`` (see module doc).
 
     Args:
         lengths: ``[K]`` sample lengths (each must fit the bucket distributed).
         cost_model: The scheduler's :class:`~skrull_ext.costmodel.model.CostModel`.
         dp_size, cp_size, bucket_size: ``D``, ``N``, ``C``.
+        arrays, subgroups: See :func:`sample_bounds`; ``subgroups=False`` bounds the plans
+            our attention runs (local and fully distributed samples only).
     """
     s = np.asarray(lengths, dtype=np.int64)
     d, n = dp_size, cp_size
@@ -84,7 +96,8 @@ def lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_size: in
     fixed = cost_model.time.iteration_overhead
     if s.size == 0:
         return fixed
-    work, alone = sample_bounds(s, cost_model, n, bucket_size)
+    work, alone = sample_bounds(s, cost_model, n, bucket_size, arrays=arrays,
+                                subgroups=subgroups)
     min_mbs = max(-(-int(s.sum()) // (bucket_size * n)), min(s.size, d))
     average = float(work.sum()) / (d * n) + ovh * min_mbs / d
     single = float(alone.max()) + ovh

@@ -28,7 +28,7 @@ from skrull_ext.scheduler.reference import GdsContext, Placement, gds_schedule, 
 PORTFOLIO = ("kk", "sorted", "all-cp", "per-seq-cp", "hybrid-cp")
 # Groupings whose cost grows with K x micro-batches per DP rank.
 COSTLY_GROUPINGS = ("kk", "hybrid-cp")
-MAX_GROUPING_WORK = 1 << 21
+MAX_GROUPING_WORK = 1 << 20
 
 
 def grouping_work(lengths, dp_size: int, cp_size: int, bucket_size: int) -> int:
@@ -60,17 +60,25 @@ def _time(ctx: GdsContext, placement: Placement) -> float:
                             ctx.shares, ctx.objective)
 
 
-def place_groups(ctx: GdsContext, groups: Sequence[Sequence[Sequence[int]]]
-                 ) -> Optional[list[list[Placement]]]:
-    """:func:`place_group` of every DP rank's micro-batches; ``None`` if one cannot be placed."""
+def place_groups(ctx: GdsContext, groups: Sequence[Sequence[Sequence[int]]], overhead: float,
+                 best_t: float) -> Optional[list[list[Placement]]]:
+    """:func:`place_group` of every DP rank's micro-batches.
+
+    ``None`` if one cannot be placed, or as soon as a DP rank's running
+    :meth:`GdsContext.split_time` reaches ``best_t`` (it only grows, and a candidate must
+    be strictly faster to win).
+    """
     out = []
     for rank in groups:
-        placed = []
+        placed, t = [], 0.0
         for group in rank:
             p = place_group(ctx, group)
             if p is None:
                 return None
             placed.append(p)
+            t += _time(ctx, p) + overhead
+            if t >= best_t:
+                return None
         out.append(placed)
     return out
 
@@ -100,7 +108,7 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
         if costly and name in COSTLY_GROUPINGS:
             continue
         placed = place_groups(ctx, GROUPINGS[name](lengths, costs, dp_size, cp_size,
-                                                   bucket_size))
+                                                   bucket_size), overhead, best_t)
         if placed is None:
             continue
         t = iteration_time(ctx, placed, overhead)

@@ -1,6 +1,6 @@
 """Pure-Python reference of the Skrull scheduler: the readable specification.
 
-Implements SKRULL.md sections 3 (DACP) and 4 (GDS) on plain arrays.  The C++ core
+Implements docs/design.md sections 3 (DACP) and 4 (GDS) on plain arrays.  The C++ core
 (``csrc/``) mirrors every function here step for step and must return identical plans;
 ``tests/test_parity.py`` checks that.  Rules both implementations follow so they agree
 bit for bit:
@@ -27,6 +27,8 @@ from skrull_ext.sharding import shard_tokens
 ROLLBACK_POLICIES = ("shortest", "best-fit", "auto")
 DACP_VARIANTS = ("paper", "balanced", "lpt", "auto")
 OBJECTIVES = ("paper", "ring")
+# GDS tries this many micro-batch counts one by one before galloping (_fewest_split).
+LINEAR_COUNTS = 16
 
 Placement = tuple[list[int], list[list[int]]]  # (distributed, local per CP rank)
 
@@ -52,7 +54,7 @@ def rank_time(x: float, t_comm: float, t_dist: float, n: int, objective: str = "
     """Seconds of one CP rank in a micro-batch: local compute ``x``, ring ``t_comm``,
     per-rank distributed compute ``t_dist``, ``n`` CP ranks.
 
-    ``paper`` (SKRULL.md section 3): ``max(t_comm, x) + t_dist``; the local work hides the
+    ``paper`` (docs/design.md section 3): ``max(t_comm, x) + t_dist``; the local work hides the
     whole ring's communication, the distributed compute hides none.  ``ring`` (ours): the
     ring as :mod:`skrull_ext.attention.ring` runs it, ``n`` compute blocks of
     ``b = t_dist / n`` and ``n - 1`` exchanges of ``c = t_comm / (n - 1)``; the local work
@@ -106,7 +108,7 @@ def _choose_victim(local_r: list[int], lengths, rem: list[int], r: int, need: in
 
 def micro_batch_time(placement: Placement, costs, comm, latency: float, cp_size: int,
                      shares=None, objective: str = "paper") -> float:
-    """Predicted seconds of one placed micro-batch (SKRULL.md section 3 objective).
+    """Predicted seconds of one placed micro-batch (docs/design.md section 3 objective).
 
     ``max_j rank_time(T_comp(local_j), T_comm(distributed), T_comp(distributed) / N)``
     (:func:`rank_time`); the caller adds the fixed per-micro-batch overhead.
@@ -171,7 +173,7 @@ def dacp_place(lengths, costs, idx: Sequence[int], cp_size: int, bucket_size: in
                rollback: str = "shortest", shares=None, *, balanced: bool = False,
                comm=None, latency: float = 0.0, objective: str = "paper"
                ) -> Optional[Placement]:
-    """DACP (SKRULL.md section 3) for one micro-batch on one CP group.
+    """DACP (docs/design.md section 3) for one micro-batch on one CP group.
 
     Sequences go in ascending (length, index) order: a) local on the rank with the least
     local compute if it has room, b) else local on the rank with the most room, c) else
@@ -466,20 +468,46 @@ def _plan_rank(ctx: GdsContext, seqs, m: Optional[int] = None) -> Optional[list[
         return None if split is None else split + singles
     cap = ctx.bucket_size * ctx.cp_size
     m = max(1, -(-sum(int(ctx.lengths[i]) for i in rest) // cap))
+    return _fewest_split(ctx, rest, m) + singles
+
+
+def _fewest_split(ctx: GdsContext, rest, m: int) -> list[Placement]:
+    """The interleaved split of ``rest`` with a locally fewest micro-batch count.
+
+    From the token bound ``m`` one count at a time for :data:`LINEAR_COUNTS` counts (an
+    infeasible count is usually rejected cheaply and the answer is near the bound), then
+    galloping (steps 2, 4, 8, ..., capped at one sample per micro-batch, which is always
+    feasible) to the first feasible count and a binary search between it and the last
+    infeasible one: ``O(log M)`` DACP passes where a tight bucket needs thousands of
+    micro-batches.  The result is feasible at ``m`` and infeasible at ``m - 1`` (or ``m``
+    is the token bound).
+    """
+    lo, step, tries = m - 1, 1, 0
     while True:
         split = _split_rank(ctx, rest, m)
         if split is not None:
-            return split + singles
+            break
         if m >= len(rest):
             raise AssertionError("one sample per micro-batch must be feasible")
-        m += 1
+        tries += 1
+        if tries > LINEAR_COUNTS:
+            step *= 2
+        lo, m = m, min(m + step, len(rest))
+    while m - lo > 1:
+        mid = (lo + m) // 2
+        trial = _split_rank(ctx, rest, mid)
+        if trial is None:
+            lo = mid
+        else:
+            m, split = mid, trial
+    return split
 
 
 def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: int,
                  bucket_size: int, rollback: str = "auto", overhead: float = 0.0,
                  variant: str = "auto", shares=None, objective: str = "paper"
                  ) -> list[list[Placement]]:
-    """GDS (SKRULL.md section 4): split a global batch over DP ranks and micro-batches.
+    """GDS (docs/design.md section 4): split a global batch over DP ranks and micro-batches.
 
     Returns ``dp_size`` lists of equally many placements (empty placements pad ranks that
     need fewer micro-batches).  Every sample must already be known to fit alone
