@@ -1,4 +1,4 @@
-"""Reproduces the Skrull paper's evaluation with the simulator (SKRULL.md section 8).
+"""Reproduces the Skrull paper's evaluation with the simulator (docs/design.md section 8).
 
 Qwen2.5-0.5B (bucket 26K) and Qwen2.5-7B (bucket 13K) on the Wikipedia, LMsysChat1M and
 ChatQA2-Long-SFT length profiles; DP = 4, CP = 8, 64 sequences per DP rank (7B on
@@ -37,7 +37,7 @@ CONFIGS = [("qwen2.5-0.5b", 26 * K, d, 4, 8, 64) for d in DATASETS] + [
     ("qwen2.5-7b", 13 * K, "chatqa2-long-sft", 2, 16, 40),
 ]
 BASELINES = [p for p in POLICIES if p != "skrull"]
-# The paper's reported average speedups of Skrull (SKRULL.md section 8).
+# The paper's reported average speedups of Skrull (docs/design.md section 8).
 PAPER = {"0.5B over DeepSpeed (per-seq-cp)": 5.50, "7B over DeepSpeed (per-seq-cp)": 2.03,
          "all over DeepSpeed (per-seq-cp)": 3.76, "all over sorted": 3.45}
 

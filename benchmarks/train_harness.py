@@ -18,7 +18,7 @@ the library is not instrumented):
 * ``ring_wait``: time blocked in ``RingComm.wait`` (exposed P2P communication);
 * ``ring_other``: the rest of the ring (log-sum-exp merges, index selects, posting);
 * ``grad_allreduce``: the DP x CP gradient all-reduce;
-* ``optimizer``: clipping and AdamW;
+* ``optimizer``: mcore's optimizer step (clipping and AdamW);
 * ``model_other``: everything else: embedding, norms, QKV/output projections, MLP, RoPE,
   loss, autograd (the "linear" part of the cost model).
 """
@@ -152,28 +152,24 @@ class _Timers:
         comm_mod.RingComm.wait = timed_wait
 
     def _time_loop(self, trainer):
-        """Data packing, gradient all-reduce, clipping and the optimizer step."""
+        """Data packing, mcore's gradient reduction and its optimizer step (with clipping)."""
         from megatron.skrull import training as tr
 
         timers = self
-        for name, key in (("materialize", "data"), ("allreduce_gradients", "grad_allreduce"),
-                          ("clip_grad_norm", "optimizer")):
-            orig = getattr(tr, name)
 
-            def timed(*a, _orig=orig, _key=key, **k):
+        def timed(orig, key):
+            def run(*a, **k):
                 t = time.perf_counter()
-                r = _orig(*a, **k)
-                timers.add(_key, time.perf_counter() - t)
+                r = orig(*a, **k)
+                timers.add(key, time.perf_counter() - t)
                 return r
-            setattr(tr, name, timed)
-        step = trainer.optimizer.step
+            return run
 
-        def timed_step(*a, **k):
-            t = time.perf_counter()
-            r = step(*a, **k)
-            timers.add("optimizer", time.perf_counter() - t)
-            return r
-        trainer.optimizer.step = timed_step
+        tr.materialize = timed(tr.materialize, "data")
+        config = trainer.model.config
+        config.finalize_model_grads_func = timed(config.finalize_model_grads_func,
+                                                 "grad_allreduce")
+        trainer.optimizer.step = timed(trainer.optimizer.step, "optimizer")
 
     def _time_linears(self, model):
         """Forward and backward of every linear layer into ``linear``.

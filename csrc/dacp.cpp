@@ -1,4 +1,4 @@
-// DACP (SKRULL.md section 3): local-first placement of one micro-batch with roll-back,
+// DACP (docs/design.md section 3): local-first placement of one micro-batch with roll-back,
 // and our balanced and LPT variants.
 // Mirrors dacp_place / _choose_victim / _roll_back / micro_batch_time /
 // dacp_place_lpt / dacp_best of

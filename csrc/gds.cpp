@@ -1,4 +1,4 @@
-// GDS (SKRULL.md section 4): LPT over DP ranks, then per DP rank the fewest interleaved
+// GDS (docs/design.md section 4): LPT over DP ranks, then per DP rank the fewest interleaved
 // micro-batches that DACP can place, then the (ours) re-split to the common count.
 // Mirrors lpt_partition / interleave / _split_rank / _fewest_split / _isolate / _plan_rank /
 // GdsContext / gds_schedule of

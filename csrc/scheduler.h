@@ -1,4 +1,4 @@
-// C++17 core of the Skrull scheduler: DACP placement (SKRULL.md section 3) and the GDS
+// C++17 core of the Skrull scheduler: DACP placement (docs/design.md section 3) and the GDS
 // split of a global batch (section 4).
 //
 // This is a step-for-step port of skrull_ext/scheduler/reference.py (the specification):

@@ -2,7 +2,7 @@
 # CPU demo of Skrull-Megatron: 2 processes (gloo), context parallel size 2, the embedded
 # synthetic corpus and the tiny model of examples/configs/tiny_cpu.sh. No network, no GPU.
 #
-#   bash examples/run_cpu_demo.sh                 # ~2-3 minutes on 2 cores
+#   bash examples/run_cpu_demo.sh                 # ~2 minutes on 2 quiet cores
 #   ITERS=20 SCHEDULER=all-cp bash examples/run_cpu_demo.sh
 #
 # Environment overrides (defaults in brackets):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Long-context SFT of a Qwen2.5-0.5B-shaped GPT with Skrull scheduling on several GPU nodes,
-# the paper's setting (docs/SKRULL.md section 8): 4 nodes x 8 GPUs = DP 4 x CP 8, global
+# the paper's setting (docs/design.md section 8): 4 nodes x 8 GPUs = DP 4 x CP 8, global
 # batch 256, bucket 26000 tokens per GPU. Run the same command on every node:
 #
 #   MASTER_ADDR=node0 NNODES=4 NODE_RANK=<0..3> \
@@ -39,7 +39,7 @@ TENSORBOARD_DIR="${TENSORBOARD_DIR:-runs/qwen2.5-0.5b-sft/tb}"
 
 # Parallelism: CP inside a node (ring traffic on NVLink), DP = world / CP across nodes.
 CP="${CP:-8}"
-BUCKET="${BUCKET:-26000}"           # tokens per GPU per micro-batch (docs/SKRULL.md section 2)
+BUCKET="${BUCKET:-26000}"           # tokens per GPU per micro-batch (docs/design.md section 2)
 SEQ_LENGTH="${SEQ_LENGTH:-131072}"  # longest sample; must fit BUCKET x CP when distributed
 GLOBAL_BATCH_SIZE="${GLOBAL_BATCH_SIZE:-256}"
 TRAIN_ITERS="${TRAIN_ITERS:-2000}"

@@ -18,10 +18,15 @@ from typing import Optional, Sequence
 import numpy as np
 
 import skrull_ext
+from skrull_ext.cli_common import (Progress, check_bucket, check_layout, check_sample_count,
+                                   count, name_flags, report_unexpected)
 from skrull_ext.costmodel.model import MODEL_PRESETS, CostModel, default_cost_model, get_model_spec
 from skrull_ext.planner.lengths_io import read_lengths
 from skrull_ext.scheduler.plan import Plan
 from skrull_ext.scheduler import POLICIES, ScheduleInputError, SchedulerConfig, schedule
+
+
+PROG = "python -m skrull_ext.plan"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,17 +35,18 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m skrull_ext.plan", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", required=True,
                    help="sample lengths: JSON list, .npy int array, or one int per line")
-    p.add_argument("--dp-size", type=int, required=True, help="data-parallel degree D")
-    p.add_argument("--cp-size", type=int, required=True, help="context-parallel degree N")
-    p.add_argument("--bucket-size", type=int, required=True, help="max tokens per CP rank (C)")
+    p.add_argument("--dp-size", type=count, required=True, help="data-parallel degree D")
+    p.add_argument("--cp-size", type=count, required=True, help="context-parallel degree N")
+    p.add_argument("--bucket-size", type=count, required=True,
+                   help="max tokens per CP rank (C)")
     p.add_argument("--policy", choices=POLICIES, default="skrull")
     p.add_argument("--rollback", choices=("shortest", "best-fit", "auto"), default="auto",
                    help="DACP roll-back victim choice")
     p.add_argument("--objective", choices=("paper", "ring"), default="ring",
-                   help="micro-batch time: paper (SKRULL.md section 3) or ring (ours, step by "
+                   help="micro-batch time: paper (docs/design.md section 3) or ring (ours, step by "
                         "step as the ring runs)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--model", choices=sorted(MODEL_PRESETS), default="qwen2.5-0.5b",
@@ -78,8 +84,32 @@ def _summary(plan: Plan, baselines: dict[str, float], quiet: bool) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_layout(args.dp_size, args.cp_size)
+    check_bucket(args.bucket_size)
     lengths = read_lengths(args.lengths)
+    check_sample_count(len(lengths), f"--lengths {args.lengths}")
+    with Progress(PROG, f"planning {len(lengths)} sequences on DP {args.dp_size} x CP "
+                        f"{args.cp_size} (skrull and 2 baselines)"):
+        plan, baselines = _plan(args, lengths)
+    out = plan.to_json()
+    out["predicted"]["speedup"] = {k: v / plan.predicted["iteration_time"]
+                                   for k, v in baselines.items()}
+    out["predicted"]["local_token_share"] = plan.local_token_share()
+    out["config"]["backend"] = skrull_ext.BACKEND
+    out["config"]["rollback"] = args.rollback
+    out["config"]["objective"] = args.objective
+    out["config"]["model"] = args.model_spec.name
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(out, f)
+    print(_summary(plan, baselines, args.quiet))
+    return 0
+
+
+def _plan(args: argparse.Namespace, lengths: np.ndarray) -> tuple[Plan, dict[str, float]]:
+    """The requested policy's plan and the baselines' predicted iteration times."""
     spec = get_model_spec(args.model_config) if args.model_config else get_model_spec(args.model)
+    args.model_spec = spec
     cost: CostModel = dataclasses.replace(default_cost_model(spec), objective=args.objective)
     cfg = SchedulerConfig(dp_size=args.dp_size, cp_size=args.cp_size,
                           bucket_size=args.bucket_size, policy=args.policy,
@@ -88,32 +118,22 @@ def run(args: argparse.Namespace) -> int:
     baselines = {}
     for name in ("all-cp", "per-seq-cp"):
         if name != args.policy:
-            other = schedule(lengths, SchedulerConfig(
-                dp_size=args.dp_size, cp_size=args.cp_size, bucket_size=args.bucket_size,
-                policy=name), cost)
+            other = schedule(lengths, dataclasses.replace(cfg, policy=name, rollback="auto"),
+                             cost)
             baselines[name] = other.predicted["iteration_time"]
-    out = plan.to_json()
-    out["predicted"]["speedup"] = {k: v / plan.predicted["iteration_time"]
-                                   for k, v in baselines.items()}
-    out["predicted"]["local_token_share"] = plan.local_token_share()
-    out["config"]["backend"] = skrull_ext.BACKEND
-    out["config"]["rollback"] = args.rollback
-    out["config"]["objective"] = args.objective
-    out["config"]["model"] = spec.name
-    if args.json_out:
-        with open(args.json_out, "w", encoding="utf-8") as f:
-            json.dump(out, f)
-    print(_summary(plan, baselines, args.quiet))
-    return 0
+    return plan, baselines
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point; returns 0, 2 (bad input: one ``error:`` line) or 1 (unexpected)."""
     args = build_parser().parse_args(argv)
     try:
         return run(args)
-    except (ScheduleInputError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (ScheduleInputError, ValueError, OSError) as exc:  # SizeError is a ValueError
+        print(f"error: {name_flags(str(exc))}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback
+        return report_unexpected(PROG, exc)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Every rank builds the same per-sample float64 inputs (same seed), packs its share with
 its layout, runs ``dacp_attention`` forward and backward, and compares with a
-single-process explicit-softmax causal attention of the un-sharded sequences.  Each
+single-process causal attention (torch SDPA) of the un-sharded sequences.  Each
 case's outcome ("ok" or a traceback) is written to ``<out>/result_<rank>.json``.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from skrull_ext.attention import RingComm, dacp_attention, get_kernel
 from skrull_ext.attention.kernels import AttentionKernel
@@ -28,13 +29,15 @@ import fakes
 
 
 def reference_attention(q, k, v, scale):
-    """Causal attention of one whole sequence, explicit softmax (autograd-aware)."""
+    """Causal attention of one whole sequence by torch's SDPA (autograd-aware, any dtype).
+
+    ``q [S, H, D]``, ``k/v [S, Hkv, D]`` -> ``[S, H, D]``.
+    """
     group = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    s = torch.einsum("qhd,khd->hqk", q, kk) * scale
-    mask = torch.ones(q.shape[0], q.shape[0], dtype=torch.bool).triu(1)
-    p = torch.softmax(s.masked_fill(mask, -math.inf), dim=-1)
-    return torch.einsum("hqk,khd->qhd", p, vv)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), kk.transpose(0, 1),
+                                         vv.transpose(0, 1), is_causal=True, scale=scale)
+    return out.transpose(0, 1)
 
 
 def placement(kind, world):

@@ -156,3 +156,26 @@ def test_launcher_flag_env_and_errors(monkeypatch):
     monkeypatch.setenv("SKRULL_ATTENTION_KERNEL", "fastest")
     with pytest.raises(ConfigError, match="'fastest'.*SKRULL_ATTENTION_KERNEL.*auto, flash, te"):
         parse_args(argv)
+
+
+def test_launcher_missing_kernel_library_is_one_error_line(tmp_path):
+    """The launcher resolves the kernel before building the model: asking for flash-attn
+    where it is not installed stops with one error line naming the install, exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    from mcore_helpers import TINY_FLAGS
+    from skrull_ext.attention import flash_attn_available
+
+    if flash_attn_available():
+        pytest.skip("flash-attn is installed here")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "megatron.skrull.pretrain_gpt", *TINY_FLAGS,
+                           "--train-iters", "1", "--skrull-attention-kernel", "flash"],
+                          env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--skrull-attention-kernel flash" in errors[0] \
+        and "pip install 'flash-attn>=2.6,<2.9'" in errors[0], proc.stderr[-2000:]

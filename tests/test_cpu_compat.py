@@ -136,3 +136,88 @@ def test_cuda_requested_without_cuda_is_a_clear_error():
         pytest.skip("machine has CUDA")
     with pytest.raises(ValueError, match="--device cpu"):
         cpu_compat.resolve_device("cuda")
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="upstream behaviour is only observable without CUDA")
+def test_mcore_ddp_optimizer_schedule_still_assume_cuda():
+    # What cuda_to_cpu exists for; when upstream drops these, drop the mode.
+    from megatron.core.distributed import param_and_grad_buffer
+    from megatron.core.optimizer import clip_grads, distrib_optimizer, optimizer
+    from megatron.core.pipeline_parallel import schedules
+
+    assert 'device="cuda"' in inspect.getsource(schedules.forward_backward_no_pipelining)
+    assert "device='cuda'" in inspect.getsource(optimizer.FP32Optimizer)
+    assert "device='cuda'" in inspect.getsource(clip_grads.get_grad_norm_fp32)
+    assert "param.grad.type() == 'torch.cuda.FloatTensor'" in inspect.getsource(
+        clip_grads.clip_grad_by_total_norm_fp32)
+    assert "model_param.type() == 'torch.cuda.FloatTensor'" in inspect.getsource(
+        distrib_optimizer.DistributedOptimizer)
+    assert "torch.cuda.current_device()" in inspect.getsource(param_and_grad_buffer)
+    with pytest.raises((AssertionError, RuntimeError)):
+        torch.zeros(1, device="cuda")
+
+
+def test_cuda_to_cpu_mode_is_scoped():
+    t64 = torch.zeros(2, dtype=torch.float64)
+    with cpu_compat.cuda_to_cpu("cpu"):
+        assert torch.zeros(3, dtype=torch.int, device="cuda").device.type == "cpu"
+        assert torch.tensor([1.0], device=torch.device("cuda", 0)).device.type == "cpu"
+        assert t64.cuda() is t64
+        # float64 plays float32's role (full-precision params are their own main params).
+        assert t64.type() == "torch.cuda.FloatTensor"
+        assert torch.zeros(1, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
+        assert torch.zeros(1, dtype=torch.int64).type() == "torch.LongTensor"
+        assert t64.type(torch.float32).dtype == torch.float32  # conversions untouched
+    assert t64.type() == "torch.DoubleTensor"  # gone after the block
+    if NO_CUDA:
+        with pytest.raises((AssertionError, RuntimeError)):
+            torch.zeros(1, device="cuda")
+
+
+def test_checkpoint_writer_shim_matches_upstream_and_is_scoped():
+    # cpu_checkpoint_io stands in for these upstream pieces; fail when they move.
+    from megatron.core.dist_checkpointing.strategies import filesystem_async as fsa
+
+    writer = fsa.FileSystemWriterAsync
+    assert _params(writer.write_preloaded_data_multiproc) == \
+        ["transform_list", "use_msc", "rank", "write_buckets", "global_results_queue"]
+    assert _params(writer.write_preloaded_data)[:6] == \
+        ["transform_list", "local_proc_idx", "write_bucket", "results_queue", "count_queue",
+         "use_fsync"]
+    assert "torch.cuda.synchronize()" in inspect.getsource(writer.preload_tensors)
+    assert "Manager()" in inspect.getsource(fsa._get_write_results_queue)
+    assert 'get_context("fork")' in inspect.getsource(writer.write_preloaded_data_multiproc)
+    before = (torch.cuda.synchronize, fsa._get_write_results_queue,
+              writer.__dict__["write_preloaded_data_multiproc"])
+    with cpu_compat.cpu_checkpoint_io("cpu"):
+        torch.cuda.synchronize()  # would raise on a CPU-only torch without the shim
+        assert fsa._get_write_results_queue is not before[1]
+    after = (torch.cuda.synchronize, fsa._get_write_results_queue,
+             writer.__dict__["write_preloaded_data_multiproc"])
+    assert after == before  # restored: the shim lives only inside the block
+
+
+def test_checkpoint_io_roundtrip_on_cpu(tmp_path):
+    # The in-process writer produces a checkpoint upstream's loader reads back.
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
+    try:
+        t = torch.arange(12, dtype=torch.float64).reshape(3, 4)
+        (tmp_path / "c").mkdir()
+        with cpu_compat.cpu_checkpoint_io("cpu"):
+            dist_checkpointing.save({"w": ShardedTensor.from_rank_offsets("w", t), "n": 7},
+                                    str(tmp_path / "c"))
+            out = dist_checkpointing.load(
+                {"w": ShardedTensor.from_rank_offsets("w", torch.zeros(3, 4,
+                                                                       dtype=torch.float64))},
+                str(tmp_path / "c"))
+        torch.testing.assert_close(out["w"], t, rtol=0, atol=0)
+        assert out["n"] == 7
+    finally:
+        dist.destroy_process_group()

@@ -1,6 +1,6 @@
 """Hugging Face models in and out: tiny random Llama (GQA, tied) and Qwen2 (q/k/v bias, untied).
 
-Each model is built with transformers in the test, its config vocabulary larger than the
+Qwen3 (per-head q/k norms, head_dim != hidden/heads) is checked on logits.  Each model is built with transformers in the test, its config vocabulary larger than the
 tokenizer's.  One spawned 2-rank gloo job checks: mcore logits after import equal
 transformers' (fp32, 1e-5), and the launcher's first-iteration loss with ``--lr 0`` equals
 transformers' loss on the same global batch under TP=2 (Qwen2) and CP=2 (Llama).  The
@@ -24,7 +24,8 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
               rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 MODELS = {"llama": ("LlamaConfig", dict(tie_word_embeddings=True, rope_theta=10000.0)),
-          "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False, rope_theta=1000000.0))}
+          "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False, rope_theta=1000000.0)),
+          "qwen3": ("Qwen3Config", dict(tie_word_embeddings=True, head_dim=24))}
 
 
 def make_hf_model(directory: str, kind: str, tokenizer_dir: str) -> str:
@@ -97,7 +98,7 @@ def _worker(rank, world, tmp):
     from megatron.skrull.cpu_compat import apply_cpu_compat
 
     apply_cpu_compat("cpu")
-    out = {"logits": {k: _logits(tmp, k) for k in MODELS},
+    out = {"logits": {k: _logits(tmp, k) for k in MODELS},  # qwen3: logits only
            "tp2": _launch(tmp, "qwen2", ["--tensor-model-parallel-size", "2"]),
            "cp2": _launch(tmp, "llama", ["--context-parallel-size", "2"])}
     torch.save(out, os.path.join(tmp, f"out{rank}.pt"))
@@ -152,7 +153,7 @@ def test_first_loss_equals_transformers(job, case, kind):
     assert out[case] == pytest.approx(_transformers_loss(tmp, kind), rel=1e-5)
 
 
-@pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_export_round_trip_bit_identical(job, kind):
     import transformers
     from safetensors.torch import load_file

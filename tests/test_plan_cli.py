@@ -64,7 +64,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, content, name, needle
 
 def test_bad_sizes_and_flags(tmp_path):
     src = _write(tmp_path, "b.txt", "10\n20\n")
-    for argv, needle in ([["--dp-size", "0", "--cp-size", "2", "--bucket-size", "100"], "dp_size"],
+    for argv, needle in ([["--dp-size", "0", "--cp-size", "2", "--bucket-size", "100"], "--dp-size"],
                          [["--dp-size", "1", "--cp-size", "2", "--bucket-size", "3"], "bucket"],
                          [["--dp-size", "1", "--cp-size", "x", "--bucket-size", "3"], "--cp-size"]):
         proc = subprocess.run([sys.executable, "-m", "skrull_ext.plan", "--lengths", src] + argv,

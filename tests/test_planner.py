@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from skrull_ext.costmodel.memory import TrainingMemory
 from skrull_ext.costmodel.model import MODEL_PRESETS
 from skrull_ext.planner.cli import GIB, main
 
@@ -72,8 +73,10 @@ def test_bucket_follows_the_memory_model(tmp_path):
                  "--policies", "skrull", "--backend", "python", "--json", str(js)]) == 0
     summary = json.loads(js.read_text())
     spec = MODEL_PRESETS["qwen2.5-0.5b"]
-    static = spec.static_memory_bytes(32)
-    want = int((80 * GIB - static - 8 * GIB) // spec.activation_bytes_per_token())
+    # No flags: Megatron's defaults (no distributed optimizer, no recompute), h100 -> bf16.
+    mem = TrainingMemory(precision="bf16", dp_cp_size=32)
+    static = mem.static_bytes(spec)
+    want = int((80 * GIB - static - 8 * GIB) // mem.activation_bytes_per_token(spec))
     assert summary["memory"]["recommended_bucket"] == want
     # The planner keeps the fastest predicted bucket among fractions of the memory limit.
     choice = {int(c): t for c, t in summary["memory"]["bucket_choice"].items()}
@@ -85,7 +88,7 @@ def test_bucket_follows_the_memory_model(tmp_path):
 
 @pytest.mark.parametrize("argv,flag", [
     (["--profile", "lmsyschat1m", "--cp-size", "8", "--dp-size", "4"], "--overflow"),
-    (["--profile", "chatqa2-long-sft", "--bucket-size", "4096"], "--cp-size"),
+    (["--profile", "chatqa2-long-sft", "--bucket-size", "4096", "--cp-size", "1"], "--cp-size"),
     (["--profile", "wikipedia", "--model", "qwen2.5-7b", "--device-memory-gb", "20"],
      "--device-memory-gb"),
     (["--profile", "wikipedia", "--cp-size", "8", "--bucket-size", "10"], "--bucket-size"),

@@ -1,6 +1,6 @@
 """The Python reference scheduler (the spec of the C++ core) on hand-made cases.
 
-Each expected placement below was worked out by hand from SKRULL.md sections 3-4;
+Each expected placement below was worked out by hand from docs/design.md sections 3-4;
 comments walk through the steps.  ``costs == lengths`` unless a case says otherwise.
 The hypothesis tests check the plan invariants of every policy on random batches.
 """

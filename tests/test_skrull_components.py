@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.skrull.optimizer import LRSchedule, build_optimizer
+from megatron.skrull.arguments import OptimArgs
+from megatron.skrull.optimizer import build_scheduler
 from megatron.skrull.planning import build_cost_model, make_planner, predicted_seconds
 from megatron.skrull.samples import DatasetSource, SyntheticSFTSource
 from megatron.skrull.training import IterationStats, MetricsLogger
@@ -16,24 +17,29 @@ from megatron.skrull.training import IterationStats, MetricsLogger
 from mcore_helpers import tiny_config
 
 
-def test_lr_schedule_shapes():
-    lin = LRSchedule(lr=1.0, min_lr=0.1, warmup_iters=4, decay_iters=14, style="linear")
-    assert [lin.lr_at(i) for i in (1, 2, 4)] == [0.25, 0.5, 1.0]
-    assert lin.lr_at(9) == pytest.approx(0.55)
-    assert lin.lr_at(14) == pytest.approx(0.1) and lin.lr_at(100) == pytest.approx(0.1)
-    cos = LRSchedule(lr=1.0, min_lr=0.0, warmup_iters=0, decay_iters=10, style="cosine")
-    assert cos.lr_at(5) == pytest.approx(0.5) and cos.lr_at(10) == pytest.approx(0.0)
-    const = LRSchedule(lr=0.3, min_lr=0.0, warmup_iters=2, decay_iters=10, style="constant")
-    assert const.lr_at(1) == pytest.approx(0.15) and const.lr_at(7) == 0.3
+def test_lr_schedule_is_megatrons():
+    # mcore's OptimizerParamScheduler in iterations: iteration i trains with step i - 1's LR.
+    def lrs(iters, **kw):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+        sched = build_scheduler(opt, OptimArgs(train_iters=iters, **kw))
+        out = []
+        for _ in range(iters):
+            out.append(opt.param_groups[0]["lr"])
+            sched.step(increment=1)
+        return out
 
-
-def test_no_weight_decay_on_norms_and_biases():
-    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
-    from megatron.skrull.arguments import OptimArgs
-
-    opt = build_optimizer(model, OptimArgs(lr=1e-3, train_iters=1, weight_decay=0.1))
-    decay = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
-    assert decay == {id(model[0].weight)}
+    lin = lrs(14, lr=1.0, min_lr=0.1, lr_warmup_iters=4, lr_decay_style="linear")
+    assert lin[:5] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert lin[9] == pytest.approx(0.55) and lin[13] == pytest.approx(0.19)
+    cos = lrs(10, lr=1.0, lr_decay_style="cosine")
+    assert cos[0] == 1.0 and cos[5] == pytest.approx(0.5)
+    const = lrs(4, lr=0.3, lr_warmup_iters=2, lr_decay_style="constant")
+    assert const == [0.0, 0.15, 0.3, 0.3]
+    # Resuming at iteration k restores step k's LR.
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+    build_scheduler(opt, OptimArgs(lr=1.0, min_lr=0.1, train_iters=14, lr_warmup_iters=4),
+                    num_steps=9)
+    assert opt.param_groups[0]["lr"] == pytest.approx(lin[9])
 
 
 def test_planner_uses_the_scheduler_and_cost_model(tmp_path):

@@ -3,7 +3,7 @@ the launcher's skrull, all-cp and hybrid-cp plans), loss falls (DP = 2 and CP = 
 resume reproduces the uninterrupted run.
 
 All cases run in ONE spawn of 2 processes (parallel state is re-initialised per case); the
-single-process references are computed by rank 0 alone with no process group in use.
+single-process reference is a world-1 spawn of the same trainer (mcore DDP and optimizer).
 The model runs the real ``skrull_ext.attention.dacp_attention`` (zigzag ring for the
 distributed samples, per-document local attention for the rest).
 """
@@ -53,52 +53,27 @@ def _setup(cfg, **kw):
     return build_trainer(cfg, CPU, **kw)
 
 
-def _reference(cfg, source, float64_loss=True):
-    """Same init, same batches, no process group: the single-process run."""
-    from megatron.skrull.data import GlobalBatchSampler
-    from megatron.skrull.model import build_model
-    from megatron.skrull.optimizer import LRSchedule, build_optimizer
-    from megatron.skrull.training import ParallelGroups, Trainer
+def _single_process(rank, world, tmp):
+    """The reference: one process (world 1), all samples local in one micro-batch."""
+    from megatron.skrull.cpu_compat import apply_cpu_compat
 
-    torch.manual_seed(cfg.optim.seed)
-    model = build_model(cfg.model, vocab_size=128, dtype=torch.float64)
-    return Trainer(model=model, optimizer=build_optimizer(model, cfg.optim),
-                   schedule=LRSchedule.from_args(cfg.optim), source=source,
-                   sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
-                   planner=SINGLE, groups=ParallelGroups(), device=CPU,
-                   float64_loss=float64_loss)
-
-
-def _grads(trainer):
-    return {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters()}
-
-
-def _single_process(source):
-    """The reference: one process, no groups, all samples local in one micro-batch.
-
-    Needs a parallel state with TP = 1 (mcore's layers look up the TP group).
-    """
-    from megatron.skrull.optimizer import grad_norm
-
-    ref = _reference(tiny_config(["--fp64"]), source)
+    apply_cpu_compat("cpu")
+    ref = _setup(tiny_config(["--fp64"]), planner=SINGLE)
     ids, plan = ref.next_plan()
     loss = ref.compute_gradients(ids, plan)
-    return {"ids": ids, "loss": loss, "grads": _grads(ref), "norm": grad_norm(ref.params, None)}
+    decay = {n for g in ref.optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]
+             for n, q in ref.model.module.named_parameters() if q is p}
+    torch.save({"ids": ids, "loss": loss, "grads": ref.gradients(), "norm": ref.grad_norm(),
+                "decay": decay}, os.path.join(tmp, "reference.pt"))
 
 
-def _equivalence(rank, flags, planner, with_reference=False):
-    from megatron.skrull.optimizer import grad_norm
-
+def _equivalence(rank, flags, planner):
     cfg = tiny_config(["--fp64", *flags], world_size=2)
     trainer = _setup(cfg, planner=planner)
     ids, plan = trainer.next_plan()
     loss = trainer.compute_gradients(ids, plan)
-    out = {"ids": ids, "loss": loss, "grads": _grads(trainer),
-           "norm": grad_norm(trainer.params, trainer.groups.tp_group),
-           "local_share": plan.local_token_share(), "micro_batches": plan.num_micro_batches}
-    if with_reference and rank == 0:
-        out["reference"] = _single_process(trainer.source)
-    return out
+    return {"ids": ids, "loss": loss, "grads": trainer.gradients(), "norm": trainer.grad_norm(),
+            "local_share": plan.local_token_share(), "micro_batches": plan.num_micro_batches}
 
 
 def _loss_falls(rank, flags=("--skrull-bucket-size", "128")):
@@ -143,7 +118,7 @@ def _worker(rank, world, tmp):
 
     apply_cpu_compat("cpu")
     out = {
-        "dp": _equivalence(rank, [], DP2, with_reference=True),
+        "dp": _equivalence(rank, [], DP2),
         "cp": _equivalence(rank, ["--context-parallel-size", "2"], CP2),
         # The launcher's own planner; bucket 48 makes skrull distribute the 53-token sample
         # and keep the rest local, and all-cp needs two micro-batches.
@@ -162,9 +137,20 @@ def _worker(rank, world, tmp):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("training")
+    tmp, ref_tmp = tmp_path_factory.mktemp("training"), tmp_path_factory.mktemp("reference")
+    spawn(_single_process, 1, ref_tmp, timeout=120)
     spawn(_worker, 2, tmp, timeout=180)
-    return [torch.load(os.path.join(tmp, f"out{r}.pt"), weights_only=False) for r in range(2)]
+    out = [torch.load(os.path.join(tmp, f"out{r}.pt"), weights_only=False) for r in range(2)]
+    out[0]["dp"]["reference"] = torch.load(os.path.join(ref_tmp, "reference.pt"),
+                                           weights_only=False)
+    return out
+
+
+def test_no_weight_decay_on_norms(results):
+    # mcore's grouping (the tiny model has no biases): decay on matrices only.
+    decay = results[0]["dp"]["reference"]["decay"]
+    assert decay and all("norm" not in n for n in decay)
+    assert all(n.endswith("weight") for n in decay)
 
 
 @pytest.mark.parametrize("case", ["cp", "dp", "skrull", "all-cp", "hybrid-cp"])

@@ -49,6 +49,7 @@ class ModelArgs:
     norm_epsilon: float = 1e-5
     disable_bias_linear: bool = False
     add_qkv_bias: bool = False
+    qk_layernorm: bool = False
     untie_embeddings_and_output_weights: bool = False
     rotary_base: int = 10000
     hidden_dropout: float = 0.0
@@ -139,6 +140,11 @@ class OptimArgs:
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
     seed: int = 1234
+    use_distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    loss_scale: Optional[float] = None  # fp16: None = dynamic loss scaling
+    initial_loss_scale: float = 2.0 ** 32
 
     def __post_init__(self) -> None:
         p = []
@@ -160,6 +166,11 @@ class OptimArgs:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 p.append(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
+        if self.overlap_param_gather and not self.use_distributed_optimizer:
+            p.append("--overlap-param-gather needs --use-distributed-optimizer (parameters are "
+                     "gathered only when the optimizer shards them); add it or drop the flag")
+        if self.loss_scale is not None and self.loss_scale <= 0:
+            p.append(f"--loss-scale must be > 0, got {self.loss_scale}")
         if self.clip_grad < 0:
             p.append(f"--clip-grad must be >= 0 (0 disables clipping), got {self.clip_grad}")
         _raise_if(p)
@@ -190,26 +201,40 @@ class DataArgs:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CheckpointArgs:
-    """``--save``/``--load`` and fine-tuning from ``--pretrained-hf`` (Megatron semantics).
+    """``--save``/``--load`` (``torch_dist`` checkpoints) and fine-tuning (Megatron semantics).
 
     ``--pretrained-hf DIR`` initialises the model from a Hugging Face checkpoint (iteration 0,
     fresh optimizer); a checkpoint found in ``--load`` wins over it (a resumed fine-tune).
     ``--finetune`` loads only the model weights of ``--load`` and restarts at iteration 0;
-    ``--no-load-optim`` / ``--no-load-rng`` skip the optimizer / RNG state.
+    ``--no-load-optim`` / ``--no-load-rng`` skip the optimizer (and LR scheduler) / RNG state.
+    A missing ``--load`` directory is an error unless it is also ``--save`` (restart loops)
+    or ``--pretrained-hf`` gives the start.
     """
 
     save: Optional[str] = None
     load: Optional[str] = None
     save_interval: Optional[int] = None
     pretrained_hf: Optional[str] = None
+    ckpt_format: str = "torch_dist"
     finetune: bool = False
     no_load_optim: bool = False
     no_load_rng: bool = False
+    exit_signal_handler: bool = False
 
     def __post_init__(self) -> None:
         p = []
+        if self.ckpt_format != "torch_dist":
+            p.append(f"--ckpt-format {self.ckpt_format!r} is not supported; use torch_dist "
+                     "(megatron.core.dist_checkpointing, loads at any TP/CP/DP layout)")
         if self.save_interval is not None and self.save_interval < 1:
             p.append(f"--save-interval must be >= 1, got {self.save_interval}")
+        if (self.load is not None and not os.path.isdir(self.load) and self.load != self.save
+                and not self.pretrained_hf):
+            # A typo must not silently start a fresh run (Megatron's behaviour).
+            p.append(f"--load {self.load}: no such directory; fix the path (or drop --load "
+                     "to start from scratch)")
+        if self.exit_signal_handler and not self.save:
+            p.append("--exit-signal-handler saves a checkpoint on SIGTERM: give --save DIR")
         if self.save_interval is not None and not self.save:
             p.append("--save-interval needs --save DIR to write checkpoints to")
         _raise_if(p)
@@ -267,6 +292,17 @@ class RunConfig:
     seq_length: int = 4096
     device: str = "auto"
     fp64: bool = False
+    bf16: bool = False
+    fp16: bool = False
+
+    @property
+    def params_dtype(self) -> "torch.dtype":
+        """Model parameter dtype (the optimizer keeps fp32 main params for bf16/fp16)."""
+        import torch
+
+        if self.fp64:
+            return torch.float64
+        return torch.bfloat16 if self.bf16 else torch.float16 if self.fp16 else torch.float32
 
     def __post_init__(self) -> None:
         _raise_if(cross_problems(self))
@@ -306,6 +342,10 @@ def cross_problems(cfg: RunConfig) -> list[str]:
         p.append(f"--device {cfg.device!r}: use auto, cpu or cuda")
     if cfg.fp64 and cfg.device == "cuda":
         p.append("--fp64 is a CPU test mode; drop it or use --device cpu")
+    if sum((cfg.fp64, cfg.bf16, cfg.fp16)) > 1:
+        chosen = [f for f, on in (("--fp64", cfg.fp64), ("--bf16", cfg.bf16),
+                                  ("--fp16", cfg.fp16)) if on]
+        p.append(f"{' and '.join(chosen)} conflict: pick one precision")
     return p
 
 
@@ -329,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--norm-epsilon", type=float, default=1e-5)
     g.add_argument("--disable-bias-linear", action="store_true")
     g.add_argument("--add-qkv-bias", action="store_true")
+    g.add_argument("--qk-layernorm", action="store_true", help="norm of each query/key head "
+                   "before RoPE (Qwen3)")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     g.add_argument("--rotary-base", type=int, default=10000)
     g.add_argument("--hidden-dropout", type=float, default=0.0)
@@ -348,6 +390,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--adam-beta2", type=float, default=0.999)
     g.add_argument("--adam-eps", type=float, default=1e-8)
     g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="shard optimizer state (and fp32 main params) over DP x CP")
+    g.add_argument("--overlap-grad-reduce", action="store_true")
+    g.add_argument("--overlap-param-gather", action="store_true")
+    g.add_argument("--loss-scale", type=float, help="fp16 static loss scale (default dynamic)")
+    g.add_argument("--initial-loss-scale", type=float, default=2.0 ** 32)
     g.add_argument("--train-iters", type=int, required=True)
     g.add_argument("--seed", type=int, default=1234)
     g = ap.add_argument_group("data")
@@ -363,17 +411,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save-interval", type=int)
     g.add_argument("--pretrained-hf", metavar="DIR", help="initialise from a Hugging Face model "
                    "directory (config.json + safetensors); model flags come from its config")
-    g.add_argument("--finetune", action="store_true", help="load only model weights from "
-                   "--load and start at iteration 0")
-    g.add_argument("--no-load-optim", action="store_true")
-    g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--ckpt-format", default="torch_dist",
+                   help="checkpoint format (torch_dist only: Megatron's distributed format)")
+    g.add_argument("--finetune", action="store_true",
+                   help="--load only the model weights; start at iteration 0 with fresh "
+                        "optimizer, LR schedule, data position and RNG")
+    g.add_argument("--no-load-optim", action="store_true",
+                   help="do not load the optimizer and LR scheduler state")
+    g.add_argument("--no-load-rng", action="store_true", help="do not load the RNG state")
+    g.add_argument("--exit-signal-handler", action="store_true",
+                   help="on SIGTERM, save a checkpoint at the next iteration boundary and "
+                        "exit 0")
     g.add_argument("--log-interval", type=int, default=100)
     g.add_argument("--tensorboard-dir")
     g = ap.add_argument_group("skrull")
     g.add_argument("--skrull-bucket-size", type=int, required=True, help="tokens per CP rank")
     g.add_argument("--skrull-scheduler", default="skrull", choices=SCHEDULERS)
     g.add_argument("--skrull-objective", default="ring", choices=("paper", "ring"),
-                   help="micro-batch time the scheduler minimises: paper (SKRULL.md section 3) "
+                   help="micro-batch time the scheduler minimises: paper (docs/design.md section 3) "
                         "or ring (ours: step by step as the DACP ring runs)")
     g.add_argument("--skrull-hardware", choices=("cpu", "h100"),
                    help="cost-model preset (default: from the device)")
@@ -384,6 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("runtime")
     g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     g.add_argument("--fp64", action="store_true", help="float64 on CPU (equivalence tests)")
+    g.add_argument("--bf16", action="store_true", help="bf16 params, fp32 main params/grads")
+    g.add_argument("--fp16", action="store_true", help="fp16 params with loss scaling")
     return ap
 
 
@@ -406,6 +463,7 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                    make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
                    swiglu=ns.swiglu, normalization=ns.normalization, norm_epsilon=ns.norm_epsilon,
                    disable_bias_linear=ns.disable_bias_linear, add_qkv_bias=ns.add_qkv_bias,
+                   qk_layernorm=ns.qk_layernorm,
                    untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights,
                    rotary_base=ns.rotary_base, hidden_dropout=ns.hidden_dropout,
                    init_method_std=ns.init_method_std)
@@ -416,7 +474,11 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                    lr_warmup_iters=ns.lr_warmup_iters, lr_decay_style=ns.lr_decay_style,
                    lr_decay_iters=ns.lr_decay_iters, weight_decay=ns.weight_decay,
                    adam_beta1=ns.adam_beta1, adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps,
-                   clip_grad=ns.clip_grad, seed=ns.seed)
+                   clip_grad=ns.clip_grad, seed=ns.seed,
+                   use_distributed_optimizer=ns.use_distributed_optimizer,
+                   overlap_grad_reduce=ns.overlap_grad_reduce,
+                   overlap_param_gather=ns.overlap_param_gather, loss_scale=ns.loss_scale,
+                   initial_loss_scale=ns.initial_loss_scale)
     data = _group(DataArgs, p, data_path=tuple(ns.data_path),
                   tokenizer_type=ns.tokenizer_type, tokenizer_model=ns.tokenizer_model,
                   mock_data=ns.mock_data, mock_num_samples=ns.mock_num_samples)
@@ -428,14 +490,16 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                     cost_model_config=ns.skrull_cost_model_config)
     ckpt = _group(CheckpointArgs, p, save=ns.save, load=ns.load,
                   save_interval=ns.save_interval, pretrained_hf=ns.pretrained_hf,
-                  finetune=ns.finetune, no_load_optim=ns.no_load_optim,
-                  no_load_rng=ns.no_load_rng)
+                  ckpt_format=ns.ckpt_format, finetune=ns.finetune,
+                  no_load_optim=ns.no_load_optim, no_load_rng=ns.no_load_rng,
+                  exit_signal_handler=ns.exit_signal_handler)
     log = _group(LoggingArgs, p, log_interval=ns.log_interval,
                  tensorboard_dir=ns.tensorboard_dir)
     _raise_if(p)
     return RunConfig(model=model, parallel=parallel, optim=optim, data=data, skrull=skrull,
                      checkpoint=ckpt, logging=log, global_batch_size=ns.global_batch_size,
-                     seq_length=ns.seq_length, device=ns.device, fp64=ns.fp64)
+                     seq_length=ns.seq_length, device=ns.device, fp64=ns.fp64,
+                     bf16=ns.bf16, fp16=ns.fp16)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None, world_size: int = 1) -> RunConfig:

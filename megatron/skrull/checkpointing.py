@@ -1,62 +1,133 @@
-"""Save and resume: model, optimizer, iteration (LR schedule), sampler position, RNG.
+"""Save and resume through ``megatron.core.dist_checkpointing`` (``--ckpt-format torch_dist``).
 
-Layout (Megatron's legacy naming)::
+Layout (Megatron's)::
 
-    <dir>/latest_checkpointed_iteration.txt
-    <dir>/iter_0000100/mp_rank_00/model_optim_rng.pt   # one per TP rank
-    <dir>/iter_0000100/rng/rank_00000.pt               # one per global rank
+    <dir>/latest_checkpointed_iteration.txt      # tracker, written last (tmp + rename)
+    <dir>/iter_0000100/                          # one torch_dist checkpoint per save
+        metadata.json  .metadata  common.pt  __<rank>_<n>.distcp
 
-Parameters and optimizer state are identical on every DP and CP rank (gradients are
-all-reduced over DP x CP), so the DP-0/CP-0 rank of each TP rank writes its shard.  The LR
-schedule is a pure function of the iteration, so the iteration is its whole state.  RNG
-states are per rank.  The tracker file is written last (after a barrier), atomically: a
-crash mid-save leaves the previous checkpoint as the latest.
+What one checkpoint holds:
+
+* ``model``: the GPT model's ``sharded_state_dict()`` -- global tensors with their TP
+  sharding, so a checkpoint saved at one TP/CP/DP layout loads at another;
+* ``optimizer``: the mcore optimizer's ``sharded_state_dict(model_sd)`` (the distributed
+  optimizer saves ``fully_sharded_model_space``, which reshards over DP x CP); a plain
+  ``torch.optim`` optimizer is mapped onto the model's sharded tensors with mcore's own
+  ``optim_state_to_sharding_state``;
+* ``opt_param_scheduler`` (when the schedule has state), ``iteration``, ``data`` (the
+  sampler: iteration and consumed samples, so the data position resumes exactly);
+* ``rng_state``: one ``ShardedObject`` per global rank, restored when the layout matches;
+* ``skrull``: the run's model flags and layout, compared on load (another model: error).
+
+Crash safety: a save writes a fresh ``iter_*`` directory and only then (after a barrier)
+replaces the tracker, so a killed save leaves the previous checkpoint as the latest.  On
+load, a newest checkpoint that cannot be read is reported in ONE log line and the previous
+complete one is used instead.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
+import re
+import shutil
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
+from megatron.skrull.cpu_compat import cpu_checkpoint_io
+
 logger = logging.getLogger(__name__)
 
 TRACKER = "latest_checkpointed_iteration.txt"
-FORMAT_VERSION = 1
+CHECKPOINT_VERSION = 3.0  # Megatron-LM's current checkpoint_version
+_ITER_DIR = re.compile(r"^iter_(\d{7})$")
+
+
+class CheckpointError(ValueError):
+    """Bad ``--load`` input (missing directory, another model): one message, exit 2."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CheckpointMeta:
-    """Who this rank is, for file naming and for deciding who writes the shared state."""
+    """This rank's place in the layout (names its RNG shard, checks the layout on load)."""
 
     rank: int = 0
     world_size: int = 1
-    tp_rank: int = 0
-    writes_model: bool = True
+    tp_size: int = 1
+    cp_size: int = 1
+    device: str = "cpu"
 
     @classmethod
-    def from_parallel_state(cls) -> "CheckpointMeta":
+    def from_parallel_state(cls, device: Any = "cpu") -> "CheckpointMeta":
         from megatron.core import parallel_state as ps
 
         return cls(rank=dist.get_rank(), world_size=dist.get_world_size(),
-                   tp_rank=ps.get_tensor_model_parallel_rank(),
-                   writes_model=ps.get_data_parallel_rank(with_context_parallel=True) == 0)
+                   tp_size=ps.get_tensor_model_parallel_world_size(),
+                   cp_size=ps.get_context_parallel_world_size(),
+                   device=torch.device(device).type)
+
+    @property
+    def layout(self) -> dict[str, int]:
+        return {"world_size": self.world_size, "tp": self.tp_size, "cp": self.cp_size}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoadOptions:
+    """Megatron's ``--finetune``, ``--no-load-optim``, ``--no-load-rng``."""
+
+    finetune: bool = False
+    load_optim: bool = True
+    load_rng: bool = True
 
 
 def iteration_dir(root: str, iteration: int) -> str:
     return os.path.join(root, f"iter_{iteration:07d}")
 
 
-def _model_file(root: str, iteration: int, tp_rank: int) -> str:
-    return os.path.join(iteration_dir(root, iteration), f"mp_rank_{tp_rank:02d}",
-                        "model_optim_rng.pt")
+def read_tracker(root: str) -> Optional[int]:
+    """Iteration named by ``root``'s tracker file; ``None`` when there is none."""
+    path = os.path.join(root, TRACKER)
+    if not os.path.isfile(path):
+        return None
+    text = open(path).read().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"{path} holds {text!r}, not an iteration number; fix or "
+                              "delete it")
+    return int(text)
 
 
-def _rng_file(root: str, iteration: int, rank: int) -> str:
-    return os.path.join(iteration_dir(root, iteration), "rng", f"rank_{rank:05d}.pt")
+def is_complete(path: str) -> bool:
+    """A torch_dist checkpoint is complete once its ``metadata.json`` is written (last)."""
+    return os.path.isfile(os.path.join(path, "metadata.json"))
+
+
+def candidate_iterations(root: str) -> list[int]:
+    """Iterations to try, newest first: the tracker's, then older complete checkpoints."""
+    latest = read_tracker(root)
+    if latest is None:
+        return []
+    older = sorted((int(m.group(1)) for m in map(_ITER_DIR.match, os.listdir(root)) if m),
+                   reverse=True)
+    return [latest] + [it for it in older
+                       if it < latest and is_complete(iteration_dir(root, it))]
+
+
+def _write_tracker(root: str, iteration: int) -> None:
+    tmp = os.path.join(root, TRACKER + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(str(iteration))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(root, TRACKER))
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The GPT model under mcore's DDP / Float16Module wrappers (``.module``)."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
 
 
 def _rng_state() -> dict[str, Any]:
@@ -79,97 +150,210 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         tensor_parallel.get_cuda_rng_tracker().set_states(dict(state["tracker"]))
 
 
-def _atomic_save(obj: Any, path: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def _optimizer_sharded(optimizer, model_sd: dict, is_loading: bool) -> dict:
+    """The optimizer's sharded state dict.
+
+    mcore optimizers build it themselves; the distributed optimizer is asked for
+    ``fully_sharded_model_space`` (one global tensor per parameter state), the sharding
+    that loads at any DP x CP size.  A plain ``torch.optim`` optimizer goes through the
+    same helpers mcore's ``FP32Optimizer`` uses.
+    """
+    if hasattr(optimizer, "sharded_state_dict"):
+        return optimizer.sharded_state_dict(
+            model_sd, is_loading=is_loading,
+            metadata={"distrib_optim_sharding_type": "fully_sharded_model_space"})
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map, optim_state_to_sharding_state)
+
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if is_loading:  # the state must exist to receive the loaded tensors
+        for p in params:
+            if not optimizer.state[p]:
+                optimizer.state[p] = {"step": torch.zeros((), dtype=torch.float32),
+                                      "exp_avg": torch.zeros_like(p),
+                                      "exp_avg_sq": torch.zeros_like(p)}
+    state = optimizer.state_dict()
+    steps = {float(s["step"]) for s in state["state"].values() if "step" in s}
+    optim_state_to_sharding_state(state, get_param_id_to_sharded_param_map(model_sd, params),
+                                  exclude_keys="step")
+    state["common_step"] = steps.pop() if len(steps) == 1 else 0.0
+    return state
+
+
+def _optimizer_load(optimizer, state: dict) -> None:
+    if hasattr(optimizer, "sharded_state_dict"):
+        optimizer.load_state_dict(state)
+        return
+    step = torch.tensor(float(state.pop("common_step")), dtype=torch.float32)
+    for param_state in state["state"].values():
+        param_state["step"] = step.clone()
+    optimizer.load_state_dict(state)
+
+
+def _rng_sharded(meta: CheckpointMeta, state: Any):
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    return ShardedObject("rng_state", state, (meta.world_size,), (meta.rank,), replica_id=0)
+
+
+def _state(trainer, meta: CheckpointMeta, config: Optional[dict], *, is_loading: bool,
+           opts: LoadOptions = LoadOptions(), saved_layout: Optional[dict] = None) -> dict:
+    """What is saved (or requested on load); ``opts`` drops the parts not to load."""
+    model_sd = _unwrap(trainer.model).sharded_state_dict()
+    state: dict[str, Any] = {"model": model_sd, "checkpoint_version": CHECKPOINT_VERSION}
+    if not is_loading or not opts.finetune:
+        state["iteration"] = trainer.iteration
+        state["data"] = trainer.sampler.state_dict()
+        if not is_loading or opts.load_optim:
+            state["optimizer"] = _optimizer_sharded(trainer.optimizer, model_sd, is_loading)
+            if hasattr(trainer.scheduler, "state_dict"):
+                state["opt_param_scheduler"] = trainer.scheduler.state_dict()
+        if not is_loading or (opts.load_rng and saved_layout == meta.layout):
+            state["rng_state"] = _rng_sharded(meta, _rng_state())
+    if not is_loading:
+        state["skrull"] = {"model": (config or {}).get("model"), "layout": meta.layout}
+    return state
 
 
 def save_checkpoint(root: str, trainer, meta: CheckpointMeta,
                     config: Optional[dict[str, Any]] = None) -> str:
-    """Writes ``trainer``'s state at its current iteration; collective over the world.
+    """Writes ``trainer``'s state at its iteration to ``root``; collective over the world.
 
     Args:
         root: ``--save`` directory.
         trainer: :class:`megatron.skrull.training.Trainer`.
-        meta: This rank's identity.
-        config: JSON-able run description stored for compatibility checks (``model`` key
-            is compared on load).
+        meta: This rank's place in the layout.
+        config: ``dataclasses.asdict(RunConfig)``; its ``model`` part is checked on load.
 
     Returns:
         The iteration directory.
     """
+    from megatron.core import dist_checkpointing
+
     it = trainer.iteration
-    if meta.writes_model:
-        _atomic_save({"format_version": FORMAT_VERSION, "iteration": it,
-                      "model": trainer.model.state_dict(),
-                      "optimizer": trainer.optimizer.state_dict(),
-                      "sampler": trainer.sampler.state_dict(),
-                      "config": config or {}}, _model_file(root, it, meta.tp_rank))
-    _atomic_save(_rng_state(), _rng_file(root, it, meta.rank))
-    if dist.is_initialized():
-        dist.barrier()
+    path = iteration_dir(root, it)
     if meta.rank == 0:
-        tmp = os.path.join(root, TRACKER + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(str(it))
-        os.replace(tmp, os.path.join(root, TRACKER))
-        logger.info("saved checkpoint of iteration %d to %s", it, root)
-    if dist.is_initialized():
-        dist.barrier()
-    return iteration_dir(root, it)
+        os.makedirs(root, exist_ok=True)
+        if read_tracker(root) == it and is_complete(path):
+            logger.info("checkpoint of iteration %d already in %s", it, root)
+        elif os.path.isdir(path):  # left by a save that was killed: never the latest
+            shutil.rmtree(path)
+        os.makedirs(path, exist_ok=True)
+    dist.barrier()
+    if read_tracker(root) == it and is_complete(path):
+        return path
+    with cpu_checkpoint_io(meta.device):
+        dist_checkpointing.save(_state(trainer, meta, config, is_loading=False), path,
+                                sharded_strategy=("torch_dist", 1))
+    dist.barrier()  # every shard and metadata.json is on disk before the tracker names it
+    if meta.rank == 0:
+        _write_tracker(root, it)
+        logger.info("saved checkpoint of iteration %d to %s", it, path)
+    dist.barrier()
+    return path
 
 
-def latest_iteration(root: str) -> Optional[int]:
-    """Iteration named by ``root``'s tracker file; ``None`` when there is no checkpoint."""
-    path = os.path.join(root, TRACKER)
-    if not os.path.isfile(path):
-        return None
-    text = open(path).read().strip()
-    if not text.isdigit():
-        raise ValueError(f"{path} holds {text!r}, not an iteration number; fix or delete it")
-    return int(text)
+def _check_compatible(path: str, config: Optional[dict]) -> Optional[dict]:
+    """Saved layout; raises :class:`CheckpointError` when the model flags differ."""
+    from megatron.core.dist_checkpointing import load_common_state_dict
+
+    saved = load_common_state_dict(path).get("skrull", {})
+    want, have = (config or {}).get("model"), saved.get("model")
+    if want is not None and have is not None and want != have:
+        diff = sorted(k for k in have if have.get(k) != want.get(k))
+        raise CheckpointError(
+            f"--load {path} is a checkpoint of another model (differs in "
+            + ", ".join(f"{k}: saved {have[k]!r}, now {want.get(k)!r}" for k in diff)
+            + "); resume with the flags it was saved with or point --load elsewhere")
+    return saved.get("layout")
+
+
+def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
+              opts: LoadOptions) -> int:
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.core import CheckpointingException
+
+    with cpu_checkpoint_io(meta.device):
+        layout = _check_compatible(path, config)
+        request = _state(trainer, meta, config, is_loading=True, opts=opts, saved_layout=layout)
+        try:
+            loaded = dist_checkpointing.load(request, path)
+        except CheckpointingException as exc:
+            if "shape" in str(exc).lower():
+                raise CheckpointError(f"--load {path} holds a model of other shapes ({exc}); "
+                                      "use the model flags it was saved with") from None
+            raise
+    _unwrap(trainer.model).load_state_dict(loaded["model"])
+    if opts.finetune:
+        return 0
+    if "optimizer" in loaded:
+        _optimizer_load(trainer.optimizer, loaded["optimizer"])
+    if "opt_param_scheduler" in loaded:
+        trainer.scheduler.load_state_dict(loaded["opt_param_scheduler"])
+    trainer.sampler.load_state_dict(loaded["data"])
+    trainer.iteration = int(loaded["iteration"])
+    if "rng_state" in loaded:
+        _set_rng_state(loaded["rng_state"])
+    elif opts.load_rng:
+        logger.warning("RNG state not restored: saved at %s, running at %s", layout,
+                       meta.layout)
+    return trainer.iteration
+
+
+def _dcp_exception() -> type:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
 
 
 def load_checkpoint(root: str, trainer, meta: CheckpointMeta,
                     config: Optional[dict[str, Any]] = None, *, finetune: bool = False,
-                    load_optim: bool = True, load_rng: bool = True) -> Optional[int]:
-    """Restores ``trainer`` from ``root``'s latest checkpoint.
+                    load_optim: bool = True, load_rng: bool = True,
+                    allow_missing: bool = False) -> Optional[int]:
+    """Restores ``trainer`` from ``root``'s latest intact checkpoint; collective.
 
     Megatron's fine-tuning flags: ``finetune`` loads the model weights only and keeps the
     trainer at iteration 0 (fresh optimizer, sampler and RNG); ``load_optim=False`` /
     ``load_rng=False`` skip the optimizer / RNG state.
 
+    ``allow_missing``: a missing ``root`` means "no checkpoint yet" (``--load`` equal to
+    ``--save``, or ``--pretrained-hf`` gives the start) instead of an error.
+
     Returns:
-        The resumed iteration, or ``None`` (trainer untouched) when ``root`` has no
-        checkpoint -- Megatron's behaviour, so ``--save X --load X`` restart loops work.
+        The resumed iteration (0 with ``finetune``), or ``None`` (trainer untouched) when
+        ``root`` holds no checkpoint yet (``--save X --load X`` restart loops).
 
     Raises:
-        ValueError: The checkpoint's model config differs from ``config['model']``.
+        CheckpointError: ``root`` does not exist, the checkpoint is of another model, or
+            no checkpoint in ``root`` can be read.
     """
-    it = latest_iteration(root)
-    if it is None:
+    if not os.path.isdir(root) and not allow_missing:
+        raise CheckpointError(f"--load {root}: no such directory; fix the path (or drop "
+                              "--load to start from scratch)")
+    candidates = candidate_iterations(root) if os.path.isdir(root) else []
+    if not candidates:
         logger.warning("no checkpoint in %s (no %s): starting from scratch", root, TRACKER)
         return None
-    state = torch.load(_model_file(root, it, meta.tp_rank), map_location="cpu",
-                       weights_only=False)
-    saved_model = state.get("config", {}).get("model")
-    if config and saved_model is not None and saved_model != config.get("model"):
-        diff = sorted(k for k in saved_model if saved_model.get(k) != config["model"].get(k))
-        raise ValueError(f"checkpoint {iteration_dir(root, it)} was saved with different model "
-                         f"flags ({', '.join(diff)}); resume with the flags it was saved with")
-    trainer.model.load_state_dict(state["model"])
-    if finetune:
-        logger.info("--finetune: model weights of iteration %d loaded, starting at 0", it)
-        return 0
-    if load_optim:
-        trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.sampler.load_state_dict(state["sampler"])
-    trainer.iteration = int(state["iteration"])
-    rng = _rng_file(root, it, meta.rank)
-    if load_rng and os.path.isfile(rng):
-        _set_rng_state(torch.load(rng, map_location="cpu", weights_only=False))
-    elif load_rng:
-        logger.warning("%s missing (different world size?): RNG not restored", rng)
-    return it
+    for n, it in enumerate(candidates):
+        path = iteration_dir(root, it)
+        try:
+            resumed = _load_one(path, trainer, meta, config, LoadOptions(
+                finetune=finetune, load_optim=load_optim, load_rng=load_rng))
+        except CheckpointError:
+            raise
+        # torch.distributed.checkpoint raises CheckpointException, a BaseException, on every
+        # rank at once when any rank's read fails, so all ranks fall back together.
+        except (Exception, _dcp_exception()) as exc:  # unreadable: try the previous one
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            nxt = (f"resuming from the previous intact checkpoint {iteration_dir(root, it2)}"
+                   if (it2 := next(iter(candidates[n + 1:]), None)) is not None
+                   else "no older checkpoint to fall back to")
+            if meta.rank == 0:
+                logger.error("checkpoint %s is unreadable (%s); %s", path, reason, nxt)
+            continue
+        if meta.rank == 0:
+            logger.info("loaded checkpoint %s (iteration %d)%s", path, it,
+                    " -- --finetune: model weights only, starting at 0" if finetune else "")
+        return resumed
+    raise CheckpointError(f"--load {root}: no readable checkpoint (tried iterations "
+                          f"{', '.join(map(str, candidates))}); see the log above")

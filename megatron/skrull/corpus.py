@@ -9,7 +9,7 @@ loss falls quickly.  Long samples are multi-turn conversations of the same tasks
 Lengths are *byte-level tokens* (:class:`~megatron.skrull.tokenizer.ByteLevelTokenizer`:
 one BOS, then per message a role marker, the ASCII content, an EOS).  The target length of
 a sample is drawn from a mixture scaled to CPU sizes, shaped like SFT mixes
-(docs/SKRULL.md section 8: most samples short, a thin long tail):
+(docs/design.md section 8: most samples short, a thin long tail):
 
 - with probability ``1 - long_fraction``: log-normal with median ``median_tokens`` and
   shape ``sigma``, clipped to ``[min_tokens, long_min_tokens)``;

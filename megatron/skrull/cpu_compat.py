@@ -18,24 +18,36 @@ paths our training stack reaches are patched here, in ONE place, by
   ``get_cuda_rng_tracker().fork()`` work and still give tensor-parallel ranks separate
   streams.
 
+Scoped, not patched: :func:`cuda_to_cpu` is a context manager (a torch function mode) under
+which mcore's ``DistributedDataParallel``, optimizers (``get_megatron_optimizer``, the
+distributed optimizer, grad scalers, clipping) and pipeline schedules run on CPU.  Those
+hard-code ``device='cuda'`` in tensor factories (``torch.zeros(..., device='cuda')``), call
+``Tensor.cuda()`` and check ``param.type() == 'torch.cuda.FloatTensor'``.  Inside the mode
+factory calls get ``device='cpu'``, ``.cuda()`` returns the CPU tensor, and ``type()`` of a
+CPU tensor reports the CUDA name mcore expects -- float64 reports ``torch.cuda.FloatTensor``
+because our parity mode (``--fp64``) gives float64 the role float32 has in mcore (full
+precision params that are their own main params).  The training loop enters the mode around
+its mcore calls only; nothing outside it changes.
+
 Not patched because our stack never reaches them: RoPE's CP slicing
 (``get_pos_emb_on_this_cp_rank``, which also calls ``.cuda()``) -- :mod:`megatron.skrull.model`
 computes rotary frequencies from the global position ids of the packed stream and never
-calls ``RotaryEmbedding.forward``; mcore's ``DistributedDataParallel`` / optimizer (their
-``device='cuda'`` buffers) -- :mod:`megatron.skrull.training` all-reduces gradients itself
-and uses ``torch.optim.AdamW``.
+calls ``RotaryEmbedding.forward``.
 
 ``tests/test_cpu_compat.py`` fails when upstream changes under these shims.
 """
 from __future__ import annotations
 
 import contextlib
+import queue
 import functools
 from typing import Any, Callable, Optional, Union
 
 import torch
+from torch.overrides import TorchFunctionMode
 
-__all__ = ["apply_cpu_compat", "cpu_compat_applied", "resolve_device", "original", "ORIGINALS"]
+__all__ = ["apply_cpu_compat", "cpu_checkpoint_io", "cpu_compat_applied", "cuda_to_cpu",
+           "resolve_device", "original", "ORIGINALS"]
 
 # name -> object that was replaced (kept so tests can check the upstream behaviour).
 ORIGINALS: dict[str, Any] = {}
@@ -169,3 +181,111 @@ def cpu_compat_applied() -> bool:
 def original(name: str) -> Optional[Callable[..., Any]]:
     """The upstream object replaced under ``name`` (see :data:`ORIGINALS`), if patched."""
     return ORIGINALS.get(name)
+
+
+_CUDA_TYPE_NAMES = {torch.float32: "torch.cuda.FloatTensor", torch.float64: "torch.cuda.FloatTensor",
+                    torch.float16: "torch.cuda.HalfTensor",
+                    torch.bfloat16: "torch.cuda.BFloat16Tensor"}
+
+
+def _is_cuda_device(device: Any) -> bool:
+    if isinstance(device, int):
+        return True  # a bare ordinal means a CUDA device to torch
+    return device is not None and torch.device(device).type == "cuda"
+
+
+class _CudaToCpuMode(TorchFunctionMode):
+    """Redirects the CUDA device of mcore's factories, ``.cuda()`` and ``type()`` to CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            tensor = args[0]
+            if tensor.device.type == "cpu" and tensor.dtype in _CUDA_TYPE_NAMES:
+                return _CUDA_TYPE_NAMES[tensor.dtype]
+        elif "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            kwargs = dict(kwargs, device="cpu")
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_to_cpu(device: Union[str, torch.device, None] = "cpu"):
+    """Runs mcore's DDP/optimizer/schedule code on CPU inside the block (no-op on CUDA).
+
+    Args:
+        device: The training device; the mode is entered only when it is the CPU.
+    """
+    if resolve_device(device).type != "cpu":
+        yield
+        return
+    with _CudaToCpuMode():
+        yield
+
+
+# --- dist_checkpointing on CPU (scoped: only while a checkpoint is saved or loaded) ----------
+#
+# mcore's torch_dist writer (``strategies.filesystem_async``) assumes a GPU job:
+# * ``FileSystemWriterAsync.preload_tensors`` calls ``torch.cuda.synchronize()`` after its
+#   (non-blocking) device-to-host copies; a CPU-only torch can only raise there.  On CPU the
+#   tensors already are host memory, so there is nothing to wait for.
+# * ``write_preloaded_data_multiproc`` forks one writer process per bucket and the results
+#   travel through a spawned ``multiprocessing.Manager`` queue.  Forking a trainer that holds
+#   gloo and OpenMP threads deadlocks here (measured: the forked writer never finishes), and
+#   the Manager re-imports ``__main__``.  On CPU we run the same per-bucket writer
+#   (``write_preloaded_data``, upstream's own function) in-process with thread queues.
+# Upstream's files, metadata and load path are untouched; tests/test_cpu_compat.py checks
+# that upstream still has the code these patches stand in for.
+
+class _DoneQueue(queue.Queue):
+    """``JoinableQueue`` stand-in for the in-process writer (``get`` + ``task_done``)."""
+
+
+def _inprocess_write_multiproc(transform_list, use_msc, rank, write_buckets,
+                               global_results_queue) -> None:
+    """In-process twin of ``FileSystemWriterAsync.write_preloaded_data_multiproc``."""
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import (
+        FileSystemWriterAsync)
+
+    results: queue.Queue = queue.Queue()
+    out: Any = {}
+    for idx, bucket in enumerate(write_buckets):
+        done = _DoneQueue()
+        done.put(idx)
+        FileSystemWriterAsync.write_preloaded_data(transform_list, idx, bucket, results, done,
+                                                   True, use_msc=use_msc)
+        proc_idx, res = results.get_nowait()
+        if isinstance(res, Exception):
+            out = res
+            break
+        out[proc_idx] = res
+    global_results_queue.put(out)
+
+
+@contextlib.contextmanager
+def cpu_checkpoint_io(device: Union[str, torch.device, None] = None):
+    """Lets ``megatron.core.dist_checkpointing.save/load`` run on CPU inside the block.
+
+    No-op on CUDA.  Patches ``torch.cuda.synchronize`` (no-op), the writer's results queue
+    (a thread queue) and its forked multi-process writer (in-process), and restores all
+    three on exit, so the rest of the run sees upstream's objects.
+    """
+    if resolve_device(device).type == "cuda":
+        yield
+        return
+    from megatron.core.dist_checkpointing.strategies import filesystem_async as fsa
+
+    saved = [(torch.cuda, "synchronize", torch.cuda.synchronize),
+             (fsa, "_get_write_results_queue", fsa._get_write_results_queue),
+             (fsa.FileSystemWriterAsync, "write_preloaded_data_multiproc",
+              fsa.FileSystemWriterAsync.__dict__["write_preloaded_data_multiproc"])]
+    torch.cuda.synchronize = lambda device=None: None
+    fsa._get_write_results_queue = queue.Queue
+    fsa.FileSystemWriterAsync.write_preloaded_data_multiproc = staticmethod(
+        _inprocess_write_multiproc)
+    try:
+        yield
+    finally:
+        for owner, attr, value in saved:
+            setattr(owner, attr, value)

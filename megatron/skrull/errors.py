@@ -35,6 +35,9 @@ DEPENDENCY_WARNINGS = (
 )
 _DEPENDENCY_MODULES = r"(megatron\.core|megatron_fsdp)"
 
+# A collective whose peer process died: the peer (or the launcher) reports the cause.
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
+
 T = TypeVar("T")
 
 
@@ -86,6 +89,9 @@ def report_failure(exc: BaseException, *, prog: str = "", debug: bool = False) -
     where = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
     prefix = f"{prog}: " if prog else ""
     text = str(exc).splitlines()[0] if str(exc) else ""
+    if any(p in text for p in _PEER_LOST):  # gloo's long message hides the real cause
+        text = ("lost the connection to another rank: that rank failed or was killed (see "
+                "its error line)")
     print(f"{prefix}error: {where}{type(exc).__name__}: {text} ({DEBUG_HINT})",
           file=sys.stderr, flush=True)
     return EXIT_FAILURE

@@ -17,6 +17,7 @@ by a signal (out of memory, ``kill -9``) cannot report itself: the wrapper print
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from typing import Optional, Sequence
@@ -61,7 +62,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    if debug:
+    if debug:  # the ranks inherit it: their tracebacks too
+        os.environ["SKRULL_DEBUG"] = "1"
         run(parse_args(argv))
         return 0
     # The agent logs every worker exit at ERROR and the table at ERROR too: the ranks

@@ -167,9 +167,17 @@ def transformer_config(args: ModelArgs, *, tp_size: int, cp_size: int, dtype: to
         normalization=args.normalization, layernorm_epsilon=args.norm_epsilon,
         gated_linear_unit=args.swiglu, activation_func=F.silu if args.swiglu else F.gelu,
         add_bias_linear=not args.disable_bias_linear, add_qkv_bias=args.add_qkv_bias,
+        qk_layernorm=args.qk_layernorm,
         hidden_dropout=args.hidden_dropout, attention_dropout=0.0,
         init_method_std=args.init_method_std, params_dtype=dtype, pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         use_cpu_initialization=use_cpu_initialization,
+        # Loss = sum of token losses / loss tokens of the global batch (docs/training.md):
+        # mcore's DDP sums gradients and finalize_model_grads divides by the token count.
+        calculate_per_token_loss=True,
+        # Packed micro-batches differ in length (the scheduler fills a token bucket).
+        # (mcore rejects it with the default MoE dispatcher "allgather"; the model is dense.)
+        variable_seq_lengths=True, moe_token_dispatcher_type="alltoall",
         # Fused kernels need apex/TE/CUDA; the unfused paths are exact.
         bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
         apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
@@ -178,7 +186,8 @@ def transformer_config(args: ModelArgs, *, tp_size: int, cp_size: int, dtype: to
 
 def layer_spec(args: ModelArgs, attention_fn: Optional[AttentionFn] = None) -> ModuleSpec:
     """mcore's local GPT layer spec with :class:`SkrullCoreAttention` as ``core_attention``."""
-    spec = get_gpt_layer_local_spec(normalization=args.normalization)
+    spec = get_gpt_layer_local_spec(normalization=args.normalization,
+                                    qk_layernorm=args.qk_layernorm)
     attn = spec.submodules.self_attention
     attn.submodules.core_attention = ModuleSpec(
         module=SkrullCoreAttention, params={"attention_fn": attention_fn})
@@ -195,7 +204,8 @@ def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: 
         vocab_size: Padded vocabulary size (divisible by ``tp_size``).
         tp_size: Tensor-parallel size (must match ``parallel_state``).
         cp_size: Context-parallel size (must match ``parallel_state``).
-        dtype: Parameter dtype (float32 on CPU/GPU with autocast, float64 in tests).
+        dtype: Parameter dtype (float32, bfloat16/float16 with fp32 main params in the
+            optimizer, float64 in parity tests).
         device: Where the parameters live; CPU initialisation is used on CPU.
         attention_fn: Replacement of ``skrull_ext.attention.dacp_attention`` (same
             signature; tests wrap it to record calls).

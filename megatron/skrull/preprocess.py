@@ -411,9 +411,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--save-jsonl only applies to --synthetic")
     if args.input is not None and not os.path.isfile(args.input):
         raise ValueError(f"--input {args.input!r} does not exist (or is not a file)")
-    if args.tokenizer_model and not os.path.isfile(args.tokenizer_model):
-        raise ValueError(f"--tokenizer-model {args.tokenizer_model!r} does not exist; pass the "
-                         "path of a Hugging Face tokenizer.json")
+    if args.tokenizer_model and not os.path.exists(args.tokenizer_model):
+        raise ValueError(f"--tokenizer-model {args.tokenizer_model!r} does not exist; pass a "
+                         "Hugging Face tokenizer directory or tokenizer.json")
     prefix = args.output_prefix
     parent = os.path.dirname(os.path.abspath(prefix)) if prefix else ""
     if not prefix or prefix.endswith(os.sep) or os.path.isdir(prefix):

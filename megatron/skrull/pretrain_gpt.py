@@ -5,14 +5,15 @@ directory, no port).  Invalid flags print one ``error:`` line per problem and ex
 
 Steps: parse flags -> CPU shims (CPU only) -> ``torch.distributed`` (gloo on CPU, NCCL on
 GPU) -> ``parallel_state.initialize_model_parallel(TP, CP)`` -> seeds -> data source, model,
-AdamW, LR schedule, sampler, planner -> optional ``--load`` -> train (log, TensorBoard,
-``--save`` every ``--save-interval`` and at the end).
+mcore DDP + optimizer + LR schedule, sampler, planner -> optional ``--load`` -> train (log,
+TensorBoard, ``--save`` every ``--save-interval`` and at the end).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import tempfile
 from typing import Any, Callable, Optional, Sequence
@@ -85,7 +86,7 @@ def build_sample_source(cfg: RunConfig):
 
 def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
                   planner: Optional[Callable] = None, attention_fn: Optional[Callable] = None):
-    """Model, optimizer, schedule, sampler and planner on an initialised parallel state.
+    """Model (mcore DDP), optimizer, LR schedule, sampler and planner on a parallel state.
 
     Args:
         cfg: The run.
@@ -97,9 +98,11 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     Returns:
         A :class:`megatron.skrull.training.Trainer` at iteration 0.
     """
+    from megatron.core.distributed import finalize_model_grads
+
     from megatron.skrull.data import GlobalBatchSampler
     from megatron.skrull.model import build_model
-    from megatron.skrull.optimizer import LRSchedule, build_optimizer, sync_parameters
+    from megatron.skrull.optimizer import build_optimizer, build_scheduler, wrap_ddp
     from megatron.skrull.planning import make_planner
     from megatron.skrull.training import ParallelGroups, Trainer
 
@@ -111,24 +114,30 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
                          f"vocabulary {source.vocab_size}; drop --vocab-size or raise it")
     attention_kernel = _attention_kernel(cfg, device)
     model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
-                        cp_size=cfg.parallel.context_parallel_size,
-                        dtype=torch.float64 if cfg.fp64 else torch.float32, device=device,
-                        attention_fn=attention_fn)
-    if cfg.checkpoint.pretrained_hf:  # before the optimizer copies anything
+                        cp_size=cfg.parallel.context_parallel_size, dtype=cfg.params_dtype,
+                        device=device, attention_fn=attention_fn)
+    if cfg.checkpoint.pretrained_hf:  # before DDP and the optimizer copy anything
         from megatron.core import parallel_state as ps
         from megatron.skrull.hf.io import load_pretrained
 
         load_pretrained(model, cfg.checkpoint.pretrained_hf, cfg.model,
                         tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp)
-    groups = ParallelGroups.from_parallel_state()
-    sync_parameters(model, groups.grad_group)
+    ddp = wrap_ddp(model, cfg.optim, grad_reduce_in_fp32=cfg.bf16 or cfg.fp16, device=device)
+    optimizer = build_optimizer(ddp, cfg.optim, params_dtype=cfg.params_dtype, bf16=cfg.bf16,
+                                fp16=cfg.fp16, device=device)
+    # What Megatron's training.py wires into the model config for its schedules.
+    config = ddp.config
+    config.no_sync_func = ddp.no_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    if cfg.optim.overlap_param_gather:
+        config.param_sync_func = ddp.start_param_sync
     return Trainer(
-        model=model, optimizer=build_optimizer(model, cfg.optim),
-        schedule=LRSchedule.from_args(cfg.optim), source=source,
+        model=ddp, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.optim),
+        source=source,
         sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
-        planner=planner or make_planner(cfg, vocab), groups=groups, device=device,
-        clip_grad=cfg.optim.clip_grad, float64_loss=cfg.fp64 and tp == 1,
-        autocast_dtype=torch.bfloat16 if device.type == "cuda" else None,
+        planner=planner or make_planner(cfg, vocab), groups=ParallelGroups.from_parallel_state(),
+        device=device, float64_loss=cfg.fp64 and tp == 1,
         attention_backend=attention_kernel)
 
 
@@ -140,6 +149,27 @@ def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
         return get_kernel(cfg.skrull.attention_kernel, device, torch.float32).name
     except RuntimeError as exc:  # the kernel's library is missing: exit 2 naming the fix
         raise ValueError(f"--skrull-attention-kernel {cfg.skrull.attention_kernel}: {exc}") from exc
+
+
+class ExitSignalHandler:
+    """Megatron's ``--exit-signal-handler``: SIGTERM sets a flag, and at the next iteration
+    boundary every rank learns (one MAX all-reduce) whether any rank received it."""
+
+    def __init__(self, device: torch.device, sig: int = signal.SIGTERM):
+        self.device, self.received = device, False
+        signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = True
+
+    def __call__(self, trainer) -> bool:
+        flag = torch.tensor([int(self.received)], device=self.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item():
+            logger.warning("SIGTERM received: saving a checkpoint of iteration %d and exiting",
+                           trainer.iteration)
+        return bool(flag.item())
 
 
 class SetupError(RuntimeError):
@@ -162,12 +192,13 @@ def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
     init_model_parallel(cfg, device)
     try:
         trainer = build_trainer(cfg, device)
-        meta = ckpt.CheckpointMeta.from_parallel_state()
+        meta = ckpt.CheckpointMeta.from_parallel_state(device)
         if cfg.checkpoint.load:
             c = cfg.checkpoint  # a checkpoint of this run in --load wins over --pretrained-hf
             ckpt.load_checkpoint(c.load, trainer, meta, dataclasses.asdict(cfg),
                                  finetune=c.finetune, load_optim=not c.no_load_optim,
-                                 load_rng=not c.no_load_rng)
+                                 load_rng=not c.no_load_rng,
+                                 allow_missing=c.load == c.save or bool(c.pretrained_hf))
     except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
         raise SetupError(str(exc)) from exc
     return trainer, meta, device
@@ -184,6 +215,10 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
     save_fn = None
     if cfg.checkpoint.save:
         save_fn = lambda t: ckpt.save_checkpoint(cfg.checkpoint.save, t, meta, description)  # noqa: E731
+        if meta.rank == 0:  # what tools/export_hf.py needs besides weights, any ckpt format
+            from megatron.skrull.hf.export import record_run
+
+            record_run(cfg.checkpoint.save, description)
     metrics = MetricsLogger(log_interval=cfg.logging.log_interval,
                             train_iters=cfg.optim.train_iters, enabled=meta.rank == 0,
                             tensorboard_dir=cfg.logging.tensorboard_dir, printer=printer)
@@ -197,8 +232,10 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                 + (f" ({cfg.skrull.objective} objective)" if cfg.skrull.scheduler == "skrull"
                    else ""))
     try:
+        exit_fn = ExitSignalHandler(device) if cfg.checkpoint.exit_signal_handler else None
         return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
-                     save_interval=cfg.checkpoint.save_interval, save_fn=save_fn)
+                     save_interval=cfg.checkpoint.save_interval, save_fn=save_fn,
+                     exit_fn=exit_fn)
     finally:
         metrics.close()
 
@@ -218,6 +255,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         cfg = errors.parse_quietly(lambda a: parse_args(a, world_size=world), argv)
         resolve_device(cfg.device)
+    except SystemExit as exc:  # argparse (already reported on rank 0) or --help
+        return exc.code if isinstance(exc.code, int) else errors.EXIT_BAD_INPUT
     except ConfigError as exc:
         return errors.report(exc.problems)
     except ValueError as exc:

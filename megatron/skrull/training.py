@@ -4,22 +4,28 @@ Per iteration every rank (no communication for any of this):
 
 1. takes the next global batch of sample ids from the sampler and their lengths;
 2. computes the :class:`~skrull_ext.scheduler.plan.Plan` with the (deterministic) planner;
-3. computes the global loss normaliser -- the loss tokens of the *whole* global batch
-   (SKRULL.md section 6), known from the source's per-sample counts;
-4. materialises only its own micro-batches: those of its DP rank, in its CP rank's layout.
+3. materialises only its own micro-batches: those of its DP rank, in its CP rank's layout.
 
-Then forward/backward per micro-batch with loss ``sum(token losses) / global loss tokens``,
-one all-reduce of gradients (+ the loss sum) over DP x CP, TP-aware clipping, AdamW.
-A rank holding no tokens in a micro-batch skips its compute; that is safe because such a
-micro-batch has no distributed samples (they put tokens on every CP rank), so attention
-issues no CP collective, and TP peers share the rank's tokens.
+The micro-batches run through mcore's ``get_forward_backward_func()`` (the no-pipelining
+schedule for PP = 1) with :func:`forward_step`; the loss function returns ``(sum of masked
+token losses, loss tokens, report)`` and the model config has ``calculate_per_token_loss``,
+so mcore's ``finalize_model_grads`` sums gradients over DP x CP and divides them by the loss
+tokens of the whole global batch: the gradient of ``sum(token losses) / global loss tokens``
+(docs/training.md).  mcore's optimizer then clips (TP-aware), steps (AdamW, fp32 main params
+under bf16/fp16) and ``OptimizerParamScheduler`` sets the next LR.
+
+A rank holding no tokens of a micro-batch runs no model compute for it: such a micro-batch
+has no distributed samples (they put tokens on every CP rank), so attention issues no CP
+collective, and TP peers share the rank's tokens.  It returns a zero loss that touches every
+parameter, so mcore's gradient hooks fire as for any other micro-batch.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -29,8 +35,8 @@ import torch.nn.functional as F
 from skrull_ext.attention.layout import layout_for_micro_batch, pack_samples
 from skrull_ext.scheduler.plan import MicroBatch, Plan
 
+from megatron.skrull.cpu_compat import cuda_to_cpu
 from megatron.skrull.model import SkrullPackedSeqParams
-from megatron.skrull.optimizer import LRSchedule, allreduce_gradients, clip_grad_norm
 from megatron.skrull.planning import Planner, predicted_seconds
 from megatron.skrull.samples import SampleSource
 
@@ -46,8 +52,9 @@ class ParallelGroups:
         cp_rank: Rank inside the CP group (which layout to build).
         cp_size: CP group size.
         cp_group: CP group (attention communication).
-        tp_group: Tensor-parallel group (gradient-norm reduction).
-        grad_group: DP x CP group over which gradients and the loss are summed.
+        tp_group: Tensor-parallel group.
+        grad_group: DP x CP group over which the reported loss is summed (mcore's DDP
+            reduces gradients over the same group).
     """
 
     dp_rank: int = 0
@@ -110,32 +117,47 @@ def materialize(source: SampleSource, batch_ids: np.ndarray, plan: Plan, mb: Mic
                                                 attention_backend=attention_backend))
 
 
-def forward_backward(model: torch.nn.Module, inputs: MicroBatchInputs, normaliser: float, *,
-                     float64_loss: bool = False, autocast_dtype: Optional[torch.dtype] = None
-                     ) -> float:
-    """Runs one micro-batch and accumulates ``d(sum of token losses / normaliser)``.
+def masked_loss_sum(loss_mask: Optional[torch.Tensor], output_tensor: torch.Tensor):
+    """mcore loss function: ``(sum of masked token losses, loss tokens, report)``.
 
     Args:
-        normaliser: Loss tokens of the whole global batch.
-        float64_loss: Cross entropy from float64 logits (mcore's is float32; TP = 1 only).
-        autocast_dtype: ``torch.bfloat16`` on GPU, ``None`` for full precision.
+        loss_mask: ``[1, T]`` (``None``: ``output_tensor`` is an empty micro-batch's zero).
+        output_tensor: ``[1, T]`` per-token losses.
 
     Returns:
-        This micro-batch's sum of masked token losses (not normalised).
+        The loss sum (backpropagated as is: ``calculate_per_token_loss``), the int count
+        of loss tokens, and ``{"lm loss": [loss sum, tokens]}`` (float64, detached).
     """
+    if loss_mask is None:
+        total, count = output_tensor, torch.zeros((), dtype=torch.int)
+    else:
+        total = (output_tensor * loss_mask.to(output_tensor.dtype)).sum()
+        count = loss_mask.sum().to(torch.int).cpu()
+    report = torch.stack([total.detach().double().cpu(), count.double()])
+    return total, count, {"lm loss": report}
+
+
+def forward_step(data_iterator: Iterator[Optional[MicroBatchInputs]], model: torch.nn.Module,
+                 *, float64_loss: bool = False):
+    """mcore ``forward_step_func``: one packed micro-batch -> ``(losses [1, T], loss_func)``.
+
+    Args:
+        data_iterator: Yields this rank's :class:`MicroBatchInputs` (``None``: no tokens).
+        model: The DDP-wrapped model.
+        float64_loss: Cross entropy from float64 logits (mcore's is float32; TP = 1 only).
+    """
+    inputs = next(data_iterator)
+    if inputs is None:
+        zero = sum((p.reshape(-1)[:1] * 0).sum() for p in model.parameters())
+        return zero, functools.partial(masked_loss_sum, None)
     kwargs = dict(packed_seq_params=inputs.packed_seq_params)
-    device_type = inputs.input_ids.device.type
-    with torch.autocast(device_type, dtype=autocast_dtype or torch.bfloat16,
-                        enabled=autocast_dtype is not None):
-        if float64_loss:
-            logits = model(inputs.input_ids, inputs.position_ids, None, **kwargs)
-            losses = F.cross_entropy(logits[0].double(), inputs.labels[0], reduction="none")[None]
-        else:
-            losses = model(inputs.input_ids, inputs.position_ids, None, labels=inputs.labels,
-                           **kwargs)
-    loss_sum = (losses * inputs.loss_mask.to(losses.dtype)).sum()
-    (loss_sum / normaliser).backward()
-    return float(loss_sum.detach())
+    if float64_loss:
+        logits = model(inputs.input_ids, inputs.position_ids, None, **kwargs)
+        losses = F.cross_entropy(logits[0].double(), inputs.labels[0], reduction="none")[None]
+    else:
+        losses = model(inputs.input_ids, inputs.position_ids, None, labels=inputs.labels,
+                       **kwargs)
+    return losses, functools.partial(masked_loss_sum, inputs.loss_mask)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,68 +183,96 @@ class Trainer:
     """Owns the model, optimizer, data stream and planner of one run.
 
     Args:
-        model: The (possibly TP-sharded) model; its gradients are reduced over
-            ``groups.grad_group``.
-        optimizer: Optimizer over ``model``'s parameters.
-        schedule: LR schedule (the LR of iteration ``i`` is set before its step).
+        model: mcore ``DistributedDataParallel`` around the (TP-sharded) model; its config
+            has ``calculate_per_token_loss`` and mcore's sync/finalize hooks set.
+        optimizer: ``get_megatron_optimizer``'s optimizer over ``model``.
+        scheduler: ``OptimizerParamScheduler`` (stepped once per successful update).
         source: Sample source.
         sampler: Global-batch sampler: ``next(sampler)`` -> sample ids; its
             ``state_dict`` is checkpointed.
         planner: ``lengths -> Plan`` (same result on every rank).
         groups: This rank's coordinates and groups.
         device: Training device.
-        clip_grad: Max global grad norm (0 disables).
-        float64_loss: See :func:`forward_backward`.
-        autocast_dtype: See :func:`forward_backward`.
+        float64_loss: See :func:`forward_step`.
         attention_backend: ``dacp_attention`` kernel back-end (``"auto"``).
     """
 
-    def __init__(self, *, model, optimizer, schedule: LRSchedule, source: SampleSource,
-                 sampler: Any, planner: Planner, groups: ParallelGroups, device: torch.device,
-                 clip_grad: float = 1.0, float64_loss: bool = False,
-                 autocast_dtype: Optional[torch.dtype] = None, attention_backend: str = "auto"):
-        self.model, self.optimizer, self.schedule = model, optimizer, schedule
+    def __init__(self, *, model, optimizer, scheduler, source: SampleSource, sampler: Any,
+                 planner: Planner, groups: ParallelGroups, device: torch.device,
+                 float64_loss: bool = False, attention_backend: str = "auto"):
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.source, self.sampler, self.planner = source, sampler, planner
         self.groups, self.device, self.attention_backend = groups, device, attention_backend
-        self.clip_grad, self.float64_loss, self.autocast_dtype = clip_grad, float64_loss, autocast_dtype
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.iteration = 0
+        self.float64_loss = float64_loss
+        self.params = [p for p in model.module.parameters() if p.requires_grad]
+        self._iteration = 0
+
+    @property
+    def iteration(self) -> int:
+        """Iterations done; setting it (resume) moves the LR schedule along."""
+        return self._iteration
+
+    @iteration.setter
+    def iteration(self, value: int) -> None:
+        self._iteration = int(value)
+        self.scheduler.num_steps = 0
+        self.scheduler.step(increment=self._iteration)
 
     def next_plan(self) -> tuple[np.ndarray, Plan]:
         """Draws the next global batch and plans it: ``(dataset ids [K], plan)``."""
         batch_ids = np.asarray(next(self.sampler), dtype=np.int64)
         return batch_ids, self.planner(self.source.lengths[batch_ids])
 
-    def compute_gradients(self, batch_ids: np.ndarray, plan: Plan) -> float:
-        """Forward/backward of this rank's micro-batches, then the DP x CP all-reduce.
+    def _micro_batches(self, batch_ids: np.ndarray, plan: Plan):
+        """This rank's micro-batches, materialised lazily (at least one, maybe empty)."""
+        mbs = plan.dp_ranks[self.groups.dp_rank]
+        for mb in mbs:
+            yield materialize(self.source, batch_ids, plan, mb, self.groups, self.device,
+                              self.attention_backend)
+        if not mbs:
+            yield None
 
-        Leaves the reduced gradient of the global-batch loss in ``param.grad``.
+    def compute_gradients(self, batch_ids: np.ndarray, plan: Plan) -> float:
+        """Forward/backward of this rank's micro-batches through mcore's schedule.
+
+        Leaves the DP x CP reduced gradient of the global-batch loss in the DDP buffers
+        (``param.main_grad``).
 
         Returns:
             The global-batch loss (mean over its loss tokens).
         """
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
         if plan.dp_size <= self.groups.dp_rank or plan.cp_size != self.groups.cp_size:
             raise ValueError(f"plan is for DP {plan.dp_size} x CP {plan.cp_size}, this rank is "
                              f"DP rank {self.groups.dp_rank} of a CP-{self.groups.cp_size} group")
-        normaliser = max(1, self.source.num_loss_tokens(batch_ids))
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        for mb in plan.dp_ranks[self.groups.dp_rank]:
-            inputs = materialize(self.source, batch_ids, plan, mb, self.groups, self.device,
-                                 self.attention_backend)
-            if inputs is None:
-                continue  # no tokens here and no distributed samples: nothing to join
-            loss_sum += forward_backward(self.model, inputs, normaliser,
-                                         float64_loss=self.float64_loss,
-                                         autocast_dtype=self.autocast_dtype)
-        dtype = self.params[0].dtype if self.params else torch.float32
-        total = allreduce_gradients(self.params, self.groups.grad_group,
-                                    torch.tensor([loss_sum], dtype=dtype, device=self.device))
-        return float(total[0]) / normaliser
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        num = max(1, len(plan.dp_ranks[self.groups.dp_rank]))
+        step = functools.partial(forward_step, float64_loss=self.float64_loss)
+        with cuda_to_cpu(self.device):
+            reports = get_forward_backward_func()(
+                forward_step_func=step, data_iterator=self._micro_batches(batch_ids, plan),
+                model=[self.model], num_microbatches=num, seq_length=plan.bucket_size,
+                micro_batch_size=1, forward_only=False)
+        total = torch.stack([r["lm loss"] for r in reports]).sum(0)
+        if self.groups.grad_group is not None and dist.get_world_size(self.groups.grad_group) > 1:
+            dist.all_reduce(total, group=self.groups.grad_group)
+        return float(total[0] / total[1].clamp(min=1))
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        """Copies of the reduced gradients by parameter name (after ``compute_gradients``)."""
+        return {n: p.main_grad.detach().clone() for n, p in self.model.module.named_parameters()}
+
+    def grad_norm(self) -> float:
+        """mcore's global (TP-aware) gradient norm of the reduced gradients."""
+        with cuda_to_cpu(self.device):
+            self.optimizer.prepare_grads()
+            return float(self.optimizer.get_grad_norm())
 
     def train_step(self) -> IterationStats:
-        """One iteration: plan, gradients, clip, LR, AdamW step."""
+        """One iteration: plan, gradients, clip, AdamW step, LR schedule."""
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -231,7 +281,7 @@ class Trainer:
 
     def run_plan(self, batch_ids: np.ndarray, plan: Plan, *,
                  start: Optional[float] = None) -> IterationStats:
-        """One iteration of a given global batch and plan: gradients, clip, LR, AdamW step.
+        """One iteration of a given global batch and plan: gradients, clip, step, LR.
 
         Args:
             batch_ids: ``[K]`` dataset ids of the global batch.
@@ -243,16 +293,16 @@ class Trainer:
                 torch.cuda.synchronize()
             start = time.perf_counter()
         loss = self.compute_gradients(batch_ids, plan)
-        norm = clip_grad_norm(self.params, self.clip_grad, self.groups.tp_group)
-        self.iteration += 1
-        lr = self.schedule.lr_at(self.iteration)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
+        lr = self.optimizer.param_groups[0]["lr"]
+        with cuda_to_cpu(self.device):
+            updated, norm, _ = self.optimizer.step()
+        if updated:  # fp16 skips the update (and the schedule) on overflow, as Megatron
+            self.scheduler.step(increment=1)
+        self._iteration += 1
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return IterationStats(
-            iteration=self.iteration, loss=loss, lr=lr, grad_norm=norm,
+            iteration=self.iteration, loss=loss, lr=lr, grad_norm=float(norm or 0.0),
             seconds=time.perf_counter() - start, predicted_seconds=predicted_seconds(plan),
             tokens=int(plan.lengths.sum()), micro_batches=plan.num_micro_batches,
             local_share=plan.local_token_share())
@@ -315,7 +365,8 @@ class MetricsLogger:
 
 def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger] = None,
           save_interval: Optional[int] = None,
-          save_fn: Optional[Callable[[Trainer], None]] = None) -> list[IterationStats]:
+          save_fn: Optional[Callable[[Trainer], None]] = None,
+          exit_fn: Optional[Callable[[Trainer], bool]] = None) -> list[IterationStats]:
     """Runs iterations ``trainer.iteration + 1 .. train_iters``.
 
     Args:
@@ -323,6 +374,8 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
         metrics: Logger (``None``: silent).
         save_interval: Save every this many iterations (and after the last) via ``save_fn``.
         save_fn: ``save_fn(trainer)`` writes a checkpoint.
+        exit_fn: Asked after every iteration (same answer on every rank); True saves
+            (``save_fn``) and stops early (``--exit-signal-handler``).
 
     Returns:
         The stats of every iteration run.
@@ -335,6 +388,8 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
             metrics.record(stats)
         if save_fn is not None and save_interval and trainer.iteration % save_interval == 0:
             save_fn(trainer)
+        if exit_fn is not None and exit_fn(trainer):
+            break
     if save_fn is not None and history and not (save_interval and
                                                 trainer.iteration % save_interval == 0):
         save_fn(trainer)

@@ -1,4 +1,4 @@
-"""Attention kernel back-ends behind one small interface, and the kernel choice.
+"""Attention kernel back-ends of our ring behind one small interface, and their names.
 
 Every back-end computes attention of a *varlen block*: packed queries ``q [Tq, H, D]``
 against packed keys/values ``k, v [Tk, Hkv, D]`` split into segments by ``cu_q`` and

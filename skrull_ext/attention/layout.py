@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Mapping, Sequence, Union
+import weakref
+from typing import Callable, Mapping, Sequence, TypeVar, Union
 
 import torch
 
@@ -391,3 +392,22 @@ def _empty_like_any(per_sample):
 
 def _diffs(cu):
     return [b - a for a, b in zip(cu[:-1], cu[1:])]
+
+
+T = TypeVar("T")
+# layout -> {(name, device): value}: entries go with the layout.
+_ON_DEVICE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def on_device(layout: RankLayout, device, name: str, build: Callable[[RankLayout, object], T]) -> T:
+    """``build(layout, device)``, computed once per layout, device and ``name``.
+
+    Every layer's forward and backward of a micro-batch share one layout, so what the
+    attention derives from it on the device (offsets, index tensors) is built once.
+    """
+    per_layout = _ON_DEVICE.setdefault(layout, {})
+    key = (name, str(device))
+    if key not in per_layout:
+        per_layout[key] = build(layout, device)
+    return per_layout[key]
+

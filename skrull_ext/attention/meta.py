@@ -10,13 +10,13 @@ device (``tests/test_attention_fakes.py`` counts such calls).
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import Optional
 
 import numpy as np
 import torch
 
 from skrull_ext.attention.kernels import Segments, segments
+from skrull_ext.attention.layout import on_device
 from skrull_ext.attention.ring import ZigzagBlocks, zigzag_blocks
 
 
@@ -64,16 +64,9 @@ class LayoutMeta:
     distributed: Optional[DistributedMeta]
 
 
-_META: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def layout_meta(layout, device) -> LayoutMeta:
     """:class:`LayoutMeta` of ``layout`` on ``device`` (built on first use, then cached)."""
-    per_device = _META.setdefault(layout, {})
-    key = str(device)
-    if key not in per_device:
-        per_device[key] = _build(layout, device)
-    return per_device[key]
+    return on_device(layout, device, "meta", _build)
 
 
 def _build(layout, device) -> LayoutMeta:

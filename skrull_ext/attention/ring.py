@@ -18,13 +18,13 @@ on with it and after ``N - 1`` hops returns to its owner (see :func:`ring_backwa
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
 from skrull_ext.attention.kernels import AttentionKernel, Segments, lse_dtype, segments
+from skrull_ext.attention.layout import on_device
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,19 +48,10 @@ class ZigzagBlocks:
     seg_half: Segments
 
 
-# layout -> {device: ZigzagBlocks}: every layer's forward and backward of a micro-batch
-# share one layout, so its blocks are built once (entries go with the layout).
-_BLOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def zigzag_blocks(layout, device) -> ZigzagBlocks:
-    """:class:`ZigzagBlocks` of a :class:`~skrull_ext.attention.layout.RankLayout` (built once per
-    layout and device, vectorised over the documents)."""
-    per_device = _BLOCKS.setdefault(layout, {})
-    key = str(device)
-    if key not in per_device:
-        per_device[key] = _build_blocks(layout, device)
-    return per_device[key]
+    """:class:`ZigzagBlocks` of a :class:`~skrull_ext.attention.layout.RankLayout` (built
+    once per layout and device, vectorised over the documents)."""
+    return on_device(layout, device, "zigzag", _build_blocks)
 
 
 def _build_blocks(layout, device) -> ZigzagBlocks:

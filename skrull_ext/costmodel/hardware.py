@@ -161,7 +161,7 @@ H100 = Hardware(
     layer_overhead_s=50e-6,
     micro_batch_overhead_s=1e-3,
     gpus_per_node=8,
-    # The Skrull paper's measured all_gather on one 8xH100 node (SKRULL.md section 2),
+    # The Skrull paper's measured all_gather on one 8xH100 node (docs/design.md section 2),
     # used as the time of one ring step of that many bytes.
     intra_node_comm=H100_NVLINK_COMM,
     # ours: ~10 us NCCL P2P latency; bandwidth from the DGX H100 datasheet (above).

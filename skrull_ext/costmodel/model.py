@@ -1,4 +1,4 @@
-"""Cost and memory models (SKRULL.md section 2).
+"""Cost and memory models (docs/design.md section 2).
 
 Three layers, each usable alone:
 
@@ -144,7 +144,7 @@ class ModelSpec:
                              f"{[f.name for f in dataclasses.fields(cls)]}") from exc
 
 
-# Qwen2.5 shapes (SKRULL.md section 8; vocab from the released configs).
+# Qwen2.5 shapes (docs/design.md section 8; vocab from the released configs).
 MODEL_PRESETS = {
     "qwen2.5-0.5b": ModelSpec(name="qwen2.5-0.5b", num_layers=24, hidden_size=896,
                               ffn_hidden_size=4864, num_attention_heads=14,
@@ -290,7 +290,7 @@ class CommModel:
 
 
 _MB = 1024.0 * 1024.0
-# The paper's all_gather on one 8xH100 NVLink node (SKRULL.md section 2).
+# The paper's all_gather on one 8xH100 NVLink node (docs/design.md section 2).
 H100_NVLINK_COMM = CommModel(
     sizes_bytes=(2 * _MB, 8 * _MB, 32 * _MB, 128 * _MB, 512 * _MB, 1024 * _MB),
     seconds=(53e-6, 98e-6, 286e-6, 911e-6, 3.4e-3, 6.5e-3),
@@ -347,7 +347,7 @@ class CostModel:
         objective: How a micro-batch's time is composed from local compute, ring
             communication and distributed compute: ``ring`` (default, ours: step by step as
             the ring runs, each exchange overlapping one block; better plans in the
-            simulator: ``benchmarks/paper_table.py``) or ``paper`` (SKRULL.md section 3: the
+            simulator: ``benchmarks/paper_table.py``) or ``paper`` (docs/design.md section 3: the
             local work hides the whole ring's communication); see
             :func:`skrull_ext.scheduler.reference.rank_time`.
     """

@@ -18,6 +18,9 @@ import json
 import sys
 from typing import Optional, Sequence
 
+from skrull_ext.cli_common import (MAX_RANKS, Progress, SizeError, check_bucket, check_layout,
+                                   check_sample_count, count, name_flags, report_unexpected)
+from skrull_ext.costmodel.memory import TrainingMemory
 from skrull_ext.costmodel.model import MODEL_PRESETS, MemoryModel, ModelSpec, get_model_spec
 from skrull_ext.planner.evaluate import compare_policies, fastest_bucket, max_fitting_length
 from skrull_ext.costmodel.hardware import HARDWARE_PRESETS, Hardware, get_hardware
@@ -30,6 +33,9 @@ GIB = float(1 << 30)
 DEFAULT_DEVICE_GB = {"h100": 80.0, "cpu": 16.0}
 
 
+PROG = "skrull-plan"
+
+
 class PlannerError(Exception):
     """An impossible or inconsistent setting; the message names the flag to change."""
 
@@ -40,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="skrull-plan", description=__doc__.split("\n")[0])
+    p = _Parser(prog=PROG, description=__doc__.split("\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help=f"bundled length profile: {', '.join(profile_names())}")
     src.add_argument("--lengths", metavar="FILE",
@@ -50,30 +56,40 @@ def build_parser() -> argparse.ArgumentParser:
     mdl = p.add_mutually_exclusive_group()
     mdl.add_argument("--model", choices=sorted(MODEL_PRESETS), default="qwen2.5-0.5b")
     mdl.add_argument("--model-config", metavar="FILE", help="JSON with ModelSpec fields")
-    p.add_argument("--dp-size", type=int, default=1)
-    p.add_argument("--cp-size", type=int, default=1, help="--context-parallel-size")
-    p.add_argument("--global-batch-size", type=int, default=None,
+    p.add_argument("--dp-size", type=count, default=1)
+    p.add_argument("--cp-size", type=count, default=None,
+                   help="--context-parallel-size (default: the smallest power of two that "
+                        "fits the longest sequence)")
+    p.add_argument("--global-batch-size", type=count, default=None,
                    help="sequences per global batch (default 64 x --dp-size)")
     p.add_argument("--hardware", choices=sorted(HARDWARE_PRESETS), default="h100")
     p.add_argument("--device-memory-gb", type=float, default=None,
                    help="device memory in GiB (default: 80 for h100, 16 for cpu)")
     p.add_argument("--memory-margin-gb", type=float, default=None,
                    help="memory kept free, GiB (default 10%% of --device-memory-gb)")
+    prec = p.add_mutually_exclusive_group()
+    prec.add_argument("--bf16", action="store_true", help="bf16 training (default on h100)")
+    prec.add_argument("--fp16", action="store_true", help="fp16 training")
+    p.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="Megatron's distributed optimizer: fp32 main params and Adam state "
+                        "sharded over DP x CP")
+    p.add_argument("--recompute-granularity", choices=("selective", "full"), default=None,
+                   help="activation recompute (default none)")
     p.add_argument("--activation-bytes-per-token", type=float, default=None,
                    help="override the model-based activation estimate (alpha)")
-    p.add_argument("--bucket-size", type=int, default=None,
+    p.add_argument("--bucket-size", type=count, default=None,
                    help="tokens per CP rank per micro-batch (default: from the memory model)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply every length by this (e.g. 0.01 for CPU-sized runs)")
     p.add_argument("--overflow", choices=OVERFLOW_POLICIES, default="error",
                    help="sequences longer than what fits: error (default), truncate, redraw")
-    p.add_argument("--num-batches", type=int, default=20)
+    p.add_argument("--num-batches", type=count, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policies", default=",".join(POLICIES),
                    help="comma-separated policies to compare (skrull is always included)")
     p.add_argument("--backend", choices=("cpp", "python"), default=None)
     p.add_argument("--objective", choices=("paper", "ring"), default="ring",
-                   help="the scheduler's micro-batch objective: paper (SKRULL.md section 3) or "
+                   help="the scheduler's micro-batch objective: paper (docs/design.md section 3) or "
                         "ring (ours, step by step as the ring runs)")
     p.add_argument("--plot", metavar="FILE.png", help="write the figure here")
     p.add_argument("--json", metavar="FILE", help="write the summary as JSON here")
@@ -104,13 +120,19 @@ def _model(args) -> ModelSpec:
 
 
 def _check_sizes(args):
-    for flag, value in (("--dp-size", args.dp_size), ("--cp-size", args.cp_size),
-                        ("--global-batch-size", args.global_batch_size),
-                        ("--num-batches", args.num_batches)):
-        if value < 1:
-            raise PlannerError(f"{flag} must be >= 1, got {value}")
-    if args.bucket_size is not None and args.bucket_size < 1:
-        raise PlannerError(f"--bucket-size must be >= 1, got {args.bucket_size}")
+    try:
+        check_layout(args.dp_size, 1 if args.cp_size is None else args.cp_size)
+        for flag, value in (("--global-batch-size", args.global_batch_size),
+                            ("--num-batches", args.num_batches)):
+            if value < 1:
+                raise PlannerError(f"{flag} must be >= 1, got {value}")
+        check_sample_count(args.global_batch_size * args.num_batches,
+                           f"--global-batch-size {args.global_batch_size} x --num-batches "
+                           f"{args.num_batches}")
+        if args.bucket_size is not None:
+            check_bucket(args.bucket_size)
+    except SizeError as exc:
+        raise PlannerError(str(exc)) from None
     if args.activation_bytes_per_token is not None and args.activation_bytes_per_token <= 0:
         raise PlannerError("--activation-bytes-per-token must be > 0")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -120,9 +142,27 @@ def _check_sizes(args):
     return ["skrull"] + [p for p in policies if p != "skrull"]
 
 
+def training_memory(hw: Hardware, dp_size: int, cp_size: int, *, precision: Optional[str] = None,
+                    distributed_optimizer: bool = True,
+                    recompute: Optional[str] = "selective") -> TrainingMemory:
+    """The launcher's memory setup; defaults: the paper's (distributed optimizer, selective
+    recompute) in the preset's precision (h100: bf16, cpu: fp32)."""
+    return TrainingMemory(precision=precision or ("bf16" if hw.activation_bytes == 2 else "fp32"),
+                          distributed_optimizer=distributed_optimizer,
+                          dp_cp_size=dp_size * cp_size, recompute=recompute)
+
+
+def _training_from_args(args, hw: Hardware) -> TrainingMemory:
+    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else None
+    return training_memory(hw, args.dp_size, args.cp_size, precision=precision,
+                           distributed_optimizer=args.use_distributed_optimizer,
+                           recompute=args.recompute_granularity)
+
+
 def memory_bucket(model: ModelSpec, hw: Hardware, dp_size: int, cp_size: int,
                   device_gb: Optional[float] = None, margin_gb: Optional[float] = None,
-                  alpha: Optional[float] = None) -> int:
+                  alpha: Optional[float] = None,
+                  training: Optional[TrainingMemory] = None) -> int:
     """Largest bucket the memory model allows (raises ``ValueError`` when none does).
 
     Args:
@@ -130,14 +170,15 @@ def memory_bucket(model: ModelSpec, hw: Hardware, dp_size: int, cp_size: int,
         dp_size, cp_size: ``D`` and ``N`` (the optimizer state is sharded over both).
         device_gb: Device memory in GiB (default :data:`DEFAULT_DEVICE_GB`).
         margin_gb: Memory kept free in GiB (default 10% of the device).
-        alpha: Activation bytes per token (default the model's estimate at the preset's
-            element size).
+        alpha: Activation bytes per token (default the memory model's).
+        training: Precision, optimizer sharding, recompute (default
+            :func:`training_memory`: the paper's setting).
     """
     device_gb = device_gb or DEFAULT_DEVICE_GB[hw.name]
     margin_gb = 0.1 * device_gb if margin_gb is None else margin_gb
-    static = model.static_memory_bytes(dp_size * cp_size, grad_bytes=hw.grad_bytes,
-                                       weight_bytes=hw.activation_bytes)
-    alpha = alpha or model.activation_bytes_per_token() * hw.activation_bytes / 2.0
+    training = training or training_memory(hw, dp_size, cp_size)
+    static = training.static_bytes(model)
+    alpha = alpha or training.activation_bytes_per_token(model)
     return MemoryModel(alpha=alpha).bucket_size(device_gb * GIB, static, margin_gb * GIB)
 
 
@@ -153,20 +194,24 @@ def memory_plan(args, model: ModelSpec, hw: Hardware) -> dict:
     if device_gb <= 0:
         raise PlannerError(f"--device-memory-gb must be > 0, got {device_gb}")
     margin_gb = 0.1 * device_gb if args.memory_margin_gb is None else args.memory_margin_gb
-    static = model.static_memory_bytes(args.dp_size * args.cp_size, grad_bytes=hw.grad_bytes,
-                                       weight_bytes=hw.activation_bytes)
-    # The model's estimate is for bf16 activations; scale to the preset's element size.
-    alpha = args.activation_bytes_per_token or (
-        model.activation_bytes_per_token() * hw.activation_bytes / 2.0)
+    training = _training_from_args(args, hw)
+    static = training.static_bytes(model)
+    alpha = args.activation_bytes_per_token or training.activation_bytes_per_token(model)
     info = {"device_gib": device_gb, "margin_gib": margin_gb, "static_gib": static / GIB,
-            "activation_bytes_per_token": alpha, "recommended_bucket": None}
+            "activation_bytes_per_token": alpha, "recommended_bucket": None,
+            "training": {"precision": training.precision,
+                         "distributed_optimizer": training.distributed_optimizer,
+                         "recompute": training.recompute},
+            "static_breakdown_gib": {k: v / GIB for k, v in
+                                     training.static_breakdown(model).items()}}
     try:
         info["recommended_bucket"] = MemoryModel(alpha=alpha).bucket_size(
             device_gb * GIB, static, margin_gb * GIB)
     except ValueError as exc:
         if args.bucket_size is None:
-            raise PlannerError(f"{exc}; or raise --device-memory-gb, lower --memory-margin-gb, "
-                               "or give --bucket-size") from None
+            raise PlannerError(f"{exc}; or pass --use-distributed-optimizer / "
+                               "--recompute-granularity full, raise --device-memory-gb, lower "
+                               "--memory-margin-gb, or give --bucket-size") from None
     info["bucket"] = args.bucket_size or info["recommended_bucket"]
     if args.cp_size > 1 and info["bucket"] < 2 * args.cp_size:
         raise PlannerError(f"bucket size {info['bucket']} < 2 x --cp-size ({2 * args.cp_size}): "
@@ -217,11 +262,18 @@ def print_report(args, prof, model, hw, summary, out=None):
     w(f"model     {model.name}: {model.param_count() / 1e9:.3f}B parameters, "
       f"{model.num_layers} layers, h={model.hidden_size}, h_kv={model.kv_hidden_size}")
     w(f"hardware  {hw.name}: {hw.description}")
-    w(f"layout    DP={args.dp_size} CP={args.cp_size}, global batch {args.global_batch_size}, "
-      f"{args.num_batches} sampled batches (seed {args.seed})")
+    w(f"layout    DP={args.dp_size} CP={args.cp_size}"
+      f"{' (smallest power of two that fits; --cp-size to choose)' if args.cp_auto else ''}, "
+      f"global batch {args.global_batch_size}, {args.num_batches} sampled batches "
+      f"(seed {args.seed})")
     rec = mem["recommended_bucket"]
+    t, parts = mem["training"], mem["static_breakdown_gib"]
+    w(f"training  {t['precision']}, distributed optimizer "
+      f"{'on (sharded over DP x CP = ' + str(args.dp_size * args.cp_size) + ')' if t['distributed_optimizer'] else 'off'}"
+      f", recompute {t['recompute'] or 'none'}")
     w(f"memory    device {mem['device_gib']:.1f} GiB - static {mem['static_gib']:.2f} GiB "
-      f"(weights + grads + Adam sharded over {args.dp_size * args.cp_size}) - margin "
+      f"(params {parts['params']:.2f} + grads {parts['grads']:.2f} + main params "
+      f"{parts['main_params']:.2f} + Adam {parts['optimizer_state']:.2f}) - margin "
       f"{mem['margin_gib']:.1f} GiB, {mem['activation_bytes_per_token'] / 2**20:.3f} MiB/token "
       f"-> recommended bucket {rec if rec is not None else 'none'} tokens")
     if mem.get("bucket_choice"):
@@ -258,21 +310,28 @@ def run(args) -> dict:
     hw = get_hardware(args.hardware)
     model = _model(args)
     prof = _profile(args)
+    args.cp_auto = args.cp_size is None
+    if args.cp_auto:
+        args.cp_size = auto_cp_size(args, prof, model, hw)
     mem = memory_plan(args, model, hw)
     limit = max_fitting_length(args.cp_size, mem["bucket"])
     sampled = sample(args, prof, limit, mem["bucket"])
     try:
         SchedulerConfig(dp_size=args.dp_size, cp_size=args.cp_size, bucket_size=mem["bucket"])
         if args.bucket_size is None:  # the fastest predicted bucket within the memory limit
-            mem["bucket"], mem["bucket_choice"] = fastest_bucket(
-                sampled.batches, model, hw, dp_size=args.dp_size, cp_size=args.cp_size,
-                max_bucket=mem["bucket"], objective=args.objective, backend=args.backend)
-        comp = compare_policies(sampled.batches, model, hw, dp_size=args.dp_size,
-                                cp_size=args.cp_size, bucket_size=mem["bucket"],
-                                policies=policies, backend=args.backend,
-                                objective=args.objective)
+            with Progress(PROG, f"choosing the bucket: {args.num_batches} batches of "
+                                f"{args.global_batch_size} at fractions of the memory limit"):
+                mem["bucket"], mem["bucket_choice"] = fastest_bucket(
+                    sampled.batches, model, hw, dp_size=args.dp_size, cp_size=args.cp_size,
+                    max_bucket=mem["bucket"], objective=args.objective, backend=args.backend)
+        with Progress(PROG, f"scheduling and simulating {args.num_batches} batches of "
+                            f"{args.global_batch_size} with {len(policies)} policies"):
+            comp = compare_policies(sampled.batches, model, hw, dp_size=args.dp_size,
+                                    cp_size=args.cp_size, bucket_size=mem["bucket"],
+                                    policies=policies, backend=args.backend,
+                                    objective=args.objective)
     except (ValueError, ImportError) as exc:
-        raise PlannerError(str(exc).splitlines()[0]) from None
+        raise PlannerError(name_flags(str(exc).splitlines()[0])) from None
     summary = summarize(comp, sampled, mem, limit)
     print_report(args, prof, model, hw, summary)
     if args.plot:
@@ -295,8 +354,29 @@ def run(args) -> dict:
     return summary
 
 
+def auto_cp_size(args, prof: LengthProfile, model: ModelSpec, hw: Hardware) -> int:
+    """The smallest power-of-two ``--cp-size`` whose bucket fits the longest sequence.
+
+    Without it the default CP of 1 fits none of the bundled profiles (their longest
+    sequences, 78K-1.6M tokens, exceed any single device's bucket).  With ``--overflow
+    truncate|redraw`` and nothing fitting, CP 1.
+    """
+    cp = 1
+    while args.dp_size * cp <= MAX_RANKS:
+        args.cp_size = cp
+        mem = memory_plan(args, model, hw)
+        if prof.max_length <= max_fitting_length(cp, mem["bucket"]):
+            return cp
+        cp *= 2
+    if args.overflow != "error":
+        return 1
+    raise PlannerError(f"the longest sequence ({prof.max_length} tokens) fits no --cp-size up "
+                       f"to {cp // 2}; raise --bucket-size/--device-memory-gb or pass "
+                       "--overflow truncate|redraw")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Console entry point; returns the exit status (0, or 2 for bad settings)."""
+    """Console entry point; returns the exit status (0, 2 for bad settings, 1 unexpected)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -304,6 +384,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except PlannerError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback
+        return report_unexpected(PROG, exc)
     return 0
 
 

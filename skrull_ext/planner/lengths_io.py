@@ -21,6 +21,8 @@ import struct
 
 import numpy as np
 
+from skrull_ext.cli_common import MAX_LENGTH
+
 # The Megatron ``.idx`` layout (megatron/core/datasets/indexed_dataset.py, version 1), all
 # little-endian:
 #   9 bytes  magic b"MMIDIDX\x00\x00"
@@ -35,13 +37,21 @@ _IDX_MAGIC = b"MMIDIDX\x00\x00"
 _IDX_HEADER_BYTES = 9 + 8 + 1 + 8 + 8
 
 
+def _too_long(path: str, where: str, value: int) -> ValueError:
+    return ValueError(f"{path}: {where}: length {value} is more than 2^40 tokens, the "
+                      "largest the scheduler takes; fix the file")
+
+
 def _check_values(arr: np.ndarray, path: str, where) -> np.ndarray:
-    """Rejects lengths < 1; ``where(i)`` describes element ``i`` for the message."""
+    """Rejects lengths < 1 or > 2^40; ``where(i)`` describes element ``i``."""
     bad = np.flatnonzero(arr < 1)
     if bad.size:
         i = int(bad[0])
         raise ValueError(f"{path}: {where(i)}: length {int(arr[i])} is < 1; "
                          "every sample needs at least one token")
+    big = np.flatnonzero(arr > MAX_LENGTH)
+    if big.size:
+        raise _too_long(path, where(int(big[0])), int(arr[int(big[0])]))
     return arr.astype(np.int64)
 
 
@@ -57,6 +67,8 @@ def _read_json(path: str) -> np.ndarray:
     for i, x in enumerate(obj):
         if isinstance(x, bool) or not isinstance(x, int):
             raise ValueError(f"{path}: element {i} is {x!r}, not an integer length")
+        if x > MAX_LENGTH:  # before int64 conversion (2^70 would overflow it)
+            raise _too_long(path, f"element {i}", x)
     return _check_values(np.asarray(obj, dtype=np.int64), path, lambda i: f"element {i}")
 
 
@@ -86,6 +98,8 @@ def _read_text(path: str) -> np.ndarray:
             except ValueError:
                 raise ValueError(f"{path}: line {lineno}: {text[:40]!r} is not an integer; "
                                  "expected one length per line") from None
+            if values[-1] > MAX_LENGTH:  # before int64 conversion (2^70 would overflow it)
+                raise _too_long(path, f"line {lineno}", values[-1])
             lines.append(lineno)
     arr = np.asarray(values, dtype=np.int64)
     return _check_values(arr, path, lambda i: f"line {lines[i]}")

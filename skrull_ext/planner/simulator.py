@@ -14,7 +14,7 @@ use).  For every micro-batch and CP rank ``r`` (times are forward + backward, al
   (``2 * shard * h_kv * bytes`` per sequence) in one message; backward: ``N - 1`` steps
   moving KV and dK/dV (twice the bytes), then one message returning dK/dV to its owner.
   A step's time is ``comm.time(bytes)`` of the ring's slowest link (intra- or inter-node).
-* **overlap** (SKRULL.md section 5): step 0 computes the local sequences plus the rank's
+* **overlap** (docs/design.md section 5): step 0 computes the local sequences plus the rank's
   own block while the first exchange is in flight; rank ``r`` starts step ``i`` when it
   finished step ``i - 1`` and received the block, which rank ``r - 1`` sends when it starts
   its step ``i - 1`` (and the link is free).  Without overlap, a step's transfer starts

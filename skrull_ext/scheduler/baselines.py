@@ -1,4 +1,4 @@
-"""Baseline policies (SKRULL.md section 7) on the same placement type as Skrull.
+"""Baseline policies (docs/design.md section 7) on the same placement type as Skrull.
 
 Every function returns ``dp_size`` lists of :class:`~skrull_ext.scheduler.plan.MicroBatch` (not yet
 padded to equal counts; :func:`skrull_ext.scheduler.schedule` pads).  They share the cost

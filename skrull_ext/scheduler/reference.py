@@ -1,6 +1,6 @@
 """Pure-Python reference of the Skrull scheduler: the readable specification.
 
-Implements SKRULL.md sections 3 (DACP) and 4 (GDS) on plain arrays.  The C++ core
+Implements docs/design.md sections 3 (DACP) and 4 (GDS) on plain arrays.  The C++ core
 (``csrc/``) mirrors every function here step for step and must return identical plans;
 ``tests/test_parity.py`` checks that.  Rules both implementations follow so they agree
 bit for bit:
@@ -54,7 +54,7 @@ def rank_time(x: float, t_comm: float, t_dist: float, n: int, objective: str = "
     """Seconds of one CP rank in a micro-batch: local compute ``x``, ring ``t_comm``,
     per-rank distributed compute ``t_dist``, ``n`` CP ranks.
 
-    ``paper`` (SKRULL.md section 3): ``max(t_comm, x) + t_dist``; the local work hides the
+    ``paper`` (docs/design.md section 3): ``max(t_comm, x) + t_dist``; the local work hides the
     whole ring's communication, the distributed compute hides none.  ``ring`` (ours): the
     ring as :mod:`skrull_ext.attention.ring` runs it, ``n`` compute blocks of
     ``b = t_dist / n`` and ``n - 1`` exchanges of ``c = t_comm / (n - 1)``; the local work
@@ -108,7 +108,7 @@ def _choose_victim(local_r: list[int], lengths, rem: list[int], r: int, need: in
 
 def micro_batch_time(placement: Placement, costs, comm, latency: float, cp_size: int,
                      shares=None, objective: str = "paper") -> float:
-    """Predicted seconds of one placed micro-batch (SKRULL.md section 3 objective).
+    """Predicted seconds of one placed micro-batch (docs/design.md section 3 objective).
 
     ``max_j rank_time(T_comp(local_j), T_comm(distributed), T_comp(distributed) / N)``
     (:func:`rank_time`); the caller adds the fixed per-micro-batch overhead.
@@ -173,7 +173,7 @@ def dacp_place(lengths, costs, idx: Sequence[int], cp_size: int, bucket_size: in
                rollback: str = "shortest", shares=None, *, balanced: bool = False,
                comm=None, latency: float = 0.0, objective: str = "paper"
                ) -> Optional[Placement]:
-    """DACP (SKRULL.md section 3) for one micro-batch on one CP group.
+    """DACP (docs/design.md section 3) for one micro-batch on one CP group.
 
     Sequences go in ascending (length, index) order: a) local on the rank with the least
     local compute if it has room, b) else local on the rank with the most room, c) else
@@ -507,7 +507,7 @@ def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: in
                  bucket_size: int, rollback: str = "auto", overhead: float = 0.0,
                  variant: str = "auto", shares=None, objective: str = "paper"
                  ) -> list[list[Placement]]:
-    """GDS (SKRULL.md section 4): split a global batch over DP ranks and micro-batches.
+    """GDS (docs/design.md section 4): split a global batch over DP ranks and micro-batches.
 
     Returns ``dp_size`` lists of equally many placements (empty placements pad ranks that
     need fewer micro-batches).  Every sample must already be known to fit alone

@@ -14,12 +14,13 @@ import os
 from typing import Any, Optional, Sequence
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                 "Qwen2ForCausalLM": "qwen2"}
+                 "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 # Flag destinations a pretrained config decides (the rest of the model flags keep defaults).
 MODEL_DESTS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                "num_query_groups", "kv_channels", "max_position_embeddings", "vocab_size",
                "make_vocab_size_divisible_by", "swiglu", "normalization", "norm_epsilon",
-               "disable_bias_linear", "add_qkv_bias", "untie_embeddings_and_output_weights",
+               "disable_bias_linear", "add_qkv_bias", "qk_layernorm",
+               "untie_embeddings_and_output_weights",
                "rotary_base")
 
 
@@ -67,7 +68,7 @@ def _unsupported(cfg: dict[str, Any], arch: str, seq_length: int, where: str) ->
                  "only)")
     if cfg.get("mlp_bias"):
         p.append(f"{where}: mlp_bias is not supported (q/k/v biases only)")
-    if arch in ("llama", "mistral") and cfg.get("attention_bias"):
+    if arch in ("llama", "mistral", "qwen3") and cfg.get("attention_bias"):
         p.append(f"{where}: attention_bias (bias on o_proj too) is not supported")
     window = cfg.get("sliding_window")
     uses_window = cfg.get("use_sliding_window", arch == "mistral")
@@ -121,6 +122,7 @@ def flags_from_hf_config(cfg: dict[str, Any], *, seq_length: int, tp_size: int =
         "vocab_size": vocab, "make_vocab_size_divisible_by": 1, "swiglu": True,
         "normalization": "RMSNorm", "norm_epsilon": float(cfg.get("rms_norm_eps", 1e-6)),
         "disable_bias_linear": True, "add_qkv_bias": arch == "qwen2",
+        "qk_layernorm": arch == "qwen3",
         "untie_embeddings_and_output_weights": not cfg.get("tie_word_embeddings", False),
         "rotary_base": int(theta),
     }
@@ -183,10 +185,15 @@ def hf_config_from_model(model: dict[str, Any], *, vocab_size: int) -> dict[str,
                              "--normalization RMSNorm --disable-bias-linear"])
     heads, hidden = int(model["num_attention_heads"]), int(model["hidden_size"])
     ffn = model.get("ffn_hidden_size") or int(4 * hidden * 2 / 3 / 64) * 64
-    qwen = bool(model.get("add_qkv_bias"))
+    kind = "qwen3" if model.get("qk_layernorm") else (
+        "qwen2" if model.get("add_qkv_bias") else "llama")
+    if kind == "qwen3" and model.get("add_qkv_bias"):
+        raise HFConfigError(["q/k/v biases with --qk-layernorm have no Hugging Face "
+                             "architecture here (Qwen3 has no biases)"])
     return {
-        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
-        "model_type": "qwen2" if qwen else "llama", "hidden_act": "silu",
+        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                           "qwen3": "Qwen3ForCausalLM"}[kind]],
+        "model_type": kind, "hidden_act": "silu",
         "num_hidden_layers": int(model["num_layers"]), "hidden_size": hidden,
         "intermediate_size": int(ffn), "num_attention_heads": heads,
         "num_key_value_heads": int(model.get("num_query_groups") or heads),

@@ -62,6 +62,36 @@ def read_checkpoint(root: str, iteration: Optional[int] = None
     return state, shards[0].get("config", {}), it
 
 
+RUN_RECORD = "hf_export.json"
+
+
+def record_run(save_dir: str, run: dict[str, Any]) -> None:
+    """Writes ``<save>/hf_export.json``: the run's model flags, ``--pretrained-hf`` directory
+    and tokenizer, read by :func:`export` whatever the checkpoint format stores."""
+    os.makedirs(save_dir, exist_ok=True)
+    keep = {"model": run.get("model", {}),
+            "checkpoint": {"pretrained_hf": _abs(run.get("checkpoint", {}).get("pretrained_hf"))},
+            "data": {"tokenizer_model": _abs(run.get("data", {}).get("tokenizer_model"))}}
+    tmp = os.path.join(save_dir, RUN_RECORD + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(keep, fh, indent=1, sort_keys=True)
+    os.replace(tmp, os.path.join(save_dir, RUN_RECORD))
+
+
+def _abs(path: Optional[str]) -> Optional[str]:
+    return os.path.abspath(path) if path else None
+
+
+def _run_description(root: str, stored: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's own run description, completed by ``hf_export.json`` if present."""
+    path = os.path.join(root, RUN_RECORD)
+    if not os.path.isfile(path):
+        return stored
+    with open(path) as fh:
+        recorded = json.load(fh)
+    return {**recorded, **{k: v for k, v in stored.items() if v}}
+
+
 def _source_dir(run: dict[str, Any]) -> Optional[str]:
     src = run.get("checkpoint", {}).get("pretrained_hf")
     return src if src and os.path.isfile(os.path.join(src, "config.json")) else None
@@ -108,7 +138,8 @@ def export(root: str, output: str, *, iteration: Optional[int] = None,
     """
     if os.path.isdir(output) and os.listdir(output):
         raise ValueError(f"--output {output} exists and is not empty; pick a new directory")
-    state, run, _ = read_checkpoint(root, iteration)
+    state, stored, _ = read_checkpoint(root, iteration)
+    run = _run_description(root, stored)
     model = run.get("model", {})
     source = _source_dir(run)
     hf_config = read_hf_config(source) if source else hf_config_from_model(

@@ -1,4 +1,4 @@
-"""Hugging Face Llama/Qwen2/Mistral weights <-> mcore ``GPTModel`` (local and TE spec names).
+"""Hugging Face Llama/Qwen2/Qwen3/Mistral weights <-> mcore ``GPTModel`` (local and TE spec names).
 
 Every mcore parameter has a *rule* naming its Hugging Face tensors and how tensor parallelism
 splits it:
@@ -6,7 +6,7 @@ splits it:
 ==========  =====================================================  ==========================
 rule        mcore tensor                                           TP split
 ==========  =====================================================  ==========================
-``copy``    norms                                                  replicated
+``copy``    norms (incl. Qwen3's per-head q/k norms)               replicated
 ``col``     embedding, output layer (rows = vocabulary)            rows (dim 0)
 ``row``     ``linear_proj`` (o_proj), ``linear_fc2`` (down_proj)   columns (dim 1)
 ``qkv``     ``linear_qkv`` = q/k/v fused per query group           rows, whole query groups
@@ -34,6 +34,8 @@ _LAYER_RULES = {
     "self_attention.linear_qkv.weight": ("qkv", tuple(f"{_ATTN}{x}_proj.weight" for x in "qkv")),
     "self_attention.linear_qkv.bias": ("qkv", tuple(f"{_ATTN}{x}_proj.bias" for x in "qkv")),
     "self_attention.linear_proj.weight": ("row", (f"{_ATTN}o_proj.weight",)),
+    "self_attention.q_layernorm.weight": ("copy", (f"{_ATTN}q_norm.weight",)),
+    "self_attention.k_layernorm.weight": ("copy", (f"{_ATTN}k_norm.weight",)),
     "pre_mlp_layernorm.weight": ("copy", ("post_attention_layernorm.weight",)),
     "mlp.linear_fc1.layer_norm_weight": ("copy", ("post_attention_layernorm.weight",)),
     "mlp.linear_fc1.weight": ("fc1", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),

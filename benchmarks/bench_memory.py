@@ -1,0 +1,180 @@
+"""Per-rank memory of the launcher's tiny CPU models next to the memory model's prediction.
+
+For each setting (precision, distributed optimizer, recompute) this builds the trainer the
+launcher builds (``megatron.skrull.pretrain_gpt.build_trainer``, one process), runs one
+iteration, and measures:
+
+* static bytes from the real tensors -- parameters, gradients, main parameters (optimizer
+  copies that are not the model's tensors) and optimizer state -- counting each storage once
+  (DDP buffers and views are not double counted);
+* activation bytes per token: the bytes autograd saves for backward during one forward
+  (``torch.autograd.graph.saved_tensors_hooks``, unique storages), divided by its tokens.
+
+Next to them: :class:`skrull_ext.costmodel.memory.TrainingMemory`'s prediction.  Settings
+whose flags the launcher does not accept are reported as skipped.
+
+    PYTHONPATH=. python benchmarks/bench_memory.py [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+from typing import Any, Optional
+
+import torch
+
+TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
+        "--disable-bias-linear", "--seq-length", "96", "--global-batch-size", "6",
+        "--lr", "3e-3", "--train-iters", "1", "--skrull-bucket-size", "512", "--device", "cpu",
+        "--mock-num-samples", "64"]
+
+# name, extra launcher flags, TrainingMemory fields
+SETTINGS = [
+    ("fp32", [], dict(precision="fp32")),
+    ("fp32 + distributed optimizer", ["--use-distributed-optimizer"],
+     dict(precision="fp32", distributed_optimizer=True)),
+    ("bf16 + distributed optimizer", ["--bf16", "--use-distributed-optimizer"],
+     dict(precision="bf16", distributed_optimizer=True)),
+    ("fp32 + full recompute", ["--recompute-granularity", "full", "--recompute-method",
+                               "uniform", "--recompute-num-layers", "1"],
+     dict(precision="fp32", recompute="full")),
+]
+
+
+def _storages(tensors) -> dict[int, int]:
+    """``{storage pointer: bytes}`` of the given tensors (each storage once)."""
+    out = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.numel():
+            s = t.untyped_storage()
+            out[s.data_ptr()] = s.nbytes()
+    return out
+
+
+def _optimizer_parts(optimizer) -> tuple[list, list]:
+    """(parameters the optimizer updates, its state tensors), mcore or torch optimizers."""
+    inner = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    params, state = [], []
+    for opt in inner:
+        torch_opt = getattr(opt, "optimizer", opt)
+        for group in torch_opt.param_groups:
+            params.extend(group["params"])
+        for s in torch_opt.state.values():
+            state.extend(v for v in s.values() if isinstance(v, torch.Tensor))
+    return params, state
+
+
+def measure_static(trainer) -> dict[str, int]:
+    """Bytes per rank of params, grads, main params and optimizer state (real tensors)."""
+    model_params = list(trainer.model.parameters())
+    params = _storages(model_params)
+    grads = _storages([getattr(p, "main_grad", None) if getattr(p, "main_grad", None)
+                       is not None else p.grad for p in model_params])
+    opt_params, opt_state = _optimizer_parts(trainer.optimizer)
+    main = {k: v for k, v in _storages(opt_params).items() if k not in params}
+    state = {k: v for k, v in _storages(opt_state).items()
+             if k not in params and k not in main}
+    return {"params": sum(params.values()), "grads": sum(grads.values()),
+            "main_params": sum(main.values()), "optimizer_state": sum(state.values())}
+
+
+def measure_activations(trainer) -> tuple[int, int]:
+    """(bytes saved for backward in one forward of the next micro-batch, its tokens)."""
+    from megatron.skrull.training import forward_backward, materialize
+
+    ids, plan = trainer.next_plan()
+    mb = plan.dp_ranks[0][0]
+    inputs = materialize(trainer.source, ids, plan, mb, trainer.groups, trainer.device)
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        saved.update(_storages([t]))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        forward_backward(trainer.model, inputs, 1.0)
+    params = _storages(trainer.model.parameters())
+    return (sum(v for k, v in saved.items() if k not in params),
+            int(inputs.input_ids.numel()))
+
+
+def spec_of(cfg, vocab: int):
+    from skrull_ext.costmodel.model import ModelSpec
+
+    m = cfg.model
+    return ModelSpec(name="tiny", num_layers=m.num_layers, hidden_size=m.hidden_size,
+                     ffn_hidden_size=m.ffn_size,
+                     num_attention_heads=m.num_attention_heads,
+                     num_query_groups=m.num_query_groups or m.num_attention_heads,
+                     vocab_size=vocab, swiglu=m.swiglu,
+                     tied_embeddings=not m.untie_embeddings_and_output_weights)
+
+
+def run_setting(flags: list[str], fields: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """Measures one setting in this (single) process; ``None`` if the launcher rejects it."""
+    from megatron.core import parallel_state
+    from megatron.skrull.arguments import ConfigError, parse_args
+    from megatron.skrull.cpu_compat import apply_cpu_compat
+    from megatron.skrull.pretrain_gpt import build_trainer, init_distributed, init_model_parallel
+    from skrull_ext.costmodel.memory import TrainingMemory
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage text
+            cfg = parse_args(TINY + flags)
+    except (ConfigError, SystemExit):
+        return None
+    device = torch.device("cpu")
+    apply_cpu_compat(device)
+    init_distributed(device)
+    parallel_state.destroy_model_parallel()
+    init_model_parallel(cfg, device)
+    trainer = build_trainer(cfg, device)
+    trainer.train_step()  # gradients and optimizer state exist after one step
+    static = measure_static(trainer)
+    act, tokens = measure_activations(trainer)
+    model = trainer.model
+    while hasattr(model, "module"):  # mcore DDP / Float16Module
+        model = model.module
+    vocab = model.vocab_size
+    mem = TrainingMemory(dp_cp_size=1, **fields)
+    spec = spec_of(cfg, vocab)
+    return {"measured": {**static, "activation_bytes_per_token": act / tokens},
+            "predicted": {**mem.static_breakdown(spec),
+                          "activation_bytes_per_token": mem.activation_bytes_per_token(spec)}}
+
+
+def table(results: dict[str, Optional[dict]]) -> str:
+    keys = ["params", "grads", "main_params", "optimizer_state", "activation_bytes_per_token"]
+    lines = ["| setting | " + " | ".join(k.replace("_", " ") for k in keys) + " |",
+             "|---|" + "---|" * len(keys)]
+    for name, r in results.items():
+        if r is None:
+            lines.append(f"| {name} | " + " | ".join(["(flags not accepted yet)"] * len(keys))
+                         + " |")
+            continue
+        cells = [f"{r['measured'][k] / 1024:.1f} / {r['predicted'][k] / 1024:.1f}" for k in keys]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\nKiB measured / predicted; activations: KiB per token."
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    results = {name: run_setting(flags, fields) for name, flags, fields in SETTINGS}
+    print(table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The memory model (skrull_ext.costmodel.memory): its accounting, the planner at the paper's
+settings, and the launcher's real tensors on CPU (static bytes within 1%)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from skrull_ext.costmodel.memory import TrainingMemory
+from skrull_ext.costmodel.model import MODEL_PRESETS
+from skrull_ext.planner.cli import main as plan_main
+
+from mcore_helpers import spawn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+Q7 = MODEL_PRESETS["qwen2.5-7b"]
+
+
+def test_static_bytes_per_parameter_follow_megatron():
+    n = Q7.param_count()
+    per_param = lambda **kw: TrainingMemory(**kw).static_bytes(Q7) / n  # noqa: E731
+    assert per_param(precision="fp32") == pytest.approx(4 + 4 + 0 + 8)
+    # bf16: bf16 params, fp32 grad buffer (accumulate_allreduce_grads_in_fp32), fp32 main
+    # params and Adam moments.
+    assert per_param(precision="bf16") == pytest.approx(2 + 4 + 4 + 8)
+    assert per_param(precision="fp16") == pytest.approx(2 + 2 + 4 + 8)
+    # The distributed optimizer shards main params and Adam state, not the grad buffer.
+    assert per_param(precision="bf16", distributed_optimizer=True, dp_cp_size=32) == \
+        pytest.approx(2 + 4 + 12 / 32)
+    assert per_param(precision="bf16", dp_cp_size=32) == pytest.approx(18)  # off: no sharding
+    assert TrainingMemory(precision="bf16", tp_size=2).static_bytes(Q7) == \
+        pytest.approx(TrainingMemory(precision="bf16").static_bytes(Q7) / 2)
+
+
+def test_activation_bytes_by_recompute():
+    none = TrainingMemory(precision="bf16").activation_bytes_per_token(Q7)
+    sel = TrainingMemory(precision="bf16", recompute="selective").activation_bytes_per_token(Q7)
+    full = TrainingMemory(precision="bf16", recompute="full").activation_bytes_per_token(Q7)
+    assert none == sel == Q7.activation_bytes_per_token()  # flash-style kernel: no S^2 term
+    assert full < sel / 3
+    assert TrainingMemory(precision="fp32").activation_bytes_per_token(Q7) > 1.5 * none
+
+
+@pytest.mark.parametrize("model,low,high", [("qwen2.5-0.5b", 20_000, 60_000),
+                                            ("qwen2.5-7b", 4_000, 20_000)])
+def test_planner_at_the_papers_settings(tmp_path, model, low, high):
+    js = tmp_path / "s.json"
+    assert plan_main(["--profile", "lmsyschat1m", "--model", model, "--dp-size", "4",
+                      "--cp-size", "8", "--hardware", "h100", "--device-memory-gb", "80",
+                      "--bf16", "--use-distributed-optimizer", "--recompute-granularity",
+                      "selective", "--overflow", "truncate", "--num-batches", "1",
+                      "--policies", "skrull", "--backend", "python", "--json", str(js)]) == 0
+    mem = json.loads(js.read_text())["memory"]
+    assert low < mem["recommended_bucket"] < high
+    assert mem["training"] == {"precision": "bf16", "distributed_optimizer": True,
+                               "recompute": "selective"}
+
+
+def _measure(rank, world, tmp):
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from bench_memory import run_setting
+
+    out = run_setting([], {"precision": "fp32"})
+    with open(os.path.join(tmp, "mem.json"), "w") as f:
+        json.dump(out, f)
+
+
+@pytest.mark.multiprocess
+def test_static_bytes_match_the_launchers_real_tensors(tmp_path):
+    spawn(_measure, 1, tmp_path, timeout=240)
+    out = json.load(open(tmp_path / "mem.json"))
+    measured, predicted = out["measured"], out["predicted"]
+    total_m = sum(measured[k] for k in ("params", "grads", "main_params", "optimizer_state"))
+    total_p = sum(predicted[k] for k in ("params", "grads", "main_params", "optimizer_state"))
+    assert total_m == pytest.approx(total_p, rel=0.01)
+    for key in ("params", "grads", "optimizer_state"):
+        assert measured[key] == pytest.approx(predicted[key], rel=0.01), key
+    assert measured["main_params"] == predicted["main_params"] == 0  # fp32: no copy
