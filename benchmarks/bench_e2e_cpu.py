@@ -6,7 +6,7 @@ policy: iteration ``i`` trains the same global batch under each policy.  Two spa
 ranks (:mod:`train_harness`, the launcher's ``setup`` and ``Trainer``; one thread each as
 under torchrun) run, for every iteration, the policies one after another in a rotating
 order (``A B C``, ``B C A``, ...) so machine noise hits all of them alike; each iteration is
-planned by the launcher's planner (``--skrull-scheduler <policy>``, ``cpu`` cost-model
+planned by the launcher's batch scheduler (``--skrull-scheduler <policy>``, ``cpu`` cost-model
 preset; planning is timed) and then runs forward/backward, the gradient all-reduce, clipping
 and AdamW (:meth:`Trainer.run_plan`).
 
@@ -42,7 +42,7 @@ SEQ_LENGTH = 16384
 
 def build(args, prefix):
     """``(argv, batches, plans)``: the run's flags, global batches and each policy's plans."""
-    from megatron.skrull.planning import make_planner
+    from megatron.skrull.batch_schedule import make_batch_scheduler
 
     argv = th.model_argv(**th.MODELS[args.model], seq_length=SEQ_LENGTH,
                          global_batch=args.global_batch_size, bucket=args.bucket, cp=2,
@@ -53,8 +53,8 @@ def build(args, prefix):
     plans = {}
     for policy in args.policies:
         run = dataclasses.replace(cfg, skrull=dataclasses.replace(cfg.skrull, scheduler=policy))
-        planner = make_planner(run, vocab)
-        plans[policy] = [planner(source.lengths[ids]) for ids in batches]
+        batch_scheduler = make_batch_scheduler(run, vocab)
+        plans[policy] = [batch_scheduler(source.lengths[ids]) for ids in batches]
     return argv, batches, plans
 
 

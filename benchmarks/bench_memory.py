@@ -7,7 +7,7 @@ iteration, and measures:
 * static bytes from the real tensors -- parameters, gradients, main parameters (optimizer
   copies that are not the model's tensors) and optimizer state -- counting each storage once
   (DDP buffers and views are not double counted);
-* activation bytes per token: the bytes autograd saves for backward during one forward
+* activation bytes per token: the bytes autograd saves for backward over one iteration
   (``torch.autograd.graph.saved_tensors_hooks``, unique storages), divided by its tokens.
 
 Next to them: :class:`skrull_ext.costmodel.memory.TrainingMemory`'s prediction.  Settings
@@ -85,23 +85,23 @@ def measure_static(trainer) -> dict[str, int]:
 
 
 def measure_activations(trainer) -> tuple[int, int]:
-    """(bytes saved for backward in one forward of the next micro-batch, its tokens)."""
-    from megatron.skrull.training import forward_backward, materialize
+    """(bytes autograd saved for backward over one iteration's forwards, its tokens).
 
-    ids, plan = trainer.next_plan()
-    mb = plan.dp_ranks[0][0]
-    inputs = materialize(trainer.source, ids, plan, mb, trainer.groups, trainer.device)
+    One process holds every token of the global batch; saved tensors of the micro-batches
+    are summed (each is freed by its backward), so this is bytes per token processed.
+    """
     saved: dict[int, int] = {}
+    alive = []  # held so a freed storage's address is not reused by a later micro-batch
 
     def pack(t):
+        alive.append(t)
         saved.update(_storages([t]))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        forward_backward(trainer.model, inputs, 1.0)
-    params = _storages(trainer.model.parameters())
-    return (sum(v for k, v in saved.items() if k not in params),
-            int(inputs.input_ids.numel()))
+        stats = trainer.train_step()
+    params = _storages(p for p in trainer.model.parameters())
+    return sum(v for k, v in saved.items() if k not in params), int(stats.tokens)
 
 
 def spec_of(cfg, vocab: int):

@@ -80,7 +80,7 @@ def fit_batches(source, seeds) -> list[tuple[str, np.ndarray]]:
 
 def measure(model: str, data_dir: str, seeds, repeats: int) -> list[dict]:
     """Runs every case; returns ``{config, policy, batch, ids, plan, seconds}`` rows."""
-    from megatron.skrull.planning import model_spec
+    from megatron.skrull.batch_schedule import model_spec
 
     prefix = th.make_corpus(data_dir, seq_length=SEQ_LENGTH)
     hw = get_hardware("cpu")

@@ -228,7 +228,7 @@ def _worker(rank, world, store, out_path, argv, cases, repeats, warmup, breakdow
     timers = _Timers() if breakdown else None
     if timers:
         timers.install(trainer)
-    planners = {}
+    schedulers = {}
     times = [[] for _ in cases]
     parts = [[] for _ in cases]
     for rep in range(warmup + repeats):
@@ -236,9 +236,9 @@ def _worker(rank, world, store, out_path, argv, cases, repeats, warmup, breakdow
             dist.barrier()
             start = time.perf_counter()
             if isinstance(plan, str):  # plan now, as the launcher does (timed)
-                if plan not in planners:
-                    planners[plan] = _planner(cfg, trainer, plan)
-                plan = planners[plan](trainer.source.lengths[np.asarray(batch_ids)])
+                if plan not in schedulers:
+                    schedulers[plan] = _batch_scheduler(cfg, trainer, plan)
+                plan = schedulers[plan](trainer.source.lengths[np.asarray(batch_ids)])
             stats = trainer.run_plan(np.asarray(batch_ids), plan, start=start)
             t = torch.tensor([stats.seconds], dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -256,23 +256,23 @@ def _worker(rank, world, store, out_path, argv, cases, repeats, warmup, breakdow
     dist.destroy_process_group()
 
 
-def _planner(cfg, trainer, policy: str):
-    """The launcher's planner of ``cfg`` with ``--skrull-scheduler policy``."""
+def _batch_scheduler(cfg, trainer, policy: str):
+    """The launcher's batch scheduler of ``cfg`` with ``--skrull-scheduler policy``."""
     import dataclasses
 
-    from megatron.skrull.planning import make_planner
+    from megatron.skrull.batch_schedule import make_batch_scheduler
 
     vocab = cfg.model.padded_vocab_size(cfg.model.vocab_size or trainer.source.vocab_size,
                                         cfg.parallel.tensor_model_parallel_size)
     run = dataclasses.replace(cfg, skrull=dataclasses.replace(cfg.skrull, scheduler=policy))
-    return make_planner(run, vocab)
+    return make_batch_scheduler(run, vocab)
 
 
 def run_cases(argv: Sequence[str], world: int, cases: list, *, repeats: int = 3,
               warmup: int = 1, breakdown: bool = False, timeout: float = 1800.0) -> dict:
     """Times ``cases`` (``[(batch_ids [K], Plan or policy name)]``) on ``world`` ranks.
 
-    A policy name is planned in the workers by the launcher's planner (planning timed).
+    A policy name is planned in the workers by the launcher's batch scheduler (planning timed).
 
     Returns:
         ``{"times": [case][repeat] seconds, "parts": [case][repeat] {part: seconds},

@@ -2,13 +2,13 @@
 
 Global batches of the bundled synthetic long-tail corpus drawn with sampler seeds
 :data:`VALIDATION_SEEDS` (the calibration, ``calibrate_training_cpu.py``, used others) are
-planned by the launcher's planner (:func:`megatron.skrull.planning.build_cost_model`, i.e.
+planned by the launcher's batch scheduler (:func:`megatron.skrull.batch_schedule.build_cost_model`, i.e.
 the ``cpu`` preset) with ``skrull``, ``all-cp`` and ``per-seq-cp`` on CP = 2, and each plan
 runs as a real training iteration (:mod:`train_harness`: two spawned gloo ranks, median of
 interleaved repeats).  For every plan the table compares the measured time with
 
 * the scheduler's prediction (:func:`skrull_ext.scheduler.predict` with the preset's
-  :class:`~skrull_ext.costmodel.model.CostModel`: what the planner optimises), and
+  :class:`~skrull_ext.costmodel.model.CostModel`: what the scheduler optimises), and
 * the simulator's (:func:`skrull_ext.planner.simulator.simulate` with the ``cpu`` preset).
 
 Usage::
@@ -37,7 +37,7 @@ BUCKET = 12288
 
 
 def build_cases(model: str, prefix: str, seeds, global_batches):
-    from megatron.skrull.planning import build_cost_model, model_spec
+    from megatron.skrull.batch_schedule import build_cost_model, model_spec
 
     argv = th.model_argv(**th.MODELS[model], seq_length=SEQ_LENGTH, global_batch=8,
                          bucket=BUCKET, cp=2, data_path=prefix)

@@ -134,8 +134,12 @@ constexpr int64_t kLinearCounts = 16;
 // The interleaved split with a locally fewest micro-batch count (reference
 // _fewest_split): kLinearCounts counts one by one from m, then galloping to the first
 // feasible count and a binary search down to the last infeasible one.
-RankSplit fewest_split(const Batch& batch, const RankSeqs& rest, int64_t m, double latency,
-                       int cp_size, int64_t bucket_size, Rollback policy, Variant variant) {
+// With `cut` (C++ only, see GdsCutoff) gives up (nullopt) once the rank's bound with one
+// more micro-batch than the last infeasible count exceeds the cutoff.
+std::optional<RankSplit> fewest_split(const Batch& batch, const RankSeqs& rest, int64_t m,
+                                      double latency, int cp_size, int64_t bucket_size,
+                                      Rollback policy, Variant variant,
+                                      const GdsCutoff* cut, double rank_base) {
   const int64_t count = static_cast<int64_t>(rest.ids.size());
   int64_t lo = m - 1, step = 1, tries = 0;
   std::optional<RankSplit> split;
@@ -143,6 +147,10 @@ RankSplit fewest_split(const Batch& batch, const RankSeqs& rest, int64_t m, doub
     split = split_rank(batch, rest, m, latency, cp_size, bucket_size, policy, variant);
     if (split) break;
     if (m >= count) throw std::logic_error("one sample per micro-batch must be feasible");
+    if (cut && (rank_base + static_cast<double>(m + 1) * cut->overhead) * (1.0 - 1e-9) >=
+                   cut->limit) {
+      return std::nullopt;
+    }
     if (++tries > kLinearCounts) step *= 2;
     lo = m;
     m = std::min(m + step, count);
@@ -157,7 +165,7 @@ RankSplit fewest_split(const Batch& batch, const RankSeqs& rest, int64_t m, doub
       split = std::move(trial);
     }
   }
-  return std::move(*split);
+  return split;
 }
 
 // (ours) Splits off the samples that fit no micro-batch with any other sample of the
@@ -183,9 +191,11 @@ void isolate(const RankSeqs& seqs, int cp_size, int64_t bucket_size, RankSeqs* r
 
 // One DP rank's micro-batches (reference _plan_rank): the fewest feasible (m == 0) or
 // exactly m; GDS steps 2-4 on the samples that can share, then one per isolated sample.
+// `cut` (C++ only): nullopt when the fewest-count search can no longer beat cut->limit.
 std::optional<RankSplit> plan_rank(const Batch& batch, const RankSeqs& seqs, int64_t m,
                                    double latency, int cp_size, int64_t bucket_size,
-                                   Rollback policy, Variant variant) {
+                                   Rollback policy, Variant variant,
+                                   const GdsCutoff* cut = nullptr) {
   RankSeqs rest;
   std::vector<Index> alone;
   isolate(seqs, cp_size, bucket_size, &rest, &alone);
@@ -213,8 +223,20 @@ std::optional<RankSplit> plan_rank(const Batch& batch, const RankSeqs& seqs, int
   int64_t total = 0;
   for (int64_t s : rest.lengths) total += s;
   m = std::max<int64_t>(1, (total + cap - 1) / cap);
-  return with_singles(fewest_split(batch, rest, m, latency, cp_size, bucket_size, policy,
-                                   variant));
+  double base = 0.0;  // the rank's least work over N, plus its isolated micro-batches
+  if (cut) {
+    for (Index i : seqs.ids) {
+      const double sh = batch.share(i, cp_size);
+      double w = cp_size * sh;
+      if (batch.lengths[i] <= bucket_size) w = std::min(w, batch.costs[i]);
+      base += w;
+    }
+    base = base / cp_size + static_cast<double>(n_alone) * cut->overhead;
+  }
+  auto split = fewest_split(batch, rest, m, latency, cp_size, bucket_size, policy, variant,
+                            cut, base);
+  if (!split) return std::nullopt;
+  return with_singles(std::move(*split));
 }
 
 void check_fits(const Batch& batch, int cp_size, int64_t bucket_size) {
@@ -305,6 +327,15 @@ std::vector<std::vector<Index>> interleave(const std::vector<Index>& sorted_idx,
 std::vector<RankSplit> gds_schedule(const Batch& batch, double latency, int dp_size,
                                     int cp_size, int64_t bucket_size, Rollback policy,
                                     double overhead, Variant variant) {
+  return *gds_schedule_cut(batch, latency, dp_size, cp_size, bucket_size, policy, overhead,
+                           variant, nullptr);
+}
+
+std::optional<std::vector<RankSplit>> gds_schedule_cut(const Batch& batch, double latency,
+                                                       int dp_size, int cp_size,
+                                                       int64_t bucket_size, Rollback policy,
+                                                       double overhead, Variant variant,
+                                                       const GdsCutoff* cut) {
   check_fits(batch, cp_size, bucket_size);
   std::vector<Index> all(static_cast<size_t>(batch.size));
   std::iota(all.begin(), all.end(), 0);
@@ -312,9 +343,13 @@ std::vector<RankSplit> gds_schedule(const Batch& batch, double latency, int dp_s
   std::vector<RankSplit> splits;
   splits.reserve(sorted_bins.size());
   for (const auto& seqs : sorted_bins) {
-    splits.push_back(seqs.ids.empty() ? RankSplit{}
-                                      : *plan_rank(batch, seqs, 0, latency, cp_size,
-                                                   bucket_size, policy, variant));
+    if (seqs.ids.empty()) {
+      splits.emplace_back();
+      continue;
+    }
+    auto split = plan_rank(batch, seqs, 0, latency, cp_size, bucket_size, policy, variant, cut);
+    if (!split) return std::nullopt;
+    splits.push_back(std::move(*split));
   }
   size_t m_max = 0;
   for (const auto& s : splits) m_max = std::max(m_max, s.size());

@@ -4,6 +4,7 @@
 // grouping_work / all_distributed / place_group / place_groups / iteration_time /
 // portfolio_schedule of skrull_ext/scheduler/portfolio.py; see scheduler.h.
 #include <algorithm>
+#include <limits>
 #include <queue>
 #include <utility>
 
@@ -383,20 +384,28 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
                                           int cp_size, int64_t bucket_size, Rollback policy,
                                           double overhead, Variant variant) {
   const GdsContext ctx{batch, latency, cp_size, bucket_size, policy, variant};
-  auto best = gds_schedule(batch, latency, dp_size, cp_size, bucket_size, policy, overhead,
-                           variant);
-  double best_t = iteration_time(ctx, best, overhead);
   const bool costly = grouping_work(batch, dp_size, cp_size, bucket_size) > kMaxGroupingWork;
   using Grouping = Groups (*)(const Batch&, int, int, int64_t);
+  // reference PORTFOLIO order; nullptr stands for GDS, `true` marks the costly groupings.
   const std::pair<Grouping, bool> candidates[] = {
-      {kk_groups, true}, {sorted_groups, false}, {all_cp_groups, false},
-      {per_seq_cp_groups, false}, {hybrid_cp_groups, true}};
+      {sorted_groups, false}, {nullptr, false},           {kk_groups, true},
+      {all_cp_groups, false}, {per_seq_cp_groups, false}, {hybrid_cp_groups, true}};
+  std::vector<RankSplit> best;
+  double best_t = std::numeric_limits<double>::infinity();
   for (const auto& [grouping, is_costly] : candidates) {
-    if (costly && is_costly) continue;
-    const Groups groups = grouping(batch, dp_size, cp_size, bucket_size);
-    // Cannot beat the best (ties keep the earlier); the margin covers float reordering.
-    if (grouping_bound(ctx, groups, overhead) * (1.0 - 1e-9) >= best_t) continue;
-    auto placed = place_groups(ctx, groups, overhead, best_t);
+    std::optional<std::vector<RankSplit>> placed;
+    if (!grouping) {
+      // (C++ only, same plans) GDS stops once its bound shows it cannot beat best_t.
+      const GdsCutoff cut{best_t, overhead};
+      placed = gds_schedule_cut(batch, latency, dp_size, cp_size, bucket_size, policy,
+                                overhead, variant, &cut);
+    } else {
+      if (costly && is_costly) continue;
+      const Groups groups = grouping(batch, dp_size, cp_size, bucket_size);
+      // Cannot beat the best (ties keep the earlier); the margin covers float reordering.
+      if (grouping_bound(ctx, groups, overhead) * (1.0 - 1e-9) >= best_t) continue;
+      placed = place_groups(ctx, groups, overhead, best_t);
+    }
     if (!placed) continue;
     const double t = iteration_time(ctx, *placed, overhead);
     if (t < best_t) {

@@ -115,6 +115,22 @@ std::vector<RankSplit> gds_schedule(const Batch& batch, double latency, int dp_s
                                     int cp_size, int64_t bucket_size, Rollback policy,
                                     double overhead, Variant variant = Variant::kAuto);
 
+// (C++ only) Lets the portfolio stop GDS once it cannot win: a DP rank's time is at least
+// its samples' least work over N plus one overhead per micro-batch, so when that bound,
+// with one more micro-batch than a count found infeasible, reaches `limit` (the best
+// candidate's time; GDS must be strictly faster) GDS cannot be picked.
+struct GdsCutoff {
+  double limit;
+  double overhead;
+};
+
+// gds_schedule with an optional cutoff: nullopt when it gave up (never without `cut`).
+std::optional<std::vector<RankSplit>> gds_schedule_cut(const Batch& batch, double latency,
+                                                       int dp_size, int cp_size,
+                                                       int64_t bucket_size, Rollback policy,
+                                                       double overhead, Variant variant,
+                                                       const GdsCutoff* cut);
+
 // ---- portfolio.cpp: the baselines' groupings and the portfolio (reference portfolio.py,
 // scheduler/baselines.py).
 using Groups = std::vector<std::vector<std::vector<Index>>>;  // [DP][micro-batch] ids
@@ -128,8 +144,9 @@ Groups all_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucke
 Groups per_seq_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
 Groups hybrid_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
 
-// GDS, then each baseline grouping placed by DACP (or all-distributed when faster); the
-// lowest predicted iteration time wins (ties: the earlier candidate).
+// The sorted grouping, GDS, then the other baseline groupings, each placed by DACP (or
+// all-distributed when faster); the lowest predicted iteration time wins (ties: the
+// earlier candidate; reference portfolio.PORTFOLIO).
 std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, int dp_size,
                                           int cp_size, int64_t bucket_size, Rollback policy,
                                           double overhead, Variant variant = Variant::kAuto);

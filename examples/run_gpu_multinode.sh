@@ -12,7 +12,8 @@
 #       --tokenizer-type HFTokenizer --tokenizer-model Qwen2.5-0.5B/tokenizer.json \
 #       --seq-length 131072 --overlong truncate
 #
-# Precision is automatic (bf16 autocast with fp32 master weights on GPU); the model starts
+# bf16 params with fp32 main params, the distributed optimizer over DP x CP and selective
+# recompute (the paper's 7B setting uses ZeRO-2 and selective recompute); the model starts
 # from random weights or resumes from CHECKPOINT_PATH (--save and --load point at the same
 # directory, so a restarted job continues). DRY_RUN=1 prints the command instead of running it.
 set -euo pipefail
@@ -83,6 +84,9 @@ TRAINING_ARGS=(
     --adam-beta1 0.9
     --adam-beta2 0.95
     --clip-grad 1.0
+    --bf16
+    --use-distributed-optimizer
+    --recompute-granularity selective
     --seed 1234
 )
 

@@ -2,11 +2,13 @@
 
 These tests FAIL when megatron-core changes under the shims: a patched function or class
 disappears or changes signature, the upstream code stops assuming CUDA (drop the shim), or
-an mcore path our model relies on (``GPTModel._preprocess``, SelfAttention's RoPE and
-``core_attention`` call) changes shape.
+an mcore extension point our model relies on (``GPTModel`` without RoPE, the ``thd``
+``PackedSeqParams`` path of SelfAttention and its ``core_attention`` call, the public
+``apply_rotary_pos_emb``) changes shape.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
@@ -15,6 +17,7 @@ import torch
 from megatron.core.fusions import fused_softmax
 from megatron.core.models.common.embeddings import rope_utils, rotary_pos_embedding
 from megatron.core.models.gpt.gpt_model import GPTModel
+from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.tensor_parallel import random as tp_random
 from megatron.core.transformer import attention as mcore_attention
 from megatron.core.transformer import utils as tr_utils
@@ -50,19 +53,28 @@ def test_patched_upstream_objects_keep_their_signatures():
 
 
 def test_model_relies_on_these_mcore_paths():
-    # SkrullGPTModel overrides _preprocess with this signature and returns its 6-tuple.
-    assert _params(GPTModel._preprocess) == ["self", "input_ids", "position_ids", "decoder_input",
-                                            "inference_context", "packed_seq_params",
-                                            "padding_mask"]
-    assert "= preproc_output[:6]" in inspect.getsource(GPTModel.forward)
-    # RoPE layout that SkrullGPTModel.rotary_table reproduces.
+    # build_model: GPTModel(position_embedding_type="none") builds no RoPE of its own (only
+    # 'rope'/'yarn'/'mrope' do), so mcore never computes or applies a rotary table.
+    init = inspect.getsource(GPTModel.__init__)
+    assert "self.position_embedding_type == 'rope'" in init
+    assert "position_embedding_type" in _params(GPTModel.__init__)
+    # SkrullPackedSeqParams extends these fields (thd: batch dim squeezed by mcore).
+    fields = {f.name for f in dataclasses.fields(PackedSeqParams)}
+    assert {"qkv_format", "cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv",
+            "cp_group"} <= fields
+    fwd = inspect.getsource(mcore_attention.Attention.forward)
+    # thd: q/k/v reach core_attention as [T, heads, dim] with the packed_seq_params object
+    # unchanged, and the output is reshaped back to [T, 1, hidden].
+    assert "packed_seq_params.qkv_format == 'thd'" in fwd
+    assert "query = query.squeeze(1)" in fwd
+    assert "packed_seq_params=packed_seq_params" in fwd
+    assert "core_attn_out.reshape(core_attn_out.size(0), 1, -1)" in fwd
+    # SkrullCoreAttention applies RoPE with this public function (per-token bshd path) and
+    # builds its frequencies like RotaryEmbedding.get_emb.
+    assert _params(rope_utils.apply_rotary_pos_emb) == ["t", "freqs", "config", "cu_seqlens",
+                                                        "mscale", "cp_group"]
     assert _params(rotary_pos_embedding.RotaryEmbedding.get_emb) == ["self", "max_seq_len",
                                                                      "offset"]
-    fwd = inspect.getsource(mcore_attention.Attention.forward)
-    # qkv_format 'sbhd' keeps q/k/v [s, b, h, d] and per-token (bshd) RoPE, and the
-    # packed_seq_params object reaches core_attention unchanged.
-    assert "packed_seq_params.qkv_format == 'thd'" in fwd
-    assert "packed_seq_params=packed_seq_params" in fwd
     t, f = torch.randn(5, 1, 2, 8), torch.randn(5, 1, 1, 8)
     out = rope_utils._apply_rotary_pos_emb_bshd(t, f)
     assert out.shape == t.shape
@@ -153,6 +165,8 @@ def test_mcore_ddp_optimizer_schedule_still_assume_cuda():
     assert "model_param.type() == 'torch.cuda.FloatTensor'" in inspect.getsource(
         distrib_optimizer.DistributedOptimizer)
     assert "torch.cuda.current_device()" in inspect.getsource(param_and_grad_buffer)
+    assert "shard_main_param.grad = shard_model_grad.float()" in inspect.getsource(
+        distrib_optimizer.DistributedOptimizer)
     with pytest.raises((AssertionError, RuntimeError)):
         torch.zeros(1, device="cuda")
 
@@ -168,6 +182,8 @@ def test_cuda_to_cpu_mode_is_scoped():
         assert torch.zeros(1, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
         assert torch.zeros(1, dtype=torch.int64).type() == "torch.LongTensor"
         assert t64.type(torch.float32).dtype == torch.float32  # conversions untouched
+        assert t64.float() is t64 and torch.zeros(1, dtype=torch.float16).float().dtype == \
+            torch.float32
     assert t64.type() == "torch.DoubleTensor"  # gone after the block
     if NO_CUDA:
         with pytest.raises((AssertionError, RuntimeError)):

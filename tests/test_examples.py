@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from megatron.skrull.arguments import parse_args
-from megatron.skrull.planning import model_spec
+from megatron.skrull.batch_schedule import model_spec
 from skrull_ext.costmodel.model import MODEL_PRESETS
 
 pytestmark = pytest.mark.multiprocess
@@ -186,7 +186,7 @@ def test_gpu_multinode_script_flags_parse(nnodes, gpus, dp):
     assert cfg.data.tokenizer_type == "HFTokenizer" and not cfg.data.use_mock
     assert cfg.data.tokenizer_model == "Qwen2.5-0.5B/tokenizer.json"
     assert cfg.checkpoint.save == cfg.checkpoint.load and cfg.logging.tensorboard_dir
-    assert cfg.device == "auto" and not cfg.fp64  # bf16 autocast comes from the GPU
+    assert cfg.device == "auto" and not cfg.fp64 and cfg.bf16
     # The architecture is the paper's Qwen2.5-0.5B (the cost model's preset).
     ours, qwen = model_spec(cfg, 151936), MODEL_PRESETS["qwen2.5-0.5b"]
     for field in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",

@@ -336,3 +336,21 @@ def test_baseline_groupings_and_portfolio_parity():
         assert _C.portfolio_schedule(lengths, costs, comm, lat, dp, cp, bucket, 2, 2e-3, 3,
                                      shares, objective=OBJECTIVES[obj]) == want
     assert chose == {True, False}  # the batches exercise both outcomes
+
+
+def test_portfolio_parity_when_gds_splits_far_too_finely():
+    """A tight bucket: GDS alone needs several times the micro-batches of the sorted
+    grouping, so C++ stops GDS early (its cutoff); the plan is still the reference's."""
+    from skrull_ext.scheduler import portfolio
+
+    rng = np.random.default_rng(2)
+    lengths = np.minimum(np.ceil(200.0 * (1.0 + rng.pareto(1.1, 300))), 4 * 800 - 8)
+    lengths = lengths.astype(np.int64)
+    cm = default_cost_model()
+    args = (lengths, cm.compute_seconds(lengths), cm.comm_seconds(lengths, 4),
+            cm.comm_latency(4), 2, 4, 800)
+    shares = cm.share_seconds(lengths, 4)
+    gds = reference.gds_schedule(*args, "auto", 2e-3, "auto", shares, "ring")
+    want = portfolio.portfolio_schedule(*args, "auto", 2e-3, "auto", shares, "ring")
+    assert len(gds[0]) > 2 * len(want[0])
+    assert _C.portfolio_schedule(*args, 2, 2e-3, 3, shares, objective=1) == want

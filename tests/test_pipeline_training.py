@@ -47,7 +47,7 @@ def _reference(rank, world, tmp):
 
     apply_cpu_compat("cpu")
     init_model_parallel(tiny_config(COMMON), CPU)
-    ref = build_trainer(tiny_config(COMMON), CPU, planner=_all_local)
+    ref = build_trainer(tiny_config(COMMON), CPU, batch_scheduler=_all_local)
     init = _tensors(ref.model.module)
     stats = train(ref, train_iters=ITERS)
     torch.save({"init": init, "losses": [s.loss for s in stats],
@@ -61,7 +61,7 @@ def _pipeline_trainer(cfg, init, planner=None):
     from megatron.skrull.pretrain_gpt import build_trainer, init_model_parallel
 
     init_model_parallel(cfg, CPU)
-    trainer = build_trainer(cfg, CPU, planner=planner)
+    trainer = build_trainer(cfg, CPU, batch_scheduler=planner)
     stage = full_to_stage_state_dict(
         init, num_layers=cfg.model.num_layers, pp_rank=ps.get_pipeline_model_parallel_rank(),
         pp_size=ps.get_pipeline_model_parallel_world_size(),
@@ -247,12 +247,12 @@ def test_pipeline_cpu_shims_still_needed():
 
 
 def test_planner_feeds_the_pipeline_short_micro_batches_first():
-    from megatron.skrull.planning import build_cost_model, make_planner
+    from megatron.skrull.batch_schedule import build_cost_model, make_batch_scheduler
 
     cfg = tiny_config(["--pipeline-model-parallel-size", "2", "--skrull-bucket-size", "96",
                        "--global-batch-size", "16"], world_size=2)
     lengths = np.array([96, 5, 40, 60, 7, 90, 33, 12, 80, 8, 70, 9, 50, 11, 30, 6])
-    plan = make_planner(cfg, 128)(lengths)
+    plan = make_batch_scheduler(cfg, 128)(lengths)
     plan.validate()
     cost = build_cost_model(cfg, 128)
     full = cost.compute_seconds(lengths)

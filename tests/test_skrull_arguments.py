@@ -47,6 +47,16 @@ def test_valid_flags_build_a_frozen_config():
     (["--hidden-size", "66"], 1, ["--hidden-size 66", "--num-attention-heads 4"]),
     (["--skrull-scheduler", "hybrid-cp", "--context-parallel-size", "4"], 4,
      ["hybrid-cp", "--context-parallel-size 4", "sub-groups", "--context-parallel-size 2"]),
+    (["--bf16", "--fp64"], 1, ["--fp64 and --bf16 conflict"]),
+    (["--recompute-granularity", "full", "--recompute-method", "uniform",
+      "--recompute-num-layers", "3"], 1, ["--recompute-num-layers 3", "--num-layers 2"]),
+    (["--recompute-granularity", "full"], 1, ["--recompute-method uniform or block"]),
+    (["--recompute-method", "block"], 1, ["--recompute-granularity full"]),
+    (["--use-distributed-optimizer"], 1, ["nothing to shard", "DP x CP = 1"]),
+    (["--overlap-param-gather", "--context-parallel-size", "2"], 2,
+     ["--use-distributed-optimizer"]),
+    (["--sequence-parallel", "--tensor-model-parallel-size", "2"], 2, ["--sequence-parallel"]),
+    (["--attention-dropout", "0.1"], 1, ["--attention-dropout 0"]),
 ])
 def test_each_bad_flag_gives_one_clear_message(extra, world, needles):
     problems = _problems(extra, world)
@@ -73,3 +83,19 @@ def test_launcher_missing_required_flag_exits_2(capsys):
         parse_args(["--num-layers", "2"])
     assert info.value.code == 2
     assert "required" in capsys.readouterr().err
+
+
+def test_megatron_stack_flags():
+    cfg = tiny_config(["--bf16", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                       "--recompute-granularity", "selective", "--micro-batch-size", "4",
+                       "--exit-interval", "5", "--context-parallel-size", "2"], world_size=2)
+    assert cfg.params_dtype.is_floating_point and str(cfg.params_dtype) == "torch.bfloat16"
+    assert cfg.optim.use_distributed_optimizer and cfg.optim.overlap_grad_reduce
+    assert cfg.recompute.recompute_granularity == "selective"
+    assert (cfg.micro_batch_size, cfg.exit_interval) == (4, 5)
+
+
+def test_conflicting_precision_exits_2_with_one_line(capsys):
+    assert main(TINY_FLAGS + ["--bf16", "--fp64"]) == 2
+    errors = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "pick one precision" in errors[0]

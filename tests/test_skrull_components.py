@@ -1,4 +1,4 @@
-"""LR schedule, planner wiring, sample sources and the log line (no processes)."""
+"""LR schedule, batch-scheduler wiring, sample sources and the log line (no processes)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import torch
 
 from megatron.skrull.arguments import OptimArgs
 from megatron.skrull.optimizer import build_scheduler
-from megatron.skrull.planning import build_cost_model, make_planner, predicted_seconds
+from megatron.skrull.batch_schedule import build_cost_model, make_batch_scheduler, predicted_seconds
 from megatron.skrull.samples import DatasetSource, SyntheticSFTSource
 from megatron.skrull.training import IterationStats, MetricsLogger
 
@@ -42,11 +42,11 @@ def test_lr_schedule_is_megatrons():
     assert opt.param_groups[0]["lr"] == pytest.approx(lin[9])
 
 
-def test_planner_uses_the_scheduler_and_cost_model(tmp_path):
+def test_batch_scheduler_uses_the_scheduler_and_cost_model(tmp_path):
     cfg = tiny_config(["--context-parallel-size", "2", "--global-batch-size", "8"],
                       world_size=4)
-    planner = make_planner(cfg, vocab_size=128)
-    plan = planner(np.array([90, 12, 30, 40, 70, 10, 5, 64]))
+    batch_scheduler = make_batch_scheduler(cfg, vocab_size=128)
+    plan = batch_scheduler(np.array([90, 12, 30, 40, 70, 10, 5, 64]))
     plan.validate()
     assert (plan.dp_size, plan.cp_size, plan.policy) == (2, 2, "skrull")
     assert predicted_seconds(plan) > 0
@@ -65,7 +65,7 @@ def test_planner_uses_the_scheduler_and_cost_model(tmp_path):
 def test_baseline_policies_plan_local_or_distributed_only(policy):
     cfg = tiny_config(["--context-parallel-size", "2", "--skrull-scheduler", policy],
                       world_size=2)
-    plan = make_planner(cfg, vocab_size=128)(np.array([90, 12, 30, 40, 70, 10]))
+    plan = make_batch_scheduler(cfg, vocab_size=128)(np.array([90, 12, 30, 40, 70, 10]))
     assert plan.policy == policy
     assert not any(mb.grouped for rank in plan.dp_ranks for mb in rank)
 

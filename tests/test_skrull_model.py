@@ -1,4 +1,4 @@
-"""SkrullGPTModel on CPU vs stock Megatron-Core GPTModel and hand-computed losses.
+"""The Skrull GPT model (mcore GPTModel + SkrullCoreAttention) on CPU vs stock Megatron-Core GPTModel and hand-computed losses.
 
 One spawned single-rank gloo process computes everything; the tests assert on its output.
 """
@@ -35,7 +35,7 @@ def _reference_model(cfg, skrull_model, vocab):
 def _worker(rank, world, tmp):
     from megatron.core.models.common.embeddings import rotary_pos_embedding
     from megatron.skrull.cpu_compat import apply_cpu_compat
-    from megatron.skrull.model import SkrullPackedSeqParams, build_model
+    from megatron.skrull.model import SkrullPackedSeqParams, build_model, rotary_table
     from megatron.skrull.pretrain_gpt import init_model_parallel
     from skrull_ext.attention import dacp_attention as dacp
     from skrull_ext.attention.layout import build_rank_layout as build_layout
@@ -72,12 +72,13 @@ def _worker(rank, world, tmp):
     ref_logits = torch.cat([ref(toks[i][None], torch.arange(n)[None], None)
                             for i, n in enumerate(LENGTHS)], dim=1)
     positions = torch.tensor([3, 0, 17, 5, 5, 90])
+    rope = model.decoder.layers[0].self_attention.core_attention.rope
     small = build_model(cfg.model, vocab_size=vocab, dtype=torch.float64)
     torch.save({
         "logits": logits.detach(), "ref_logits": ref_logits.detach(), "losses": losses.detach(),
         "labels": labels, "shapes": [s[:3] for s in seen], "kw": [s[5] for s in seen],
         "layout_ok": all(s[3] is layout for s in seen), "num_calls": len(seen),
-        "table": model.rotary_table(positions), "get_emb": model.rotary_pos_emb.get_emb(91),
+        "table": rotary_table(rope, positions), "get_emb": rope.get_emb(91),
         "positions": positions, "param_dtypes": {p.dtype for p in small.parameters()},
     }, os.path.join(tmp, "out.pt"))
 
@@ -119,3 +120,19 @@ def test_rotary_table_uses_given_positions(out):
 
 def test_fp64_parameters(out):
     assert out["param_dtypes"] == {torch.float64}
+
+
+def test_packed_seq_params_are_thd_with_the_stream_documents():
+    from megatron.skrull.model import SkrullPackedSeqParams
+    from skrull_ext.attention.layout import build_rank_layout
+
+    # CP rank 0 of 2: local sample 0 whole, then its zigzag shard of distributed sample 1.
+    layout = build_rank_layout((7, 12, 5), [1], [[0], [2]], 0, 2)
+    params = SkrullPackedSeqParams(layout=layout)
+    assert params.qkv_format == "thd"
+    shard = layout.distributed[0].shard_length
+    assert params.cu_seqlens_q.tolist() == [0, 7, 7 + shard]
+    assert params.cu_seqlens_kv is params.cu_seqlens_q
+    assert params.max_seqlen_q == max(7, shard)
+    with pytest.raises(ValueError, match="thd"):
+        SkrullPackedSeqParams(layout=layout, qkv_format="sbhd")

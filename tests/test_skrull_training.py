@@ -22,8 +22,8 @@ pytestmark = pytest.mark.multiprocess
 CPU = torch.device("cpu")
 
 
-def _fixed_planner(layout_by_dp):
-    """Planner returning the same placement for any 6-sample batch.
+def _fixed_schedule(layout_by_dp):
+    """Batch scheduler returning the same placement for any 6-sample batch.
 
     ``layout_by_dp[d][m] = (distributed, local)`` with sample positions in the batch.
     """
@@ -39,9 +39,9 @@ def _fixed_planner(layout_by_dp):
     return plan
 
 
-SINGLE = _fixed_planner([[([], [[0, 1, 2, 3, 4, 5]])]])
-CP2 = _fixed_planner([[([0, 1], [[2], [3]]), ([], [[4, 5], []]), ([], [[], []])]])
-DP2 = _fixed_planner([[([], [[0, 1]]), ([], [[2]])], [([], [[3, 4, 5]]), ([], [[]])]])
+SINGLE = _fixed_schedule([[([], [[0, 1, 2, 3, 4, 5]])]])
+CP2 = _fixed_schedule([[([0, 1], [[2], [3]]), ([], [[4, 5], []]), ([], [[], []])]])
+DP2 = _fixed_schedule([[([], [[0, 1]]), ([], [[2]])], [([], [[3, 4, 5]]), ([], [[]])]])
 
 
 def _setup(cfg, **kw):
@@ -58,7 +58,7 @@ def _single_process(rank, world, tmp):
     from megatron.skrull.cpu_compat import apply_cpu_compat
 
     apply_cpu_compat("cpu")
-    ref = _setup(tiny_config(["--fp64"]), planner=SINGLE)
+    ref = _setup(tiny_config(["--fp64"]), batch_scheduler=SINGLE)
     ids, plan = ref.next_plan()
     loss = ref.compute_gradients(ids, plan)
     decay = {n for g in ref.optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]
@@ -67,9 +67,9 @@ def _single_process(rank, world, tmp):
                 "decay": decay}, os.path.join(tmp, "reference.pt"))
 
 
-def _equivalence(rank, flags, planner):
+def _equivalence(rank, flags, batch_scheduler):
     cfg = tiny_config(["--fp64", *flags], world_size=2)
-    trainer = _setup(cfg, planner=planner)
+    trainer = _setup(cfg, batch_scheduler=batch_scheduler)
     ids, plan = trainer.next_plan()
     loss = trainer.compute_gradients(ids, plan)
     return {"ids": ids, "loss": loss, "grads": trainer.gradients(), "norm": trainer.grad_norm(),
@@ -96,13 +96,13 @@ def _resume(rank, tmp):
     flags = ["--fp64", "--context-parallel-size", "2", "--lr-warmup-iters", "2",
              "--lr-decay-style", "cosine", "--train-iters", "4"]
     cfg = tiny_config(flags, world_size=2)
-    full = train(_setup(cfg, planner=CP2), train_iters=4)
-    first = _setup(cfg, planner=CP2)
+    full = train(_setup(cfg, batch_scheduler=CP2), train_iters=4)
+    first = _setup(cfg, batch_scheduler=CP2)
     meta = ckpt.CheckpointMeta.from_parallel_state()
     part1 = train(first, train_iters=2,
                   save_fn=lambda t: ckpt.save_checkpoint(f"{tmp}/ckpt", t, meta))
     # A fresh run with perturbed weights: everything must come from the checkpoint.
-    second = _setup(cfg, planner=CP2)
+    second = _setup(cfg, batch_scheduler=CP2)
     with torch.no_grad():
         for p in second.params:
             p.add_(0.5)
@@ -120,7 +120,7 @@ def _worker(rank, world, tmp):
     out = {
         "dp": _equivalence(rank, [], DP2),
         "cp": _equivalence(rank, ["--context-parallel-size", "2"], CP2),
-        # The launcher's own planner; bucket 48 makes skrull distribute the 53-token sample
+        # The launcher's own batch scheduler; bucket 48 makes skrull distribute the 53-token sample
         # and keep the rest local, and all-cp needs two micro-batches.
         **{policy: _equivalence(rank, ["--context-parallel-size", "2", "--skrull-scheduler",
                                        policy, "--skrull-bucket-size", "48"], None)

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from megatron.skrull.planning import build_cost_model, make_planner, model_spec
+from megatron.skrull.batch_schedule import build_cost_model, make_batch_scheduler, model_spec
 from skrull_ext.costmodel.hardware import CPU, H100
 
 from mcore_helpers import tiny_config
@@ -78,12 +78,12 @@ def _long_tail_batch(seed: int) -> np.ndarray:
     return np.concatenate([[11000, 2900, 1700, 1200, 800], short]).astype(np.int64)
 
 
-def test_cpu_planner_keeps_short_sequences_local_on_a_long_tail_batch():
+def test_cpu_batch_scheduler_keeps_short_sequences_local_on_a_long_tail_batch():
     """Regression: the old CPU guesses made distributing look free (0% local tokens)."""
-    planner = make_planner(tiny_config(DEMO, world_size=2), VOCAB)
+    batch_scheduler = make_batch_scheduler(tiny_config(DEMO, world_size=2), VOCAB)
     for seed in range(3):
         lengths = _long_tail_batch(seed)
-        plan = planner(lengths)
+        plan = batch_scheduler(lengths)
         local = {i for mb in plan.dp_ranks[0] for rank in mb.local for i in rank}
         dist = {i for mb in plan.dp_ranks[0] for i in mb.distributed}
         short = set(np.flatnonzero(lengths < 512).tolist())
@@ -91,5 +91,5 @@ def test_cpu_planner_keeps_short_sequences_local_on_a_long_tail_batch():
         assert 0 in dist  # the 11K-token sample is split over both ranks
         assert plan.local_token_share() > 0.3
     # A batch of short samples only needs no ring at all.
-    plan = planner(np.random.default_rng(7).integers(20, 512, size=32))
+    plan = batch_scheduler(np.random.default_rng(7).integers(20, 512, size=32))
     assert plan.local_token_share() == 1.0

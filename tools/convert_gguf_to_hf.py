@@ -21,9 +21,10 @@ import argparse
 import glob
 import importlib.util
 import os
-import shutil
 import sys
-import tempfile
+
+# Run from a checkout without installing: put the repository root first on the path.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def find_gguf(package: str) -> str:
@@ -65,23 +66,16 @@ def convert(gguf: str, output: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if os.path.isdir(output) and os.listdir(output):
+    from megatron.skrull.hf.io import staged_directory
+
+    if os.path.isdir(output) and os.listdir(output):  # before the slow GGUF load
         raise ValueError(f"--output {output} exists and is not empty; pick a new directory")
     folder, name = os.path.split(os.path.abspath(gguf))
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    parent = os.path.dirname(os.path.abspath(output))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
-    try:
+    with staged_directory(output, ".convert-") as tmp:
         _save(model, tmp)
         tokenizer.save_pretrained(tmp)
-        if os.path.isdir(output):
-            os.rmdir(output)
-        os.replace(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def main(argv=None) -> int:

@@ -53,6 +53,7 @@ class ModelArgs:
     untie_embeddings_and_output_weights: bool = False
     rotary_base: int = 10000
     hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
     init_method_std: float = 0.02
 
     def __post_init__(self) -> None:
@@ -73,6 +74,9 @@ class ModelArgs:
             p.append(f"--normalization {self.normalization!r}: use LayerNorm or RMSNorm")
         if not 0.0 <= self.hidden_dropout < 1.0:
             p.append(f"--hidden-dropout must be in [0, 1), got {self.hidden_dropout}")
+        if self.attention_dropout:
+            p.append(f"--attention-dropout {self.attention_dropout}: DACP attention has no "
+                     "dropout (SFT runs without it); use --attention-dropout 0")
         if self.vocab_size is not None and self.vocab_size < 1:
             p.append(f"--vocab-size must be >= 1, got {self.vocab_size}")
         _raise_if(p)
@@ -96,6 +100,34 @@ class ModelArgs:
         """Vocabulary rounded up to a multiple of ``make_vocab_size_divisible_by * tp``."""
         multiple = self.make_vocab_size_divisible_by * tp_size
         return -(-vocab_size // multiple) * multiple
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RecomputeArgs:
+    """Activation recompute (not part of the model: a checkpoint resumes with any setting)."""
+
+    recompute_granularity: Optional[str] = None  # None, "full" or "selective"
+    recompute_method: Optional[str] = None  # "uniform" or "block" (full only)
+    recompute_num_layers: Optional[int] = None
+
+
+def _recompute_problems(r: RecomputeArgs, num_layers: int) -> list[str]:
+    """Megatron's rules for ``--recompute-*`` (mcore's TransformerConfig checks them too)."""
+    p, gran, m = [], r.recompute_granularity, r
+    if gran not in (None, "full", "selective"):
+        p.append(f"--recompute-granularity {gran!r}: use full or selective")
+    elif gran == "full":
+        if m.recompute_method not in ("uniform", "block"):
+            p.append("--recompute-granularity full needs --recompute-method uniform or block "
+                     "(and --recompute-num-layers N)")
+        elif m.recompute_num_layers is None or not 1 <= m.recompute_num_layers <= num_layers:
+            layers = m.recompute_num_layers
+            p.append(f"--recompute-num-layers {layers} must be in [1, --num-layers "
+                     f"{num_layers}] with --recompute-granularity full")
+    elif m.recompute_method is not None or m.recompute_num_layers is not None:
+        p.append("--recompute-method/--recompute-num-layers need --recompute-granularity "
+                 "full (selective recomputes core attention in every layer)")
+    return p
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -265,6 +297,8 @@ class SkrullArgs:
     cost_model_config: Optional[str] = None
     objective: str = "ring"  # how the scheduler composes a micro-batch's time
     attention_kernel: str = "auto"  # --skrull-attention-kernel, else $SKRULL_ATTENTION_KERNEL
+    plan_ahead: bool = True  # --[no-]skrull-plan-ahead: plan batch i+1 while i trains
+    online_cost_model: bool = False  # --skrull-online-cost-model: refit to measured times
 
     def __post_init__(self) -> None:
         p = []
@@ -299,6 +333,10 @@ class RunConfig:
     fp64: bool = False
     bf16: bool = False
     fp16: bool = False
+    sequence_parallel: bool = False
+    recompute: RecomputeArgs = RecomputeArgs()
+    micro_batch_size: int = 1
+    exit_interval: Optional[int] = None
 
     @property
     def params_dtype(self) -> "torch.dtype":
@@ -351,6 +389,19 @@ def cross_problems(cfg: RunConfig) -> list[str]:
         p.append(f"--device {cfg.device!r}: use auto, cpu or cuda")
     if cfg.fp64 and cfg.device == "cuda":
         p.append("--fp64 is a CPU test mode; drop it or use --device cpu")
+    if cfg.micro_batch_size < 1:
+        p.append(f"--micro-batch-size must be >= 1, got {cfg.micro_batch_size}")
+    if cfg.exit_interval is not None and cfg.exit_interval < 1:
+        p.append(f"--exit-interval must be >= 1, got {cfg.exit_interval}")
+    p.extend(_recompute_problems(cfg.recompute, m.num_layers))
+    if cfg.sequence_parallel:
+        # Sequence parallelism splits the packed stream over TP ranks before attention;
+        # the DACP layout and RoPE table are per CP rank's whole stream, not per TP slice.
+        p.append("--sequence-parallel is not supported with DACP attention (the packed "
+                 "per-rank stream is not split over TP ranks); drop the flag")
+    if cfg.optim.use_distributed_optimizer and cfg.parallel.dp_size * cp == 1:
+        p.append("--use-distributed-optimizer has nothing to shard over with DP x CP = 1; "
+                 "drop the flag or launch more data/context-parallel ranks")
     if sum((cfg.fp64, cfg.bf16, cfg.fp16)) > 1:
         chosen = [f for f, on in (("--fp64", cfg.fp64), ("--bf16", cfg.bf16),
                                   ("--fp16", cfg.fp16)) if on]
@@ -384,6 +435,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rotary-base", type=int, default=10000)
     g.add_argument("--hidden-dropout", type=float, default=0.0)
     g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument("--attention-dropout", type=float, default=0.0,
+                   help="must be 0: DACP attention has no dropout")
+    g.add_argument("--recompute-granularity", choices=("full", "selective"))
+    g.add_argument("--recompute-method", choices=("uniform", "block"))
+    g.add_argument("--recompute-num-layers", type=int)
     g = ap.add_argument_group("parallelism")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--context-parallel-size", type=int, default=1)
@@ -391,8 +447,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="1F1B pipeline stages (docs/training.md, pipeline parallelism)")
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int,
                    help="interleaved pipeline schedule: not supported (exits with an error)")
+    g.add_argument("--sequence-parallel", action="store_true", help="rejected (see docs)")
     g = ap.add_argument_group("batching and optimisation")
     g.add_argument("--global-batch-size", type=int, required=True, help="sequences per iteration")
+    g.add_argument("--micro-batch-size", type=int, default=1,
+                   help="accepted for Megatron scripts; the scheduler packs micro-batches "
+                        "to --skrull-bucket-size tokens instead")
+    g.add_argument("--exit-interval", type=int, help="stop after an iteration divisible by it")
     g.add_argument("--lr", type=float, required=True)
     g.add_argument("--min-lr", type=float, default=0.0)
     g.add_argument("--lr-warmup-iters", type=int, default=0)
@@ -445,7 +506,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "or ring (ours: step by step as the DACP ring runs)")
     g.add_argument("--skrull-hardware", choices=("cpu", "h100"),
                    help="cost-model preset (default: from the device)")
-    g.add_argument("--skrull-cost-model-config")
+    g.add_argument("--skrull-cost-model-config",
+                   help="JSON cost-model coefficients (seed of --skrull-online-cost-model)")
+    g.add_argument("--skrull-plan-ahead", action=argparse.BooleanOptionalAction, default=True,
+                   help="schedule the next global batch on a worker thread while this one "
+                        "trains (default on)")
+    g.add_argument("--skrull-online-cost-model", action=argparse.BooleanOptionalAction,
+                   default=False, help="refit the cost model to measured iteration times "
+                   "during training (same fit on every rank)")
     g.add_argument("--skrull-attention-kernel", choices=KERNEL_CHOICES,
                    help=f"attention kernel (default ${KERNEL_ENV_VAR}, else auto: torch on CPU; "
                         "te, else flash on CUDA; reference only when asked for)")
@@ -479,7 +547,7 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                    qk_layernorm=ns.qk_layernorm,
                    untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights,
                    rotary_base=ns.rotary_base, hidden_dropout=ns.hidden_dropout,
-                   init_method_std=ns.init_method_std)
+                   init_method_std=ns.init_method_std, attention_dropout=ns.attention_dropout)
     parallel = _group(ParallelArgs, p, world_size=world_size,
                       tensor_model_parallel_size=ns.tensor_model_parallel_size,
                       context_parallel_size=ns.context_parallel_size,
@@ -506,7 +574,9 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                     objective=ns.skrull_objective,
                     attention_kernel=(ns.skrull_attention_kernel
                                       or os.environ.get(KERNEL_ENV_VAR) or "auto"),
-                    cost_model_config=ns.skrull_cost_model_config)
+                    cost_model_config=ns.skrull_cost_model_config,
+                    plan_ahead=ns.skrull_plan_ahead,
+                    online_cost_model=ns.skrull_online_cost_model)
     ckpt = _group(CheckpointArgs, p, save=ns.save, load=ns.load,
                   save_interval=ns.save_interval, pretrained_hf=ns.pretrained_hf,
                   ckpt_format=ns.ckpt_format, finetune=ns.finetune,
@@ -518,7 +588,11 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     return RunConfig(model=model, parallel=parallel, optim=optim, data=data, skrull=skrull,
                      checkpoint=ckpt, logging=log, global_batch_size=ns.global_batch_size,
                      seq_length=ns.seq_length, device=ns.device, fp64=ns.fp64,
-                     bf16=ns.bf16, fp16=ns.fp16)
+                     bf16=ns.bf16, fp16=ns.fp16, sequence_parallel=ns.sequence_parallel,
+                     recompute=RecomputeArgs(recompute_granularity=ns.recompute_granularity,
+                                             recompute_method=ns.recompute_method,
+                                             recompute_num_layers=ns.recompute_num_layers),
+                     micro_batch_size=ns.micro_batch_size, exit_interval=ns.exit_interval)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None, world_size: int = 1) -> RunConfig:

@@ -11,7 +11,7 @@ What one checkpoint holds:
 * ``model``: the GPT model's ``sharded_state_dict()`` -- global tensors with their TP
   sharding, so a checkpoint saved at one TP/CP/DP layout loads at another;
 * ``optimizer``: the mcore optimizer's ``sharded_state_dict(model_sd)`` (the distributed
-  optimizer saves ``fully_sharded_model_space``, which reshards over DP x CP); a plain
+  optimizer saves ``fully_reshardable``, which reshards over DP x CP); a plain
   ``torch.optim`` optimizer is mapped onto the model's sharded tensors with mcore's own
   ``optim_state_to_sharding_state``;
 * ``opt_param_scheduler`` (when the schedule has state), ``iteration``, ``data`` (the
@@ -36,7 +36,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from megatron.skrull.cpu_compat import cpu_checkpoint_io
+from megatron.skrull.cpu_compat import cpu_checkpoint_io, cuda_to_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -159,14 +159,16 @@ def _optimizer_sharded(optimizer, model_sd: dict, is_loading: bool) -> dict:
     """The optimizer's sharded state dict.
 
     mcore optimizers build it themselves; the distributed optimizer is asked for
-    ``fully_sharded_model_space`` (one global tensor per parameter state), the sharding
+    ``fully_reshardable`` (canonical per-parameter state tensors), the sharding
     that loads at any DP x CP size.  A plain ``torch.optim`` optimizer goes through the
     same helpers mcore's ``FP32Optimizer`` uses.
     """
     if hasattr(optimizer, "sharded_state_dict"):
+        if is_loading:
+            _init_mcore_state(optimizer)
         return optimizer.sharded_state_dict(
             model_sd, is_loading=is_loading,
-            metadata={"distrib_optim_sharding_type": "fully_sharded_model_space"})
+            metadata={"distrib_optim_sharding_type": "fully_reshardable"})
     from megatron.core.dist_checkpointing.optimizer import (
         get_param_id_to_sharded_param_map, optim_state_to_sharding_state)
 
@@ -185,6 +187,21 @@ def _optimizer_sharded(optimizer, model_sd: dict, is_loading: bool) -> dict:
     return state
 
 
+def _init_mcore_state(optimizer) -> None:
+    """Gives a fresh mcore optimizer Adam state (and a step) to receive the loaded tensors.
+
+    The distributed optimizer's ``state_dict`` asserts one common ``step`` over its state,
+    which a never-stepped optimizer lacks (Megatron-LM loads into a stepped one).
+    """
+    for opt in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        inner = getattr(opt, "optimizer", None)
+        if inner is None or getattr(opt, "init_state_fn", None) is None:
+            continue
+        opt.init_state_fn(inner, getattr(opt, "config", None))
+        for state in inner.state.values():
+            state.setdefault("step", torch.zeros((), dtype=torch.float32))
+
+
 def _optimizer_load(optimizer, state: dict) -> None:
     if hasattr(optimizer, "sharded_state_dict"):
         optimizer.load_state_dict(state)
@@ -193,6 +210,11 @@ def _optimizer_load(optimizer, state: dict) -> None:
     for param_state in state["state"].values():
         param_state["step"] = step.clone()
     optimizer.load_state_dict(state)
+
+
+def _scheduler(trainer):
+    """mcore's ``OptimizerParamScheduler`` (``trainer.scheduler``) or a stateless schedule."""
+    return getattr(trainer, "scheduler", None) or getattr(trainer, "schedule", None)
 
 
 def _rng_sharded(meta: CheckpointMeta, state: Any):
@@ -211,8 +233,8 @@ def _state(trainer, meta: CheckpointMeta, config: Optional[dict], *, is_loading:
         state["data"] = trainer.sampler.state_dict()
         if not is_loading or opts.load_optim:
             state["optimizer"] = _optimizer_sharded(trainer.optimizer, model_sd, is_loading)
-            if hasattr(trainer.scheduler, "state_dict"):
-                state["opt_param_scheduler"] = trainer.scheduler.state_dict()
+            if hasattr(_scheduler(trainer), "state_dict"):
+                state["opt_param_scheduler"] = _scheduler(trainer).state_dict()
         if not is_loading or (opts.load_rng and saved_layout == meta.layout):
             state["rng_state"] = _rng_sharded(meta, _rng_state())
     if not is_loading:
@@ -247,7 +269,7 @@ def save_checkpoint(root: str, trainer, meta: CheckpointMeta,
     dist.barrier()
     if read_tracker(root) == it and is_complete(path):
         return path
-    with cpu_checkpoint_io(meta.device):
+    with cpu_checkpoint_io(meta.device), cuda_to_cpu(meta.device):
         dist_checkpointing.save(_state(trainer, meta, config, is_loading=False), path,
                                 sharded_strategy=("torch_dist", 1))
     dist.barrier()  # every shard and metadata.json is on disk before the tracker names it
@@ -278,7 +300,7 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.core import CheckpointingException
 
-    with cpu_checkpoint_io(meta.device):
+    with cpu_checkpoint_io(meta.device), cuda_to_cpu(meta.device):
         layout = _check_compatible(path, config)
         request = _state(trainer, meta, config, is_loading=True, opts=opts, saved_layout=layout)
         try:
@@ -292,11 +314,14 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
     if opts.finetune:
         return 0
     if "optimizer" in loaded:
-        _optimizer_load(trainer.optimizer, loaded["optimizer"])
-    if "opt_param_scheduler" in loaded:
-        trainer.scheduler.load_state_dict(loaded["opt_param_scheduler"])
+        with cuda_to_cpu(meta.device):
+            _optimizer_load(trainer.optimizer, loaded["optimizer"])
     trainer.sampler.load_state_dict(loaded["data"])
-    trainer.iteration = int(loaded["iteration"])
+    trainer.iteration = int(loaded["iteration"])  # (moves a stateful LR schedule along)
+    if "opt_param_scheduler" in loaded:  # then the saved schedule state wins
+        scheduler = _scheduler(trainer)
+        scheduler.num_steps = 0  # mcore's load_state_dict steps by the saved num_steps
+        scheduler.load_state_dict(loaded["opt_param_scheduler"])
     if "rng_state" in loaded:
         _set_rng_state(loaded["rng_state"])
     elif opts.load_rng:

@@ -25,14 +25,15 @@ hard-code ``device='cuda'`` in tensor factories (``torch.zeros(..., device='cuda
 ``Tensor.cuda()`` and check ``param.type() == 'torch.cuda.FloatTensor'``.  Inside the mode
 factory calls get ``device='cpu'``, ``.cuda()`` returns the CPU tensor, and ``type()`` of a
 CPU tensor reports the CUDA name mcore expects -- float64 reports ``torch.cuda.FloatTensor``
-because our parity mode (``--fp64``) gives float64 the role float32 has in mcore (full
-precision params that are their own main params).  The training loop enters the mode around
+and ``.float()`` keeps float64, because our parity mode (``--fp64``) gives float64 the role
+float32 has in mcore (full-precision params and gradients; the distributed optimizer's
+``shard_model_grad.float()`` would otherwise cast fp64 gradients down).  The training loop enters the mode around
 its mcore calls only; nothing outside it changes.
 
 Not patched because our stack never reaches them: RoPE's CP slicing
 (``get_pos_emb_on_this_cp_rank``, which also calls ``.cuda()``) -- :mod:`megatron.skrull.model`
-computes rotary frequencies from the global position ids of the packed stream and never
-calls ``RotaryEmbedding.forward``.
+builds ``GPTModel`` without RoPE and applies it in its ``core_attention`` from the global
+position ids of the packed stream, so ``RotaryEmbedding.forward`` / ``get_emb`` never run.
 
 ``tests/test_cpu_compat.py`` fails when upstream changes under these shims.
 """
@@ -201,6 +202,8 @@ class _CudaToCpuMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.float and len(args) == 1 and args[0].dtype == torch.float64:
+            return args[0]  # fp64 parity mode: float64 is the "fp32" of mcore's main params
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             tensor = args[0]
             if tensor.device.type == "cpu" and tensor.dtype in _CUDA_TYPE_NAMES:

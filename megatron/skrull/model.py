@@ -3,30 +3,39 @@
 Input format: one CP rank's packed micro-batch, batch dimension 1, sequence = the tokens
 this rank holds (its local samples whole and its zigzag shards of the distributed ones).
 
-How the pieces reach the attention (explicit, per micro-batch, no global state):
+Only mcore's public extension points are used (no private method is overridden):
 
-* The training loop builds a :class:`SkrullPackedSeqParams` -- mcore's ``PackedSeqParams``
-  with ``qkv_format="sbhd"`` plus this rank's ``layout`` and ``cp_group`` -- and passes it as
-  ``packed_seq_params`` to ``GPTModel.forward``.  mcore hands it unchanged to every
-  ``core_attention`` call.  ``"sbhd"`` (not ``"thd"``) keeps mcore from squeezing the batch
-  dim and from its THD RoPE path, whose CP slicing assumes every sample is zigzag-sharded.
-* RoPE: :class:`SkrullGPTModel` overrides ``_preprocess`` to build the rotary table from the
-  *global position ids* passed to ``forward`` (restarting at 0 per sample, shards keeping
-  their global positions), one row per packed token: ``[T, 1, 1, rot_dim]``.  mcore's
-  SelfAttention then applies it with its plain per-token (bshd) RoPE; its CP slicing
-  (``RotaryEmbedding.forward`` / ``get_pos_emb_on_this_cp_rank``) is never called.
-* :class:`SkrullCoreAttention` (the layer spec's ``core_attention``) receives q/k/v as
-  ``[T, 1, heads, head_dim]`` and calls ``dacp_attention(q, k, v, layout, cp_group)``.
+* **Packed-sequence parameters.**  The training loop builds a :class:`SkrullPackedSeqParams`
+  -- mcore's ``PackedSeqParams`` in the ``"thd"`` format it was designed for:
+  ``cu_seqlens_q/kv`` mark the documents of this rank's stream (local sequences, then
+  the shards of the distributed ones), plus this rank's ``layout`` -- and passes it as
+  ``packed_seq_params`` to ``GPTModel.forward``.  mcore squeezes the batch dim for
+  ``thd`` and hands the object unchanged to every ``core_attention`` call.
+* **Layer spec.**  :func:`layer_spec` is mcore's local GPT spec with
+  :class:`SkrullCoreAttention` as the ``core_attention`` submodule.  It receives q/k/v as
+  ``[T, heads, head_dim]``, applies RoPE at the layout's *global* position ids
+  (restarting at 0 per sample, shards keeping their global positions) with mcore's
+  ``apply_rotary_pos_emb``, and calls ``dacp_attention(q, k, v, layout, cp_group)``.
+* **RoPE.**  The model is a plain ``GPTModel`` built with ``position_embedding_type="none"``
+  so mcore computes no rotary table of its own: its table is indexed by stream row and
+  its THD path re-slices every document for CP as if each were zigzag-sharded, neither
+  of which holds for Skrull's mix of whole local and sharded distributed documents.
+  Same frequencies as mcore's ``RotaryEmbedding`` (one instance per layer; the table of a
+  micro-batch is built once and shared by every layer).  There are no RoPE parameters,
+  so checkpoints and Hugging Face weights are those of a ``rope`` GPTModel.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
+from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.packed_seq_params import PackedSeqParams
@@ -37,14 +46,18 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from skrull_ext.attention import dacp_attention
 from skrull_ext.attention.layout import RankLayout
 
-from megatron.skrull.arguments import ModelArgs
+from megatron.skrull.arguments import ModelArgs, RecomputeArgs
 
 AttentionFn = Callable[..., torch.Tensor]
 
 
 @dataclasses.dataclass
 class SkrullPackedSeqParams(PackedSeqParams):
-    """mcore ``PackedSeqParams`` carrying this rank's layout for one micro-batch.
+    """mcore ``PackedSeqParams`` (``thd``) carrying this rank's layout for one micro-batch.
+
+    ``cu_seqlens_q/kv`` and ``max_seqlen_q/kv`` are filled from ``layout`` when not given:
+    the document boundaries of the packed stream (local sequences, then the shards of the
+    distributed ones), as mcore and Transformer Engine define them for ``thd``.
 
     Attributes:
         layout: :class:`skrull_ext.attention.layout.RankLayout` of this CP rank.
@@ -59,25 +72,80 @@ class SkrullPackedSeqParams(PackedSeqParams):
 
     def __post_init__(self) -> None:
         if self.qkv_format is None:
-            self.qkv_format = "sbhd"
-        if self.qkv_format != "sbhd":
-            raise ValueError("SkrullPackedSeqParams must use qkv_format='sbhd' (batch dim 1); "
-                             "mcore's 'thd' path would re-slice RoPE for CP")
+            self.qkv_format = "thd"
+        if self.qkv_format != "thd":
+            raise ValueError("SkrullPackedSeqParams is a packed stream: qkv_format must be 'thd'")
         if self.layout is None:
             raise ValueError("SkrullPackedSeqParams needs the rank's layout")
+        if self.cu_seqlens_q is None:
+            cu = stream_cu_seqlens(self.layout)
+            self.cu_seqlens_q = self.cu_seqlens_kv = cu
+            longest = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+            self.max_seqlen_q = self.max_seqlen_kv = longest
+
+
+def stream_cu_seqlens(layout: RankLayout) -> torch.Tensor:
+    """``[docs + 1]`` int32 offsets of every document (or shard) in ``layout``'s stream."""
+    local = list(layout.local_cu_seqlens)
+    dist = [local[-1] + x for x in layout.dist_cu_seqlens[1:]]
+    return torch.tensor(local + dist, dtype=torch.int32)
+
+
+# layout -> {(rope id, device): [T, 1, 1, rot_dim] table}; every layer of a micro-batch
+# shares one table (weak keys: freed with the layout).
+_ROPE_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def rotary_table(rope: RotaryEmbedding, positions: torch.Tensor) -> torch.Tensor:
+    """RoPE angles of every packed token, laid out like ``RotaryEmbedding.get_emb``.
+
+    ``get_emb(n)`` numbers rows ``0..n-1``; a packed stream needs row ``i`` at the
+    position of token ``i`` in its own sample, so the angles are computed from positions.
+
+    Args:
+        rope: mcore ``RotaryEmbedding`` (its ``inv_freq``, interleaving, interpolation).
+        positions: ``[T]`` int64 position of each token inside its sample.
+
+    Returns:
+        ``[T, 1, 1, rot_dim]`` float32 angles (row ``i`` = ``get_emb(n)[positions[i]]``).
+    """
+    inv_freq = rope.inv_freq.to(positions.device)
+    pos = positions.to(inv_freq.dtype)
+    if rope.seq_len_interpolation_factor is not None:
+        pos = pos * (1 / rope.seq_len_interpolation_factor)
+    freqs = torch.outer(pos, inv_freq)
+    if rope.rotary_interleaved:
+        emb = torch.stack((freqs, freqs), dim=-1).reshape(freqs.shape[0], -1)
+    else:
+        emb = torch.cat((freqs, freqs), dim=-1)
+    return emb[:, None, None, :]
+
+
+def _layout_rotary_table(rope: RotaryEmbedding, rope_key: tuple, layout: RankLayout,
+                         device: torch.device) -> torch.Tensor:
+    per_layout = _ROPE_TABLES.setdefault(layout, {})
+    key = (rope_key, str(device))
+    if key not in per_layout:
+        per_layout[key] = rotary_table(rope, layout.position_ids.to(device))
+    return per_layout[key]
 
 
 class SkrullCoreAttention(MegatronModule):
-    """``core_attention`` for mcore's SelfAttention that runs DACP attention.
+    """``core_attention`` for mcore's SelfAttention: RoPE at global positions + DACP.
 
-    Constructed by mcore with DotProductAttention's keyword arguments; dropout inside
-    attention is not supported (SFT runs without it).
+    Constructed by mcore with DotProductAttention's keyword arguments plus the spec's
+    ``params``; dropout inside attention is not supported (SFT runs without it).
+
+    Args:
+        rotary_base: RoPE base (``--rotary-base``); ``None`` disables RoPE.
+        attention_fn: Replacement of ``dacp_attention`` (tests record calls with it).
     """
 
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type,
                  attention_type: str, attention_dropout: Optional[float] = None,
                  softmax_scale: Optional[float] = None, cp_comm_type: Optional[str] = None,
-                 pg_collection=None, attention_fn: Optional[AttentionFn] = None):
+                 pg_collection=None, attention_fn: Optional[AttentionFn] = None,
+                 rotary_base: Optional[float] = 10000):
         super().__init__(config=config)
         dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         if dropout:
@@ -87,6 +155,17 @@ class SkrullCoreAttention(MegatronModule):
         head_dim = config.kv_channels
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1 / math.sqrt(head_dim)
         self._attention_fn = attention_fn or dacp_attention
+        # Not a submodule: no parameters or buffers (inv_freq is a plain attribute upstream).
+        self._rope = None if rotary_base is None else RotaryEmbedding(
+            kv_channels=head_dim, rotary_percent=1.0,
+            rotary_interleaved=config.rotary_interleaved, rotary_base=rotary_base,
+            use_cpu_initialization=True)
+        self._rope_key = (head_dim, rotary_base, config.rotary_interleaved)
+
+    @property
+    def rope(self) -> Optional[RotaryEmbedding]:
+        """The mcore ``RotaryEmbedding`` whose frequencies this layer applies."""
+        return self._rope
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: Optional[torch.Tensor], attn_mask_type=None,
@@ -95,69 +174,35 @@ class SkrullCoreAttention(MegatronModule):
         """Per-document causal attention of the packed stream.
 
         Args:
-            query: ``[T, 1, heads, head_dim]`` (heads of this TP rank).
-            key: ``[T, 1, kv_heads, head_dim]``.
-            value: ``[T, 1, kv_heads, head_dim]``.
+            query: ``[T, heads, head_dim]`` (heads of this TP rank; ``thd``).
+            key: ``[T, kv_heads, head_dim]``.
+            value: ``[T, kv_heads, head_dim]``.
             attention_mask: Ignored (the layout defines the mask).
             packed_seq_params: :class:`SkrullPackedSeqParams` of this micro-batch.
 
         Returns:
-            ``[T, 1, heads * head_dim]``.
+            ``[T, heads * head_dim]`` (mcore reshapes it to ``[T, 1, hidden]``).
         """
         if not isinstance(packed_seq_params, SkrullPackedSeqParams):
             raise ValueError("SkrullCoreAttention needs packed_seq_params=SkrullPackedSeqParams")
-        if query.shape[1] != 1:
-            raise ValueError(f"packed input must have batch dim 1, got {query.shape[1]}")
-        out = self._attention_fn(query[:, 0], key[:, 0], value[:, 0], packed_seq_params.layout,
-                                 packed_seq_params.cp_group, softmax_scale=self.softmax_scale,
+        if query.dim() != 3:
+            raise ValueError(f"packed (thd) q/k/v must be [T, heads, dim], got {query.shape}")
+        layout = packed_seq_params.layout
+        if self._rope is not None:
+            freqs = _layout_rotary_table(self._rope, self._rope_key, layout, query.device)
+            query, key = (apply_rotary_pos_emb(x[:, None], freqs, self.config,
+                                               cp_group=packed_seq_params.cp_group)[:, 0]
+                          for x in (query, key))
+        out = self._attention_fn(query, key, value, layout, packed_seq_params.cp_group,
+                                 softmax_scale=self.softmax_scale,
                                  backend=packed_seq_params.attention_backend)
-        return out.reshape(out.shape[0], 1, -1)
-
-
-class SkrullGPTModel(GPTModel):
-    """``GPTModel`` whose RoPE uses the packed stream's global position ids.
-
-    ``forward(input_ids [1, T], position_ids [1, T], attention_mask=None, labels=[1, T],
-    packed_seq_params=SkrullPackedSeqParams(...))`` returns the per-token loss ``[1, T]``
-    (or logits ``[1, T, vocab/tp]`` without labels), exactly as ``GPTModel``.
-    """
-
-    def _preprocess(self, input_ids, position_ids, decoder_input=None, inference_context=None,
-                    packed_seq_params=None, padding_mask=None):
-        if inference_context is not None:
-            raise NotImplementedError("SkrullGPTModel is a training model (no inference context)")
-        if not isinstance(packed_seq_params, SkrullPackedSeqParams):
-            raise ValueError("SkrullGPTModel.forward needs packed_seq_params="
-                             "SkrullPackedSeqParams(layout=..., cp_group=...)")
-        if decoder_input is None and self.pre_process:
-            decoder_input = self.embedding(input_ids=input_ids, position_ids=position_ids)
-        rotary = self.rotary_table(position_ids.reshape(-1))
-        return decoder_input, rotary, None, None, None, padding_mask
-
-    def rotary_table(self, positions: torch.Tensor) -> torch.Tensor:
-        """RoPE angles of every packed token, laid out like ``RotaryEmbedding.get_emb``.
-
-        Args:
-            positions: ``[T]`` int64 position of each token inside its sample.
-
-        Returns:
-            ``[T, 1, 1, rot_dim]`` float32 angles (row ``i`` = ``get_emb(n)[positions[i]]``).
-        """
-        rope = self.rotary_pos_emb
-        inv_freq = rope.inv_freq.to(positions.device)
-        pos = positions.to(inv_freq.dtype)
-        if rope.seq_len_interpolation_factor is not None:
-            pos = pos * (1 / rope.seq_len_interpolation_factor)
-        freqs = torch.outer(pos, inv_freq)
-        if rope.rotary_interleaved:
-            emb = torch.stack((freqs, freqs), dim=-1).reshape(freqs.shape[0], -1)
-        else:
-            emb = torch.cat((freqs, freqs), dim=-1)
-        return emb[:, None, None, :]
+        return out.reshape(out.shape[0], -1)
 
 
 def transformer_config(args: ModelArgs, *, tp_size: int, cp_size: int, dtype: torch.dtype,
-                       use_cpu_initialization: bool, pp_size: int = 1) -> TransformerConfig:
+                       use_cpu_initialization: bool,
+                       recompute: Optional[RecomputeArgs] = None,
+                       pp_size: int = 1) -> TransformerConfig:
     """mcore ``TransformerConfig`` for ``args`` (parameters in ``dtype``).
 
     With ``pp_size > 1`` activations between stages have a different token count per
@@ -175,6 +220,10 @@ def transformer_config(args: ModelArgs, *, tp_size: int, cp_size: int, dtype: to
         add_bias_linear=not args.disable_bias_linear, add_qkv_bias=args.add_qkv_bias,
         qk_layernorm=args.qk_layernorm,
         hidden_dropout=args.hidden_dropout, attention_dropout=0.0,
+        # Recompute: "selective" checkpoints core attention (SkrullCoreAttention: the ring's
+        # forward, P2P exchange included, re-runs in backward on every CP rank in the same
+        # order); "full" checkpoints whole layers.
+        **dataclasses.asdict(recompute or RecomputeArgs()),
         init_method_std=args.init_method_std, params_dtype=dtype, pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         use_cpu_initialization=use_cpu_initialization,
@@ -200,7 +249,8 @@ def layer_spec(args: ModelArgs, attention_fn: Optional[AttentionFn] = None) -> M
                                     qk_layernorm=args.qk_layernorm)
     attn = spec.submodules.self_attention
     attn.submodules.core_attention = ModuleSpec(
-        module=SkrullCoreAttention, params={"attention_fn": attention_fn})
+        module=SkrullCoreAttention,
+        params={"attention_fn": attention_fn, "rotary_base": args.rotary_base})
     return spec
 
 
@@ -216,8 +266,13 @@ def _stage_build(cpu_pipeline: bool):
 
 def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: int = 1,
                 dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu"),
-                attention_fn: Optional[AttentionFn] = None, pp_size: int = 1) -> SkrullGPTModel:
+                attention_fn: Optional[AttentionFn] = None,
+                recompute: Optional[RecomputeArgs] = None, pp_size: int = 1) -> GPTModel:
     """Builds the model on ``device`` (parallel state must be initialised).
+
+    ``forward(input_ids [1, T], position_ids [1, T], attention_mask=None, labels=[1, T],
+    packed_seq_params=SkrullPackedSeqParams(...))`` returns the per-token loss ``[1, T]``
+    (or logits ``[1, T, vocab/tp]`` without labels), exactly as ``GPTModel``.
 
     Args:
         args: Architecture.
@@ -229,23 +284,25 @@ def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: 
         device: Where the parameters live; CPU initialisation is used on CPU.
         attention_fn: Replacement of ``skrull_ext.attention.dacp_attention`` (same
             signature; tests wrap it to record calls).
+        recompute: Activation recompute (``--recompute-*``; default none).
         pp_size: Pipeline stages (must match ``parallel_state``): this rank builds its
             stage's layers, the embedding on the first stage, norm + output on the last.
     """
     cpu = device.type == "cpu"
     config = transformer_config(args, tp_size=tp_size, cp_size=cp_size, dtype=dtype,
-                                use_cpu_initialization=cpu, pp_size=pp_size)
+                                recompute=recompute, use_cpu_initialization=cpu,
+                                pp_size=pp_size)
     stage = {}
     if pp_size > 1:
         from megatron.skrull.pipeline import stage_flags
 
         stage = stage_flags()
+    # RoPE lives in SkrullCoreAttention (see the module docstring): "none" here.
     with _stage_build(cpu and pp_size > 1):
-        model = SkrullGPTModel(
+        model = GPTModel(
             config=config, transformer_layer_spec=layer_spec(args, attention_fn),
             vocab_size=vocab_size, max_sequence_length=args.max_position_embeddings,
             share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-            position_embedding_type="rope", rotary_base=args.rotary_base, parallel_output=True,
-            **stage)
+            position_embedding_type="none", parallel_output=True, **stage)
     # mcore's torch norms ignore params_dtype; cast everything to one dtype.
     return model.to(device=device, dtype=dtype)

@@ -5,7 +5,7 @@ directory, no port).  Invalid flags print one ``error:`` line per problem and ex
 
 Steps: parse flags -> CPU shims (CPU only) -> ``torch.distributed`` (gloo on CPU, NCCL on
 GPU) -> ``parallel_state.initialize_model_parallel(TP, CP)`` -> seeds -> data source, model,
-mcore DDP + optimizer + LR schedule, sampler, planner -> optional ``--load`` -> train (log,
+mcore DDP + optimizer + LR schedule, sampler, batch scheduler -> optional ``--load`` -> train (log,
 TensorBoard, ``--save`` every ``--save-interval`` and at the end).
 """
 from __future__ import annotations
@@ -86,14 +86,16 @@ def build_sample_source(cfg: RunConfig):
 
 
 def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
-                  planner: Optional[Callable] = None, attention_fn: Optional[Callable] = None):
-    """Model (mcore DDP), optimizer, LR schedule, sampler and planner on a parallel state.
+                  batch_scheduler: Optional[Callable] = None,
+                  attention_fn: Optional[Callable] = None):
+    """Model (mcore DDP), optimizer, LR schedule, sampler and batch scheduler on a parallel state.
 
     Args:
         cfg: The run.
         device: Training device.
         source: Sample source (default: :func:`build_sample_source`).
-        planner: ``lengths -> Plan`` (default: :func:`megatron.skrull.planning.make_planner`).
+        batch_scheduler: ``lengths -> Plan`` (default:
+            :func:`megatron.skrull.batch_schedule.make_batch_scheduler`).
         attention_fn: Replacement of ``dacp_attention`` (tests).
 
     Returns:
@@ -104,7 +106,7 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     from megatron.skrull.data import GlobalBatchSampler
     from megatron.skrull.model import build_model
     from megatron.skrull.optimizer import build_optimizer, build_scheduler, wrap_ddp
-    from megatron.skrull.planning import make_planner
+    from megatron.skrull.batch_schedule import make_batch_scheduler
     from megatron.skrull.training import ParallelGroups, Trainer
 
     source = source if source is not None else build_sample_source(cfg)
@@ -116,7 +118,7 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     attention_kernel = _attention_kernel(cfg, device)
     model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
                         cp_size=cfg.parallel.context_parallel_size, dtype=cfg.params_dtype,
-                        device=device, attention_fn=attention_fn,
+                        device=device, attention_fn=attention_fn, recompute=cfg.recompute,
                         pp_size=cfg.parallel.pipeline_model_parallel_size)
     if cfg.checkpoint.pretrained_hf:  # before DDP and the optimizer copy anything
         from megatron.core import parallel_state as ps
@@ -143,8 +145,9 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         model=ddp, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.optim),
         source=source,
         sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
-        planner=planner or make_planner(cfg, vocab), groups=ParallelGroups.from_parallel_state(),
-        device=device, float64_loss=cfg.fp64 and tp == 1,
+        batch_scheduler=batch_scheduler or make_batch_scheduler(cfg, vocab),
+        groups=ParallelGroups.from_parallel_state(), device=device,
+        float64_loss=cfg.fp64 and tp == 1, plan_ahead=cfg.skrull.plan_ahead,
         attention_backend=attention_kernel)
 
 
@@ -241,11 +244,18 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                 f"{cfg.skrull.scheduler} on the {skrull_ext.BACKEND} backend"
                 + (f" ({cfg.skrull.objective} objective)" if cfg.skrull.scheduler == "skrull"
                    else ""))
+        precision = ("fp64" if cfg.fp64 else "bf16" if cfg.bf16 else "fp16" if cfg.fp16
+                     else "fp32")
+        printer(f" skrull: {precision} params, distributed optimizer "
+                f"{'on' if cfg.optim.use_distributed_optimizer else 'off'}, recompute "
+                f"{cfg.recompute.recompute_granularity or 'none'}; --micro-batch-size "
+                f"{cfg.micro_batch_size} ignored: the scheduler packs each micro-batch to "
+                f"--skrull-bucket-size {cfg.skrull.bucket_size} tokens per CP rank")
     try:
         exit_fn = ExitSignalHandler(device) if cfg.checkpoint.exit_signal_handler else None
         return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
                      save_interval=cfg.checkpoint.save_interval, save_fn=save_fn,
-                     exit_fn=exit_fn)
+                     exit_fn=exit_fn, exit_interval=cfg.exit_interval)
     finally:
         metrics.close()
 

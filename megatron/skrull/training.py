@@ -3,7 +3,7 @@
 Per iteration every rank (no communication for any of this):
 
 1. takes the next global batch of sample ids from the sampler and their lengths;
-2. computes the :class:`~skrull_ext.scheduler.plan.Plan` with the (deterministic) planner;
+2. computes the :class:`~skrull_ext.scheduler.plan.Plan` with the (deterministic) batch scheduler;
 3. materialises only its own micro-batches: those of its DP rank, in its CP rank's layout.
 
 The micro-batches run through mcore's ``get_forward_backward_func()`` (the no-pipelining
@@ -38,7 +38,8 @@ from skrull_ext.scheduler.plan import MicroBatch, Plan
 
 from megatron.skrull.cpu_compat import cpu_pipeline_p2p, cuda_to_cpu
 from megatron.skrull.model import SkrullPackedSeqParams
-from megatron.skrull.planning import Planner, predicted_seconds
+from megatron.skrull.batch_schedule import BatchScheduler, predicted_seconds
+from megatron.skrull.plan_ahead import PlannedBatches, agree_on_plan
 from megatron.skrull.samples import SampleSource
 
 logger = logging.getLogger(__name__)
@@ -178,6 +179,7 @@ class IterationStats:
     tokens: int
     micro_batches: int
     local_share: float
+    planning_seconds: float = 0.0  # planning the main thread waited for (exposed)
 
     @property
     def tokens_per_second(self) -> float:
@@ -185,7 +187,7 @@ class IterationStats:
 
 
 class Trainer:
-    """Owns the model, optimizer, data stream and planner of one run.
+    """Owns the model, optimizer, data stream and batch scheduler of one run.
 
     Args:
         model: mcore ``DistributedDataParallel`` around the (TP-sharded) model; its config
@@ -195,22 +197,28 @@ class Trainer:
         source: Sample source.
         sampler: Global-batch sampler: ``next(sampler)`` -> sample ids; its
             ``state_dict`` is checkpointed.
-        planner: ``lengths -> Plan`` (same result on every rank).
+        batch_scheduler: ``lengths -> Plan`` (same result on every rank).
         groups: This rank's coordinates and groups.
         device: Training device.
         float64_loss: See :func:`forward_step`.
         attention_backend: ``dacp_attention`` kernel back-end (``"auto"``).
+        plan_ahead: Plan iteration ``i + 1`` while ``i`` trains
+            (:class:`megatron.skrull.plan_ahead.PlannedBatches`; ``self.sampler`` is that
+            wrapper, whose checkpoint state undoes the batch drawn ahead).
     """
 
     def __init__(self, *, model, optimizer, scheduler, source: SampleSource, sampler: Any,
-                 planner: Planner, groups: ParallelGroups, device: torch.device,
-                 float64_loss: bool = False, attention_backend: str = "auto"):
+                 batch_scheduler: BatchScheduler, groups: ParallelGroups, device: torch.device,
+                 float64_loss: bool = False, attention_backend: str = "auto",
+                 plan_ahead: bool = False):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.source, self.sampler, self.planner = source, sampler, planner
+        self.source, self.sampler, self.batch_scheduler = source, sampler, batch_scheduler
         self.groups, self.device, self.attention_backend = groups, device, attention_backend
         self.float64_loss = float64_loss
         self.params = [p for p in model.module.parameters() if p.requires_grad]
         self._iteration = 0
+        self.sampler = PlannedBatches(sampler, source.lengths, batch_scheduler, ahead=plan_ahead)
+        self._measured: Optional[tuple[Plan, float]] = None  # last plan, its compute seconds
 
     @property
     def iteration(self) -> int:
@@ -225,8 +233,7 @@ class Trainer:
 
     def next_plan(self) -> tuple[np.ndarray, Plan]:
         """Draws the next global batch and plans it: ``(dataset ids [K], plan)``."""
-        batch_ids = np.asarray(next(self.sampler), dtype=np.int64)
-        return batch_ids, self.planner(self.source.lengths[batch_ids])
+        return self.sampler.take()
 
     def _micro_batches(self, batch_ids: np.ndarray, plan: Plan):
         """This rank's micro-batches, materialised lazily (at least one, maybe empty)."""
@@ -296,7 +303,19 @@ class Trainer:
             torch.cuda.synchronize()
         start = time.perf_counter()
         batch_ids, plan = self.next_plan()
-        return self.run_plan(batch_ids, plan, start=start)
+        planning = self.sampler.exposed_seconds
+        # One tiny collective: plans agree on every rank, and the last iteration's time
+        # (max over ranks) reaches every rank's online refit, so the refit and the next
+        # plan (prefetched only after it) stay identical everywhere.
+        last_plan, last_seconds = self._measured or (None, 0.0)
+        seconds = agree_on_plan(plan, iteration=self.iteration + 1, device=self.device,
+                                measured_seconds=last_seconds)
+        if last_plan is not None and hasattr(self.batch_scheduler, "observe"):
+            self.batch_scheduler.observe(last_plan, seconds)
+        self.sampler.prefetch()
+        stats = self.run_plan(batch_ids, plan, start=start)
+        self._measured = (plan, stats.seconds - planning)
+        return dataclasses.replace(stats, planning_seconds=planning)
 
     def run_plan(self, batch_ids: np.ndarray, plan: Plan, *,
                  start: Optional[float] = None) -> IterationStats:
@@ -375,7 +394,8 @@ class MetricsLogger:
                 f" grad norm {last.grad_norm:.3f} | iteration time {1e3 * seconds:.1f} ms"
                 f" (predicted {pred}) | tokens/s {tokens:.0f} |"
                 f" micro-batches {sum(s.micro_batches for s in window) / n:.1f} |"
-                f" local tokens {100 * sum(s.local_share for s in window) / n:.1f}%")
+                f" local tokens {100 * sum(s.local_share for s in window) / n:.1f}% |"
+                f" planning exposed {1e3 * sum(s.planning_seconds for s in window) / n:.1f} ms")
 
     def close(self) -> None:
         if self.writer is not None:
@@ -385,7 +405,8 @@ class MetricsLogger:
 def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger] = None,
           save_interval: Optional[int] = None,
           save_fn: Optional[Callable[[Trainer], None]] = None,
-          exit_fn: Optional[Callable[[Trainer], bool]] = None) -> list[IterationStats]:
+          exit_fn: Optional[Callable[[Trainer], bool]] = None,
+          exit_interval: Optional[int] = None) -> list[IterationStats]:
     """Runs iterations ``trainer.iteration + 1 .. train_iters``.
 
     Args:
@@ -395,6 +416,7 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
         save_fn: ``save_fn(trainer)`` writes a checkpoint.
         exit_fn: Asked after every iteration (same answer on every rank); True saves
             (``save_fn``) and stops early (``--exit-signal-handler``).
+        exit_interval: Save and stop after an iteration divisible by it (``--exit-interval``).
 
     Returns:
         The stats of every iteration run.
@@ -409,6 +431,9 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
             save_fn(trainer)
         if exit_fn is not None and exit_fn(trainer):
             break
+        if exit_interval and trainer.iteration % exit_interval == 0:
+            break
+    trainer.sampler.cancel()  # a batch drawn ahead is not consumed: rewind the sampler
     if save_fn is not None and history and not (save_interval and
                                                 trainer.iteration % save_interval == 0):
         save_fn(trainer)

@@ -5,7 +5,8 @@ global batch; the baselines group it other ways (Karmarkar-Karp over DP ranks an
 micro-batches, sorted packs, dataset-order packs, one sample per micro-batch, hybrid CP's
 greedy blocks).  The portfolio places every baseline's micro-batches with DACP (or keeps
 them all-distributed when that is faster) and keeps the candidate whose predicted
-iteration time (the slowest DP rank) is the lowest; GDS wins ties.  Because a baseline's
+iteration time (the slowest DP rank) is the lowest; ties keep the earlier in
+:data:`PORTFOLIO`.  Because a baseline's
 own all-CP placement of each micro-batch is a candidate, and the prediction sums the
 same micro-batch times in the same order, Skrull's predicted time is never above that of
 ``kk``, ``sorted``, ``all-cp`` or ``per-seq-cp`` on the same cost model.
@@ -18,14 +19,16 @@ micro-batches) are skipped when ``K x`` the estimated micro-batches per DP rank 
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 from skrull_ext.sharding import shard_tokens
 from skrull_ext.scheduler.baselines import GROUPINGS
 from skrull_ext.scheduler.reference import GdsContext, Placement, gds_schedule, micro_batch_time
 
-# Baseline groupings tried after GDS, in order (ties keep the earlier candidate).
-PORTFOLIO = ("kk", "sorted", "all-cp", "per-seq-cp", "hybrid-cp")
+# Candidates in order (ties keep the earlier): the sorted grouping first (cheap, and a good
+# bar: C++ stops GDS as soon as GDS cannot beat it), then GDS, then the other groupings.
+PORTFOLIO = ("sorted", "gds", "kk", "all-cp", "per-seq-cp", "hybrid-cp")
 # Groupings whose cost grows with K x micro-batches per DP rank.
 COSTLY_GROUPINGS = ("kk", "hybrid-cp")
 MAX_GROUPING_WORK = 1 << 20
@@ -95,20 +98,23 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
                        bucket_size: int, rollback: str = "auto", overhead: float = 0.0,
                        variant: str = "auto", shares=None, objective: str = "paper",
                        candidates: Sequence[str] = PORTFOLIO) -> list[list[Placement]]:
-    """GDS, then each baseline grouping of ``candidates`` placed by :func:`place_groups`;
-    the lowest :func:`iteration_time` wins (ties: the earlier).  Same return value as
+    """Each of ``candidates`` in order (``gds``: :func:`gds_schedule`; a baseline name: its
+    grouping placed by :func:`place_groups`); the lowest :func:`iteration_time` wins (ties:
+    the earlier).  Same return value as
     :func:`~skrull_ext.scheduler.reference.gds_schedule` (equal micro-batch counts)."""
     ctx = GdsContext(lengths, costs, comm, latency, cp_size, bucket_size, rollback, variant,
                      shares, objective)
-    best = gds_schedule(lengths, costs, comm, latency, dp_size, cp_size, bucket_size, rollback,
-                        overhead, variant, shares, objective)
-    best_t = iteration_time(ctx, best, overhead)
+    best, best_t = None, math.inf
     costly = grouping_work(lengths, dp_size, cp_size, bucket_size) > MAX_GROUPING_WORK
     for name in candidates:
-        if costly and name in COSTLY_GROUPINGS:
+        if name == "gds":
+            placed = gds_schedule(lengths, costs, comm, latency, dp_size, cp_size, bucket_size,
+                                  rollback, overhead, variant, shares, objective)
+        elif costly and name in COSTLY_GROUPINGS:
             continue
-        placed = place_groups(ctx, GROUPINGS[name](lengths, costs, dp_size, cp_size,
-                                                   bucket_size), overhead, best_t)
+        else:
+            placed = place_groups(ctx, GROUPINGS[name](lengths, costs, dp_size, cp_size,
+                                                       bucket_size), overhead, best_t)
         if placed is None:
             continue
         t = iteration_time(ctx, placed, overhead)

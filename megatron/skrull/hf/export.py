@@ -7,24 +7,26 @@ template included).  ``config.json``, generation config and tokenizer come from 
 model flags and ``--tokenizer-model``.  Weights are written in the source model's dtype, so an
 import followed by an export without training gives the source tensors bit for bit.
 
-The checkpoint is read by :func:`read_checkpoint` alone (the one place that knows the layout),
-which returns full (TP = 1) tensors whatever TP/CP/DP layout wrote it.
+The checkpoint is read by :func:`read_checkpoint` alone (the one place that knows the format):
+``megatron.core.dist_checkpointing`` loads it into a TP = 1 model in this one process, which
+gives full tensors whatever TP/CP/DP layout wrote it.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import sys
-import tempfile
 from typing import Any, Optional
 
 import torch
 
 from megatron.skrull.hf.config import hf_config_from_model, read_hf_config
-from megatron.skrull.hf.io import MAX_SHARD_BYTES, SIDE_FILES, save_safetensors
-from megatron.skrull.hf.weights import AttentionShape, merge_tp_shards, mcore_to_hf, rule_for
+from megatron.skrull.hf.io import (MAX_SHARD_BYTES, SIDE_FILES, save_safetensors,
+                                   staged_directory)
+from megatron.skrull.hf.weights import AttentionShape, mcore_to_hf, rule_for
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -32,6 +34,10 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def read_checkpoint(root: str, iteration: Optional[int] = None
                     ) -> tuple[dict[str, torch.Tensor], dict[str, Any], int]:
     """Full (TP = 1) model tensors and the run description of a checkpoint.
+
+    The checkpoint is a ``megatron.core.dist_checkpointing`` (torch_dist) one: the model is
+    rebuilt at TP = 1 in this one process and loaded with its ``sharded_state_dict``, which
+    reshards whatever TP/CP/DP layout wrote it.
 
     Args:
         root: ``--save`` directory of a run.
@@ -41,25 +47,64 @@ def read_checkpoint(root: str, iteration: Optional[int] = None
         ``(state, run_config, iteration)``; ``state`` maps mcore names to full tensors.
 
     Raises:
-        FileNotFoundError: No checkpoint there.
+        FileNotFoundError: No complete checkpoint there.
     """
+    from megatron.core import dist_checkpointing
     from megatron.skrull import checkpointing as ckpt
+    from megatron.skrull.arguments import ModelArgs
+    from megatron.skrull.cpu_compat import cpu_checkpoint_io
 
-    it = ckpt.latest_iteration(root) if iteration is None else iteration
-    it_dir = ckpt.iteration_dir(root, it) if it is not None else None
-    if it_dir is None or not os.path.isdir(it_dir):
-        raise FileNotFoundError(f"--load {root}: no checkpoint"
+    it = ckpt.read_tracker(root) if iteration is None else iteration
+    path = ckpt.iteration_dir(root, it) if it is not None else ""
+    if it is None or not ckpt.is_complete(path):
+        raise FileNotFoundError(f"--load {root}: no complete checkpoint"
                                 + (f" of iteration {iteration}" if iteration is not None else "")
                                 + "; pass the --save directory of a training run")
-    tp_dirs = sorted(d for d in os.listdir(it_dir) if d.startswith("mp_rank_"))
-    shards = [torch.load(os.path.join(it_dir, d, "model_optim_rng.pt"), map_location="cpu",
-                         weights_only=False) for d in tp_dirs]
-    state = {}
-    for name, first in shards[0]["model"].items():
-        found = rule_for(name)
-        if found is not None and isinstance(first, torch.Tensor):
-            state[name] = merge_tp_shards(found[0], [s["model"][name] for s in shards])
-    return state, shards[0].get("config", {}), it
+    with _single_process(), cpu_checkpoint_io("cpu"):
+        model_cfg = dist_checkpointing.load_common_state_dict(path).get("skrull", {}).get("model")
+        if not model_cfg:
+            raise ValueError(f"{path} does not record its model flags; not a Skrull checkpoint")
+        embedding = dist_checkpointing.load_tensors_metadata(path)[
+            "embedding.word_embeddings.weight"]
+        model = _tp1_model(ModelArgs(**model_cfg), embedding.global_shape[0], embedding.dtype)
+        loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, path)
+        model.load_state_dict(loaded["model"])
+    state = {k: v.detach() for k, v in model.state_dict().items()
+             if isinstance(v, torch.Tensor) and rule_for(k) is not None}
+    return state, {"model": model_cfg}, it
+
+
+@contextlib.contextmanager
+def _single_process():
+    """A world of one (gloo, file store) with TP = CP = 1, torn down afterwards."""
+    import tempfile
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.skrull.cpu_compat import apply_cpu_compat
+
+    apply_cpu_compat("cpu")
+    owned = not dist.is_initialized()
+    if owned:
+        store = tempfile.mkdtemp(prefix="skrull-export-")
+        dist.init_process_group("gloo", init_method=f"file://{store}/store", rank=0,
+                                world_size=1)
+    ps.destroy_model_parallel()
+    ps.initialize_model_parallel(1, 1, create_gloo_process_groups=True)
+    try:
+        yield
+    finally:
+        ps.destroy_model_parallel()
+        if owned:
+            dist.destroy_process_group()
+
+
+def _tp1_model(args, vocab_size: int, dtype: torch.dtype) -> torch.nn.Module:
+    from megatron.core import tensor_parallel
+    from megatron.skrull.model import build_model
+
+    tensor_parallel.model_parallel_cuda_manual_seed(0)  # init values are overwritten
+    return build_model(args, vocab_size=vocab_size, dtype=dtype)
 
 
 RUN_RECORD = "hf_export.json"
@@ -155,10 +200,7 @@ def export(root: str, output: str, *, iteration: Optional[int] = None,
             tensors[name] = tensors[name][:vocab]
     target = _target_dtype(hf_config, dtype, source)
     tensors = {k: v.to(target).contiguous() for k, v in tensors.items()}
-    parent = os.path.dirname(os.path.abspath(output))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
-    try:
+    with staged_directory(output, ".export-") as tmp:
         save_safetensors(tensors, tmp, max_shard_bytes)
         tok = tokenizer_model or run.get("data", {}).get("tokenizer_model")
         _copy_tokenizer(tmp, source, tok)
@@ -166,12 +208,6 @@ def export(root: str, output: str, *, iteration: Optional[int] = None,
             json.dump(hf_config, fh, indent=2, sort_keys=True)
         if not os.path.isfile(os.path.join(tmp, "generation_config.json")):
             _write_generation_config(tmp, hf_config)
-        if os.path.isdir(output):
-            os.rmdir(output)
-        os.replace(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return hf_config
 
 

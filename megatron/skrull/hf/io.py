@@ -5,9 +5,12 @@ A Hugging Face model directory holds ``model.safetensors`` or shards listed by
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from typing import Any, Optional
+import shutil
+import tempfile
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -19,6 +22,30 @@ MAX_SHARD_BYTES = 5 * 1024 ** 3
 SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json",
               "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
               "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
+
+
+@contextlib.contextmanager
+def staged_directory(output: str, prefix: str = ".staged-") -> Iterator[str]:
+    """Yields a temporary sibling of ``output``, renamed to ``output`` on success.
+
+    On any error the temporary directory is removed: nothing half-written is left behind.
+
+    Raises:
+        ValueError: ``output`` exists and is not empty.
+    """
+    if os.path.isdir(output) and os.listdir(output):
+        raise ValueError(f"--output {output} exists and is not empty; pick a new directory")
+    parent = os.path.dirname(os.path.abspath(output))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    try:
+        yield tmp
+        if os.path.isdir(output):
+            os.rmdir(output)
+        os.replace(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 class SafetensorsDir:

@@ -104,20 +104,6 @@ def hf_to_shard(rule: str, tensors: list[torch.Tensor], shape: AttentionShape, t
     raise ValueError(f"unknown rule {rule!r}")
 
 
-def merge_tp_shards(rule: str, shards: list[torch.Tensor]) -> torch.Tensor:
-    """The full (TP = 1) mcore tensor from every TP rank's shard, in rank order."""
-    if rule == "copy" or len(shards) == 1:
-        return shards[0]
-    if rule in ("col", "qkv"):
-        return torch.cat(shards, dim=0)
-    if rule == "row":
-        return torch.cat(shards, dim=1)
-    if rule == "fc1":
-        halves = [s.chunk(2, dim=0) for s in shards]
-        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
-    raise ValueError(f"unknown rule {rule!r}")
-
-
 def mcore_to_hf(full: dict[str, torch.Tensor], shape: AttentionShape
                 ) -> dict[str, torch.Tensor]:
     """Full (TP = 1) mcore state dict -> Hugging Face tensors (tied: no ``lm_head``)."""

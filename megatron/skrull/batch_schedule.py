@@ -1,6 +1,7 @@
-"""The per-iteration planner: global-batch lengths -> :class:`skrull_ext.scheduler.plan.Plan`.
+"""The per-iteration batch scheduler: global-batch lengths -> a
+:class:`skrull_ext.scheduler.plan.Plan`.
 
-Every rank calls the planner with the same lengths and gets the same plan (the scheduler
+Every rank calls the batch scheduler with the same lengths and gets the same plan (the scheduler
 is deterministic), so no plan is ever broadcast.  The cost model comes from the run's
 model shape and a :mod:`skrull_ext.costmodel.hardware` preset chosen by ``--skrull-hardware``
 (``h100``: the paper's H100 NVLink numbers; ``cpu``: fitted to real training iterations of
@@ -19,19 +20,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
 from skrull_ext.costmodel.model import CommModel, CostModel, ModelSpec
 from skrull_ext.costmodel.hardware import get_hardware
 from skrull_ext.scheduler.plan import Plan
-from skrull_ext.scheduler import SchedulerConfig, schedule
+from skrull_ext.costmodel.online import TERMS, OnlineRefit
+from skrull_ext.scheduler import SchedulerConfig, predict, schedule
 
 from megatron.skrull.arguments import RunConfig
 from megatron.skrull.cpu_compat import resolve_device
-
-Planner = Callable[[np.ndarray], Plan]
 
 _TIME_KEYS = ("c_linear", "c_attention", "micro_batch_overhead", "attention_half_tokens",
               "attention_call_overhead", "iteration_overhead")
@@ -95,18 +95,67 @@ def build_cost_model(cfg: RunConfig, vocab_size: int) -> CostModel:
     return dataclasses.replace(cost, objective=cfg.skrull.objective)
 
 
-def make_planner(cfg: RunConfig, vocab_size: int,
-                 cost_model: Optional[CostModel] = None) -> Planner:
-    """``lengths -> Plan`` with ``--skrull-scheduler`` on DP x CP and the bucket."""
+class BatchScheduler:
+    """``lengths -> Plan`` with ``--skrull-scheduler`` on DP x CP and the bucket.
+
+    Deterministic: every rank calling it with the same lengths and the same
+    :attr:`cost_model` gets the same plan.  With ``online=True``
+    (``--skrull-online-cost-model``) :meth:`observe` refits the cost model to measured
+    iteration times (:class:`skrull_ext.costmodel.online.OnlineRefit`); callers feed it
+    the same numbers on every rank so plans stay identical.
+
+    Attributes:
+        config: The scheduler's configuration.
+        cost_model: What the next plan is computed with (seed, then refits).
+    """
+
+    def __init__(self, config: SchedulerConfig, cost_model: CostModel, *, online: bool = False,
+                 pipeline: bool = False):
+        self.config, self.cost_model = config, cost_model
+        self.refit = OnlineRefit(cost_model) if online else None
+        self.pipeline = pipeline  # PP > 1: reorder micro-batches for the 1F1B bubble
+
+    def __call__(self, lengths: np.ndarray, cost_model: Optional[CostModel] = None) -> Plan:
+        """Plans one global batch (``cost_model``: a snapshot, default :attr:`cost_model`)."""
+        cost = cost_model or self.cost_model
+        plan = schedule(lengths, self.config, cost)
+        if self.pipeline:
+            from megatron.skrull.pipeline import pipeline_order
+
+            plan = pipeline_order(plan, cost)
+        return plan
+
+    def term_seconds(self, plan: Plan) -> np.ndarray:
+        """``[len(TERMS)]`` predicted seconds of ``plan`` per seed term (refit regressors)."""
+        if self.refit is None:
+            raise ValueError("term_seconds needs online=True")
+        return np.array([predict(plan, self.refit.terms[name])["iteration_time"]
+                         for name in TERMS])
+
+    def observe(self, plan: Plan, measured_seconds: float) -> Optional[float]:
+        """Feeds one measured iteration to the online refit (no-op when off).
+
+        Returns:
+            The refitted model's prediction for ``plan`` (``None`` while warming up or off).
+        """
+        if self.refit is None:
+            return None
+        refitted = self.refit.observe(self.term_seconds(plan), measured_seconds)
+        if refitted is None:
+            return None
+        self.cost_model = refitted
+        return float(predict(plan, refitted)["iteration_time"])
+
+
+def make_batch_scheduler(cfg: RunConfig, vocab_size: int,
+                         cost_model: Optional[CostModel] = None) -> BatchScheduler:
+    """The run's :class:`BatchScheduler` (``--skrull-online-cost-model`` turns refits on)."""
     config = SchedulerConfig(dp_size=cfg.parallel.dp_size,
                              cp_size=cfg.parallel.context_parallel_size,
                              bucket_size=cfg.skrull.bucket_size, policy=cfg.skrull.scheduler)
     cost = cost_model or build_cost_model(cfg, vocab_size)
-    if cfg.parallel.pipeline_model_parallel_size > 1:
-        from megatron.skrull.pipeline import pipeline_order
-
-        return lambda lengths: pipeline_order(schedule(lengths, config, cost), cost)
-    return lambda lengths: schedule(lengths, config, cost)
+    return BatchScheduler(config, cost, online=cfg.skrull.online_cost_model,
+                          pipeline=cfg.parallel.pipeline_model_parallel_size > 1)
 
 
 def predicted_seconds(plan: Plan) -> Optional[float]:
