@@ -140,7 +140,7 @@ def _agree_worker(rank, world, tmp):
 
 @pytest.mark.multiprocess
 def test_plan_mismatch_is_one_clear_error_on_every_rank(tmp_path):
-    spawn(_agree_worker, 2, tmp_path, timeout=120)
+    spawn(_agree_worker, 2, tmp_path, timeout=240)
     assert (tmp_path / "ok0").exists() and (tmp_path / "ok1").exists()
 
 
