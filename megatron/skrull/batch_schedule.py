@@ -120,8 +120,6 @@ class BatchScheduler:
         cost = cost_model or self.cost_model
         plan = schedule(lengths, self.config, cost)
         if self.pipeline:
-            from megatron.skrull.pipeline import pipeline_order
-
             plan = pipeline_order(plan, cost)
         return plan
 
@@ -156,6 +154,26 @@ def make_batch_scheduler(cfg: RunConfig, vocab_size: int,
     cost = cost_model or build_cost_model(cfg, vocab_size)
     return BatchScheduler(config, cost, online=cfg.skrull.online_cost_model,
                           pipeline=cfg.parallel.pipeline_model_parallel_size > 1)
+
+
+def pipeline_order(plan: Plan, cost, order: str = "small-ends") -> Plan:
+    """``plan`` with each DP rank's micro-batches in the feed order that shrinks the bubble.
+
+    A micro-batch's time is its slowest CP rank's under the scheduler's cost model (local
+    compute + distributed shares); ``small-ends`` (shortest first, second shortest last)
+    is usually the fastest order in the 1F1B simulation (``benchmarks/pp_table.py``).
+    Deterministic, so every rank reorders alike.
+    """
+    from skrull_ext.planner.pipeline import order_micro_batches
+
+    full = cost.compute_seconds(plan.lengths)
+    share = cost.share_seconds(plan.lengths, plan.cp_size)
+    ranks = []
+    for mbs in plan.dp_ranks:
+        times = [max(float(full[list(r)].sum()) for r in mb.local)
+                 + float(share[list(mb.distributed)].sum()) for mb in mbs]
+        ranks.append(tuple(mbs[i] for i in order_micro_batches(times, order)))
+    return dataclasses.replace(plan, dp_ranks=tuple(ranks))
 
 
 def predicted_seconds(plan: Plan) -> Optional[float]:

@@ -294,9 +294,11 @@ def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: 
                                 pp_size=pp_size)
     stage = {}
     if pp_size > 1:
-        from megatron.skrull.pipeline import stage_flags
+        from megatron.core import parallel_state as ps
 
-        stage = stage_flags()
+        # This rank's stage: embedding on the first, output layer and loss on the last.
+        stage = {"pre_process": ps.is_pipeline_first_stage(),
+                 "post_process": ps.is_pipeline_last_stage()}
     # RoPE lives in SkrullCoreAttention (see the module docstring): "none" here.
     with _stage_build(cpu and pp_size > 1):
         model = GPTModel(

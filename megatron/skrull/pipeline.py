@@ -26,33 +26,22 @@ contribution is exactly zero).  Micro-batches empty everywhere are dropped.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 
 from skrull_ext.attention.layout import build_rank_layout
 from skrull_ext.scheduler.plan import Plan
 
+from megatron.skrull.micro_batch import MicroBatchInputs, materialize
 from megatron.skrull.model import SkrullPackedSeqParams
 
-__all__ = ["stage_flags", "pipeline_micro_batches", "filler_inputs", "full_to_stage_state_dict",
-           "whole_model_name", "pipeline_order"]
-
-
-def stage_flags() -> dict:
-    """``pre_process``/``post_process`` of this rank's stage (from mcore's parallel state)."""
-    from megatron.core import parallel_state as ps
-
-    return {"pre_process": ps.is_pipeline_first_stage(),
-            "post_process": ps.is_pipeline_last_stage()}
+__all__ = ["pipeline_micro_batches", "filler_inputs", "full_to_stage_state_dict",
+           "whole_model_name"]
 
 
 def filler_inputs(cp_rank: int, cp_size: int, cp_group, device: torch.device,
                   attention_backend: str = "auto"):
     """A one-token local micro-batch with loss mask 0 (see the module docstring)."""
-    from megatron.skrull.training import MicroBatchInputs
-
     local = [[0] if r == cp_rank else [] for r in range(cp_size)]
     layout = build_rank_layout([1], [], local, cp_rank, cp_size)
     zeros = torch.zeros((1, 1), dtype=torch.int64, device=device)
@@ -63,26 +52,6 @@ def filler_inputs(cp_rank: int, cp_size: int, cp_group, device: torch.device,
                                                 attention_backend=attention_backend))
 
 
-def pipeline_order(plan: Plan, cost, order: str = "small-ends") -> Plan:
-    """``plan`` with each DP rank's micro-batches in the feed order that shrinks the bubble.
-
-    A micro-batch's time is its slowest CP rank's under the scheduler's cost model (local
-    compute + distributed shares); ``small-ends`` (shortest first, second shortest last)
-    is usually the fastest order in the 1F1B simulation (``benchmarks/pp_table.py``).
-    Deterministic, so every rank reorders alike.
-    """
-    from skrull_ext.planner.pipeline import order_micro_batches
-
-    full = cost.compute_seconds(plan.lengths)
-    share = cost.share_seconds(plan.lengths, plan.cp_size)
-    ranks = []
-    for mbs in plan.dp_ranks:
-        times = [max(float(full[list(r)].sum()) for r in mb.local)
-                 + float(share[list(mb.distributed)].sum()) for mb in mbs]
-        ranks.append(tuple(mbs[i] for i in order_micro_batches(times, order)))
-    return dataclasses.replace(plan, dp_ranks=tuple(ranks))
-
-
 def pipeline_micro_batches(source, batch_ids: np.ndarray, plan: Plan, groups, device,
                            attention_backend: str = "auto") -> list:
     """This rank's inputs for every micro-batch of its DP rank that holds any tokens.
@@ -90,8 +59,6 @@ def pipeline_micro_batches(source, batch_ids: np.ndarray, plan: Plan, groups, de
     The list (and its order) is the same on every stage and every CP rank of the pipeline;
     a CP rank holding no tokens of a micro-batch gets :func:`filler_inputs`.
     """
-    from megatron.skrull.training import materialize
-
     out = []
     for mb in plan.dp_ranks[groups.dp_rank]:
         if mb.is_empty():

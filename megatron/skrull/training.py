@@ -33,11 +33,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from skrull_ext.attention.layout import layout_for_micro_batch, pack_samples
-from skrull_ext.scheduler.plan import MicroBatch, Plan
+from skrull_ext.scheduler.plan import Plan
 
 from megatron.skrull.cpu_compat import cpu_pipeline_p2p, cuda_to_cpu
-from megatron.skrull.model import SkrullPackedSeqParams
+from megatron.skrull.micro_batch import MicroBatchInputs, materialize
 from megatron.skrull.batch_schedule import BatchScheduler, predicted_seconds
 from megatron.skrull.plan_ahead import PlannedBatches, agree_on_plan
 from megatron.skrull.samples import SampleSource
@@ -79,47 +78,6 @@ class ParallelGroups:
                    tp_group=ps.get_tensor_model_parallel_group(),
                    grad_group=ps.get_data_parallel_group(with_context_parallel=True),
                    pp_size=ps.get_pipeline_model_parallel_world_size())
-
-
-@dataclasses.dataclass(frozen=True)
-class MicroBatchInputs:
-    """One rank's packed tensors for one micro-batch (batch dim 1, ``T`` tokens)."""
-
-    input_ids: torch.Tensor  # [1, T] int64
-    position_ids: torch.Tensor  # [1, T] int64, restarting at 0 per sample
-    labels: torch.Tensor  # [1, T] int64
-    loss_mask: torch.Tensor  # [1, T] float, 0 on prompts and padding
-    packed_seq_params: SkrullPackedSeqParams
-
-
-def materialize(source: SampleSource, batch_ids: np.ndarray, plan: Plan, mb: MicroBatch,
-                groups: ParallelGroups, device: torch.device,
-                attention_backend: str = "auto") -> Optional[MicroBatchInputs]:
-    """Packs the samples this CP rank holds in ``mb``; ``None`` when it holds none.
-
-    Args:
-        source: Sample source (dataset indices ``batch_ids[i]``).
-        batch_ids: ``[K]`` dataset indices of the global batch (plan indices refer here).
-        plan: The iteration's plan (its ``lengths`` drive the layout).
-        mb: This DP rank's micro-batch.
-        groups: This rank's coordinates.
-        device: Where the tensors go.
-        attention_backend: ``dacp_attention``'s kernel back-end.
-    """
-    layout = layout_for_micro_batch(mb, plan.lengths, groups.cp_rank)
-    if layout.num_tokens == 0:
-        return None
-    samples = {i: source.sample(int(batch_ids[i])) for i in layout.samples}
-    packed = pack_samples(
-        layout, {i: torch.from_numpy(s.tokens) for i, s in samples.items()},
-        {i: torch.from_numpy(s.labels) for i, s in samples.items()},
-        {i: torch.from_numpy(s.loss_mask) for i, s in samples.items()})
-    return MicroBatchInputs(
-        input_ids=packed.tokens.to(device)[None], labels=packed.labels.to(device)[None],
-        loss_mask=packed.loss_mask.to(device)[None],
-        position_ids=packed.position_ids.to(device)[None],
-        packed_seq_params=SkrullPackedSeqParams(layout=layout, cp_group=groups.cp_group,
-                                                attention_backend=attention_backend))
 
 
 def masked_loss_sum(loss_mask: Optional[torch.Tensor], output_tensor: torch.Tensor):

@@ -1,0 +1,60 @@
+"""One rank's inputs of one micro-batch: the samples it holds, packed in its layout.
+
+Shared by the training loop (:mod:`megatron.skrull.training`) and the pipeline feed
+(:mod:`megatron.skrull.pipeline`), so neither imports the other for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+import torch
+
+from skrull_ext.attention.layout import layout_for_micro_batch, pack_samples
+from skrull_ext.scheduler.plan import MicroBatch, Plan
+
+from megatron.skrull.model import SkrullPackedSeqParams
+from megatron.skrull.samples import SampleSource
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatchInputs:
+    """One rank's packed tensors for one micro-batch (batch dim 1, ``T`` tokens)."""
+
+    input_ids: torch.Tensor  # [1, T] int64
+    position_ids: torch.Tensor  # [1, T] int64, restarting at 0 per sample
+    labels: torch.Tensor  # [1, T] int64
+    loss_mask: torch.Tensor  # [1, T] float, 0 on prompts and padding
+    packed_seq_params: SkrullPackedSeqParams
+
+
+def materialize(source: SampleSource, batch_ids: np.ndarray, plan: Plan, mb: MicroBatch,
+                groups, device: torch.device,
+                attention_backend: str = "auto") -> Optional[MicroBatchInputs]:
+    """Packs the samples this CP rank holds in ``mb``; ``None`` when it holds none.
+
+    Args:
+        source: Sample source (dataset indices ``batch_ids[i]``).
+        batch_ids: ``[K]`` dataset indices of the global batch (plan indices refer here).
+        plan: The iteration's plan (its ``lengths`` drive the layout).
+        mb: This DP rank's micro-batch.
+        groups: This rank's coordinates (:class:`megatron.skrull.training.ParallelGroups`:
+            ``cp_rank``, ``cp_group``).
+        device: Where the tensors go.
+        attention_backend: ``dacp_attention``'s kernel back-end.
+    """
+    layout = layout_for_micro_batch(mb, plan.lengths, groups.cp_rank)
+    if layout.num_tokens == 0:
+        return None
+    samples = {i: source.sample(int(batch_ids[i])) for i in layout.samples}
+    packed = pack_samples(
+        layout, {i: torch.from_numpy(s.tokens) for i, s in samples.items()},
+        {i: torch.from_numpy(s.labels) for i, s in samples.items()},
+        {i: torch.from_numpy(s.loss_mask) for i, s in samples.items()})
+    return MicroBatchInputs(
+        input_ids=packed.tokens.to(device)[None], labels=packed.labels.to(device)[None],
+        loss_mask=packed.loss_mask.to(device)[None],
+        position_ids=packed.position_ids.to(device)[None],
+        packed_seq_params=SkrullPackedSeqParams(layout=layout, cp_group=groups.cp_group,
+                                                attention_backend=attention_backend))
