@@ -107,28 +107,37 @@ def test_validation_set_problems_name_the_fix():
 # --- fp64 parity, eval does not change training -----------------------------------------
 
 COMMON = ["--fp64", "--split", "70,30", "--eval-interval", "2", "--eval-iters", "2",
-          "--train-iters", "4", "--lr-decay-style", "constant"]
+          "--train-iters", "3", "--lr-decay-style", "constant"]
 CP2 = ["--context-parallel-size", "2", "--skrull-bucket-size", "48",
        "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
 
 
-def _run(flags, world, *, evaluate=True):
-    """Trains ``flags`` for 4 iterations; with ``evaluate`` validates as the launcher does."""
+def _run(flags, world, *, evaluate=True, init=None):
+    """Trains ``flags`` for 3 iterations; with ``evaluate`` validates as the launcher does.
+
+    ``init``: the reference's initial weights, sliced per pipeline stage (PP runs).
+    """
     from megatron.core import parallel_state
     from megatron.skrull.data import build_sample_sources
     from megatron.skrull.evaluation import build_evaluator
     from megatron.skrull.pretrain_gpt import build_trainer, init_model_parallel
     from megatron.skrull.training import train
+    from test_pipeline_training import _pipeline_trainer, _tensors
 
     cfg = tiny_config(flags, world_size=world)
     parallel_state.destroy_model_parallel()
-    init_model_parallel(cfg, CPU)
     sources = build_sample_sources(cfg)
-    trainer = build_trainer(cfg, CPU, source=sources.train)
+    if init is None:
+        init_model_parallel(cfg, CPU)
+        trainer = build_trainer(cfg, CPU, source=sources.train)
+    else:
+        trainer = _pipeline_trainer(cfg, init)
+    initial = _tensors(trainer.model.module)
     ev = build_evaluator(cfg, sources, trainer.batch_scheduler, device=CPU)
     first = ev.loss(trainer)
-    history = train(trainer, train_iters=4, evaluator=ev if evaluate else None)
+    history = train(trainer, train_iters=3, evaluator=ev if evaluate else None)
     return {"first": first, "losses": [s.loss for s in history], "evals": ev.history,
+            "init": initial,
             "data": trainer.sampler.state_dict(),
             "local_share": [plan.local_token_share() for _, plan in ev.batches]}
 
@@ -140,11 +149,13 @@ def _reference(rank, world, tmp):
     torch.save(_run(COMMON, 1), os.path.join(tmp, "reference.pt"))
 
 
-def _worker(rank, world, tmp):
+def _worker(rank, world, tmp, ref_path):
     from megatron.skrull.cpu_compat import apply_cpu_compat
 
     apply_cpu_compat("cpu")
+    init = torch.load(os.path.join(ref_path, "reference.pt"), weights_only=False)["init"]
     out = {"cp2": _run(COMMON + CP2, 2),
+           "pp2": _run(COMMON + ["--pipeline-model-parallel-size", "2"], 2, init=init),
            "dropout_eval": _run(COMMON + CP2 + ["--hidden-dropout", "0.2"], 2),
            "dropout_plain": _run(COMMON + CP2 + ["--hidden-dropout", "0.2"], 2, evaluate=False)}
     torch.save(out, os.path.join(tmp, f"out{rank}.pt"))
@@ -154,22 +165,20 @@ def _worker(rank, world, tmp):
 def results(tmp_path_factory):
     tmp, ref_tmp = tmp_path_factory.mktemp("validation"), tmp_path_factory.mktemp("reference")
     spawn(_reference, 1, ref_tmp, timeout=120)
-    spawn(_worker, 2, tmp, timeout=240)
+    spawn(_worker, 2, tmp, str(ref_tmp), timeout=300)
     ranks = [torch.load(os.path.join(tmp, f"out{r}.pt"), weights_only=False) for r in range(2)]
     return torch.load(os.path.join(ref_tmp, "reference.pt"), weights_only=False), ranks
 
 
 @pytest.mark.multiprocess
-def test_cp2_validation_loss_matches_one_process(results):
+def test_cp2_and_pp2_validation_losses_match_one_process(results):
     ref, ranks = results
-    assert [it for it, _ in ref["evals"]] == [2, 4]
-    for r in ranks:
-        got = r["cp2"]
-        # The validation batches are planned by the skrull scheduler: some samples sharded.
-        assert min(got["local_share"]) < 1.0
+    assert [it for it, _ in ref["evals"]] == [2, 3]
+    assert min(ranks[0]["cp2"]["local_share"]) < 1.0  # the skrull plans shard some samples
+    for got in [r[case] for r in ranks for case in ("cp2", "pp2")]:
         torch.testing.assert_close(got["first"], ref["first"], rtol=1e-9, atol=0)
         torch.testing.assert_close(got["losses"], ref["losses"], rtol=1e-9, atol=0)
-        assert [it for it, _ in got["evals"]] == [2, 4]
+        assert [it for it, _ in got["evals"]] == [2, 3]
         torch.testing.assert_close([v for _, v in got["evals"]], [v for _, v in ref["evals"]],
                                    rtol=1e-9, atol=0)
     assert ref["evals"][-1][1] < ref["first"]  # the model learns

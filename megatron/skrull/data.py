@@ -338,6 +338,10 @@ def _validation_dataset(path: str, train: Any, tokenizer: Optional[SFTTokenizer]
     """``--valid-data-path``: opened, checked, tokenized like the training data."""
     from megatron.skrull.samples import DatasetSource
 
+    if not any(os.path.exists(f) for f in dataset_paths(path).values()):
+        raise DatasetFormatError(f"--valid-data-path {path}: no dataset at this prefix "
+                                 f"({path}.bin/.idx/.json do not exist); give the "
+                                 "--output-prefix written by tools/preprocess_sft.py")
     try:
         dataset = load_sft_dataset(path, tokenizer=tokenizer, seq_length=seq_length)
     except (DatasetFormatError, ValueError) as exc:

@@ -184,7 +184,8 @@ def describe(evaluator: Evaluator) -> str:
             else "")
     return (f" skrull: validation on the {evaluator.origin}: {len(evaluator.source)} samples; "
             f"{when}after "
-            f"the last iteration, the same {len(evaluator.batches)} global batches "
+            f"the last iteration, the same {len(evaluator.batches)} global "
+            f"batch{'es' if len(evaluator.batches) > 1 else ''} "
             f"({distinct} distinct samples) each time")
 
 
