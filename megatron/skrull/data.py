@@ -457,7 +457,7 @@ class GlobalBatchSampler:
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(f"sampler state has {key}={state[key]!r} but this run has "
                                  f"{getattr(self, key)!r}; resume with the same --data-path, "
-                                 "--global-batch-size and --seed")
+                                 "--split, --global-batch-size and --seed")
         if "iteration" in state:
             iteration = int(state["iteration"])
         else:

@@ -57,7 +57,8 @@ def evaluation_mode(trainer) -> Iterator[None]:
 
     model, rng = trainer.model, _rng_state()
     hooks = bool(getattr(model, "use_forward_hook", False))  # --overlap-param-gather
-    if hooks:  # the hooks would not re-gather the parameters the last step updated
+    if hooks:  # as Megatron: gather what the last step updated at once, and keep the
+        # per-bucket gather hooks out of the forward-only passes
         with cuda_to_cpu(trainer.device):
             model.disable_forward_pre_hook(param_sync=True)
     model.eval()
