@@ -174,7 +174,7 @@ def test_gpu_multinode_script_flags_parse(nnodes, gpus, dp):
 
     argv = _gpu_command(NNODES=str(nnodes), GPUS_PER_NODE=str(gpus), NODE_RANK="1",
                         MASTER_ADDR="node0", MASTER_PORT="29400")
-    assert argv[1:3] == ["-m", "torch.distributed.run"]
+    assert argv[1:3] == ["-m", "megatron.skrull.launch"]  # torchrun's flags
     launcher = torchrun_parse_args(argv[3:])
     assert (launcher.nnodes, launcher.node_rank, launcher.nproc_per_node) == (str(nnodes), 1, str(gpus))
     assert (launcher.rdzv_backend, launcher.rdzv_endpoint) == ("c10d", "node0:29400")
