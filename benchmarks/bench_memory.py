@@ -7,8 +7,9 @@ iteration, and measures:
 * static bytes from the real tensors -- parameters, gradients, main parameters (optimizer
   copies that are not the model's tensors) and optimizer state -- counting each storage once
   (DDP buffers and views are not double counted);
-* activation bytes per token: the bytes autograd saves for backward over one iteration
-  (``torch.autograd.graph.saved_tensors_hooks``, unique storages), divided by its tokens.
+* activation bytes per token: the peak bytes autograd holds for backward over the forward
+  and backward of one micro-batch (``torch.autograd.graph.saved_tensors_hooks``, live
+  storages, recomputed tensors included), divided by its tokens.
 
 Next to them: :class:`skrull_ext.costmodel.memory.TrainingMemory`'s prediction.  Settings
 whose flags the launcher does not accept are reported as skipped.
@@ -44,6 +45,8 @@ SETTINGS = [
     ("fp32 + full recompute", ["--recompute-granularity", "full", "--recompute-method",
                                "uniform", "--recompute-num-layers", "1"],
      dict(precision="fp32", recompute="full")),
+    ("fp32 + selective recompute", ["--recompute-granularity", "selective"],
+     dict(precision="fp32", recompute="selective")),
 ]
 
 
@@ -84,24 +87,87 @@ def measure_static(trainer) -> dict[str, int]:
             "main_params": sum(main.values()), "optimizer_state": sum(state.values())}
 
 
-def measure_activations(trainer) -> tuple[int, int]:
-    """(bytes autograd saved for backward over one iteration's forwards, its tokens).
+class SavedTensorPeak:
+    """Peak bytes autograd holds for backward (``saved_tensors_hooks``), live accounting.
 
-    One process holds every token of the global batch; saved tensors of the micro-batches
-    are summed (each is freed by its backward), so this is bytes per token processed.
+    Every saved tensor is packed into a handle the autograd graph owns; the handle counts
+    its storage while it lives (each storage once, however many tensors view it) and the
+    graph drops it once backward has used it.  Activation recompute saves its layer inputs
+    in forward and the recomputed layer's tensors during backward: both are counted, so
+    ``peak`` is the most saved-for-backward memory alive at one time.
+
+    Args:
+        exclude: Storage pointers not to count (the parameters: saved, never allocated).
     """
-    saved: dict[int, int] = {}
-    alive = []  # held so a freed storage's address is not reused by a later micro-batch
 
-    def pack(t):
-        alive.append(t)
-        saved.update(_storages([t]))
-        return t
+    def __init__(self, exclude=()):
+        self.exclude, self.live, self.refs = set(exclude), 0, {}
+        self.peak = 0
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        stats = trainer.train_step()
-    params = _storages(p for p in trainer.model.parameters())
-    return sum(v for k, v in saved.items() if k not in params), int(stats.tokens)
+    def _add(self, t: torch.Tensor) -> Optional[int]:
+        if not t.numel():
+            return None
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key in self.exclude:
+            return None
+        count, nbytes = self.refs.get(key, (0, storage.nbytes()))
+        if count == 0:
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+        self.refs[key] = (count + 1, nbytes)
+        return key
+
+    def _drop(self, key: int) -> None:
+        count, nbytes = self.refs[key]
+        if count == 1:
+            del self.refs[key]
+            self.live -= nbytes
+        else:
+            self.refs[key] = (count - 1, nbytes)
+
+    def hooks(self):
+        tracker = self
+
+        class Handle:
+            def __init__(self, t):
+                self.t, self.key = t, tracker._add(t)
+
+            def __del__(self):
+                if self.key is not None:
+                    tracker._drop(self.key)
+
+        return torch.autograd.graph.saved_tensors_hooks(Handle, lambda h: h.t)
+
+
+def largest_micro_batch(trainer):
+    """This rank's inputs of the next global batch's largest micro-batch."""
+    from megatron.skrull.micro_batch import materialize
+
+    ids, plan = trainer.next_plan()
+    inputs = [materialize(trainer.source, ids, plan, mb, trainer.groups, trainer.device)
+              for mb in plan.dp_ranks[trainer.groups.dp_rank]]
+    return max((x for x in inputs if x is not None), key=lambda x: x.input_ids.shape[1])
+
+
+def measure_activations(trainer) -> tuple[int, int]:
+    """(peak saved-for-backward bytes of one micro-batch's forward + backward, its tokens).
+
+    The micro-batch is the largest of the next global batch; forward and backward run as
+    in training (the launcher's model, its recompute setting), under :class:`SavedTensorPeak`.
+    """
+    from megatron.skrull.cpu_compat import cuda_to_cpu
+    from megatron.skrull.micro_batch import pad_micro_batch
+
+    inputs = pad_micro_batch(largest_micro_batch(trainer), trainer.pad_multiple)
+    tracker = SavedTensorPeak(_storages(trainer.model.parameters()))
+    trainer.model.train()
+    with cuda_to_cpu(trainer.device), tracker.hooks():
+        losses = trainer.model(inputs.input_ids, inputs.position_ids, None,
+                               labels=inputs.labels,
+                               packed_seq_params=inputs.packed_seq_params)
+        (losses * inputs.loss_mask).sum().backward()
+    return tracker.peak, int(inputs.input_ids.shape[1])
 
 
 def spec_of(cfg, vocab: int):

@@ -119,7 +119,8 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
                         cp_size=cfg.parallel.context_parallel_size, dtype=cfg.params_dtype,
                         device=device, attention_fn=attention_fn, recompute=cfg.recompute,
-                        pp_size=cfg.parallel.pipeline_model_parallel_size)
+                        pp_size=cfg.parallel.pipeline_model_parallel_size,
+                        sequence_parallel=cfg.sequence_parallel_active)
     if cfg.checkpoint.pretrained_hf:  # before DDP and the optimizer copy anything
         from megatron.core import parallel_state as ps
         from megatron.skrull.hf.io import load_pretrained
@@ -148,7 +149,8 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         batch_scheduler=batch_scheduler or make_batch_scheduler(cfg, vocab),
         groups=ParallelGroups.from_parallel_state(), device=device,
         float64_loss=cfg.fp64 and tp == 1, plan_ahead=cfg.skrull.plan_ahead,
-        attention_backend=attention_kernel)
+        attention_backend=attention_kernel,
+        pad_multiple=tp if cfg.sequence_parallel_active else 1)
 
 
 def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
@@ -251,6 +253,10 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                 f"{cfg.recompute.recompute_granularity or 'none'}; --micro-batch-size "
                 f"{cfg.micro_batch_size} ignored: the scheduler packs each micro-batch to "
                 f"--skrull-bucket-size {cfg.skrull.bucket_size} tokens per CP rank")
+        if cfg.sequence_parallel and not cfg.sequence_parallel_active:
+            # Megatron's arguments.py does the same at TP = 1.
+            printer(" skrull: warning: disabling --sequence-parallel because tensor model "
+                    "parallelism is disabled (--tensor-model-parallel-size 1)")
     try:
         exit_fn = ExitSignalHandler(device) if cfg.checkpoint.exit_signal_handler else None
         return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
