@@ -35,17 +35,17 @@ TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
         "--lr", "3e-3", "--train-iters", "1", "--skrull-bucket-size", "512", "--device", "cpu",
         "--mock-num-samples", "64"]
 
-# name, extra launcher flags, TrainingMemory fields
+# name, processes (data-parallel ranks), extra launcher flags, TrainingMemory fields
 SETTINGS = [
-    ("fp32", [], dict(precision="fp32")),
-    ("fp32 + distributed optimizer", ["--use-distributed-optimizer"],
+    ("fp32", 1, [], dict(precision="fp32")),
+    ("fp32, DP 2 + distributed optimizer", 2, ["--use-distributed-optimizer"],
      dict(precision="fp32", distributed_optimizer=True)),
-    ("bf16 + distributed optimizer", ["--bf16", "--use-distributed-optimizer"],
+    ("bf16, DP 2 + distributed optimizer", 2, ["--bf16", "--use-distributed-optimizer"],
      dict(precision="bf16", distributed_optimizer=True)),
-    ("fp32 + full recompute", ["--recompute-granularity", "full", "--recompute-method",
-                               "uniform", "--recompute-num-layers", "1"],
+    ("fp32 + full recompute", 1, ["--recompute-granularity", "full", "--recompute-method",
+                                  "uniform", "--recompute-num-layers", "1"],
      dict(precision="fp32", recompute="full")),
-    ("fp32 + selective recompute", ["--recompute-granularity", "selective"],
+    ("fp32 + selective recompute", 1, ["--recompute-granularity", "selective"],
      dict(precision="fp32", recompute="selective")),
 ]
 
@@ -183,7 +183,8 @@ def spec_of(cfg, vocab: int):
 
 
 def run_setting(flags: list[str], fields: dict[str, Any]) -> Optional[dict[str, Any]]:
-    """Measures one setting in this (single) process; ``None`` if the launcher rejects it."""
+    """Measures one setting on this rank (the default process group's world is the DP
+    size); ``None`` if the launcher rejects the flags."""
     from megatron.core import parallel_state
     from megatron.skrull.arguments import ConfigError, parse_args
     from megatron.skrull.cpu_compat import apply_cpu_compat
@@ -192,12 +193,12 @@ def run_setting(flags: list[str], fields: dict[str, Any]) -> Optional[dict[str, 
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage text
-            cfg = parse_args(TINY + flags)
+            cfg = parse_args(TINY + flags, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     except (ConfigError, SystemExit):
         return None
     device = torch.device("cpu")
     apply_cpu_compat(device)
-    init_distributed(device)
+    init_distributed(device, init_method=os.environ.get("BENCH_INIT_METHOD"))
     parallel_state.destroy_model_parallel()
     init_model_parallel(cfg, device)
     trainer = build_trainer(cfg, device)
@@ -208,11 +209,31 @@ def run_setting(flags: list[str], fields: dict[str, Any]) -> Optional[dict[str, 
     while hasattr(model, "module"):  # mcore DDP / Float16Module
         model = model.module
     vocab = model.vocab_size
-    mem = TrainingMemory(dp_cp_size=1, **fields)
+    mem = TrainingMemory(dp_cp_size=cfg.parallel.dp_size, **fields)
     spec = spec_of(cfg, vocab)
     return {"measured": {**static, "activation_bytes_per_token": act / tokens},
             "predicted": {**mem.static_breakdown(spec),
                           "activation_bytes_per_token": mem.activation_bytes_per_token(spec)}}
+
+
+def _rank_main(rank: int, world: int, store: str, out: str, flags, fields) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world),
+                      BENCH_INIT_METHOD=f"file://{store}")
+    torch.set_num_threads(1)
+    result = run_setting(flags, fields)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
+
+
+def run_spawned(world: int, flags: list[str], fields: dict[str, Any]) -> Optional[dict]:
+    """:func:`run_setting` on ``world`` fresh processes (gloo, file store); rank 0's result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        torch.multiprocessing.spawn(_rank_main, nprocs=world, join=True,
+                                    args=(world, os.path.join(tmp, "store"), out, flags, fields))
+        with open(out) as f:
+            return json.load(f)
 
 
 def table(results: dict[str, Optional[dict]]) -> str:
@@ -234,7 +255,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    results = {name: run_setting(flags, fields) for name, flags, fields in SETTINGS}
+    results = {name: run_spawned(world, flags, fields)
+               for name, world, flags, fields in SETTINGS}
     print(table(results))
     if args.json:
         with open(args.json, "w") as f:

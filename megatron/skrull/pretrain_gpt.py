@@ -250,7 +250,8 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                      else "fp32")
         printer(f" skrull: {precision} params, distributed optimizer "
                 f"{'on' if cfg.optim.use_distributed_optimizer else 'off'}, recompute "
-                f"{cfg.recompute.recompute_granularity or 'none'}; --micro-batch-size "
+                f"{cfg.recompute.recompute_granularity or 'none'}, sequence parallel "
+                f"{'on' if cfg.sequence_parallel_active else 'off'}; --micro-batch-size "
                 f"{cfg.micro_batch_size} ignored: the scheduler packs each micro-batch to "
                 f"--skrull-bucket-size {cfg.skrull.bucket_size} tokens per CP rank")
         if cfg.sequence_parallel and not cfg.sequence_parallel_active:
