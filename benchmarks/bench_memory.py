@@ -11,7 +11,9 @@ iteration, and measures:
   and backward of one micro-batch (``torch.autograd.graph.saved_tensors_hooks``, live
   storages, recomputed tensors included), divided by its tokens.
 
-Next to them: :class:`skrull_ext.costmodel.memory.TrainingMemory`'s prediction.  Settings
+Next to them: :class:`skrull_ext.costmodel.memory.TrainingMemory`'s prediction.  Two-process
+settings (DP 2 for the distributed optimizer, TP 2 with and without sequence parallelism)
+report rank 0.  Settings
 whose flags the launcher does not accept are reported as skipped.
 
     PYTHONPATH=. python benchmarks/bench_memory.py [--json out.json]
@@ -47,6 +49,10 @@ SETTINGS = [
      dict(precision="fp32", recompute="full")),
     ("fp32 + selective recompute", 1, ["--recompute-granularity", "selective"],
      dict(precision="fp32", recompute="selective")),
+    ("fp32, TP 2", 2, ["--tensor-model-parallel-size", "2"], dict(precision="fp32", tp_size=2)),
+    ("fp32, TP 2 + sequence parallel", 2, ["--tensor-model-parallel-size", "2",
+                                           "--sequence-parallel"],
+     dict(precision="fp32", tp_size=2, sequence_parallel=True)),
 ]
 
 
