@@ -395,6 +395,12 @@ class RunConfig:
             return torch.float64
         return torch.bfloat16 if self.bf16 else torch.float16 if self.fp16 else torch.float32
 
+    @property
+    def sequence_parallel_active(self) -> bool:
+        """``--sequence-parallel`` with TP > 1; at TP = 1 Megatron disables it (with a
+        warning, which the launcher logs) and so do we."""
+        return self.sequence_parallel and self.parallel.tensor_model_parallel_size > 1
+
     def __post_init__(self) -> None:
         _raise_if(cross_problems(self))
 
@@ -442,11 +448,6 @@ def cross_problems(cfg: RunConfig) -> list[str]:
     if cfg.exit_interval is not None and cfg.exit_interval < 1:
         p.append(f"--exit-interval must be >= 1, got {cfg.exit_interval}")
     p.extend(_recompute_problems(cfg.recompute, m.num_layers))
-    if cfg.sequence_parallel:
-        # Sequence parallelism splits the packed stream over TP ranks before attention;
-        # the DACP layout and RoPE table are per CP rank's whole stream, not per TP slice.
-        p.append("--sequence-parallel is not supported with DACP attention (the packed "
-                 "per-rank stream is not split over TP ranks); drop the flag")
     if cfg.optim.use_distributed_optimizer and cfg.parallel.dp_size * cp == 1:
         p.append("--use-distributed-optimizer has nothing to shard over with DP x CP = 1; "
                  "drop the flag or launch more data/context-parallel ranks")

@@ -64,7 +64,8 @@ def _parallel_flags(ap: argparse.ArgumentParser) -> None:
                    help="1F1B pipeline stages (docs/training.md, pipeline parallelism)")
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int,
                    help="interleaved pipeline schedule: not supported (exits with an error)")
-    g.add_argument("--sequence-parallel", action="store_true", help="rejected (see docs)")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron's sequence parallelism (TP > 1; disabled at TP 1)")
 
 
 def _optimizer_flags(ap: argparse.ArgumentParser) -> None:

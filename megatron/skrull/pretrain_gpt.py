@@ -108,7 +108,8 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
                         cp_size=cfg.parallel.context_parallel_size, dtype=cfg.params_dtype,
                         device=device, attention_fn=attention_fn, recompute=cfg.recompute,
-                        pp_size=cfg.parallel.pipeline_model_parallel_size)
+                        pp_size=cfg.parallel.pipeline_model_parallel_size,
+                        sequence_parallel=cfg.sequence_parallel_active)
     if cfg.checkpoint.pretrained_hf:  # before DDP and the optimizer copy anything
         from megatron.core import parallel_state as ps
         from megatron.skrull.hf.io import load_pretrained
@@ -137,7 +138,8 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         batch_scheduler=batch_scheduler or make_batch_scheduler(cfg, vocab),
         groups=ParallelGroups.from_parallel_state(), device=device,
         float64_loss=cfg.fp64 and tp == 1, plan_ahead=cfg.skrull.plan_ahead,
-        attention_backend=attention_kernel)
+        attention_backend=attention_kernel,
+        pad_multiple=tp if cfg.sequence_parallel_active else 1)
 
 
 def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
@@ -242,9 +244,14 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                      else "fp32")
         printer(f" skrull: {precision} params, distributed optimizer "
                 f"{'on' if cfg.optim.use_distributed_optimizer else 'off'}, recompute "
-                f"{cfg.recompute.recompute_granularity or 'none'}; --micro-batch-size "
+                f"{cfg.recompute.recompute_granularity or 'none'}, sequence parallel "
+                f"{'on' if cfg.sequence_parallel_active else 'off'}; --micro-batch-size "
                 f"{cfg.micro_batch_size} ignored: the scheduler packs each micro-batch to "
                 f"--skrull-bucket-size {cfg.skrull.bucket_size} tokens per CP rank")
+        if cfg.sequence_parallel and not cfg.sequence_parallel_active:
+            # Megatron's arguments.py does the same at TP = 1.
+            printer(" skrull: warning: disabling --sequence-parallel because tensor model "
+                    "parallelism is disabled (--tensor-model-parallel-size 1)")
         if evaluator is not None:
             printer(describe(evaluator))
     try:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from skrull_ext.scheduler.plan import Plan
 
 from megatron.skrull.cpu_compat import cpu_pipeline_p2p, cuda_to_cpu
-from megatron.skrull.micro_batch import MicroBatchInputs, materialize
+from megatron.skrull.micro_batch import MicroBatchInputs, materialize, pad_micro_batch
 from megatron.skrull.batch_schedule import BatchScheduler, predicted_seconds
 from megatron.skrull.plan_ahead import PlannedBatches, agree_on_plan
 from megatron.skrull.samples import SampleSource
@@ -101,15 +101,16 @@ def masked_loss_sum(loss_mask: Optional[torch.Tensor], output_tensor: torch.Tens
 
 
 def forward_step(data_iterator: Iterator[Optional[MicroBatchInputs]], model: torch.nn.Module,
-                 *, float64_loss: bool = False):
+                 *, float64_loss: bool = False, pad_multiple: int = 1):
     """mcore ``forward_step_func``: one packed micro-batch -> ``(losses [1, T], loss_func)``.
 
     Args:
         data_iterator: Yields this rank's :class:`MicroBatchInputs` (``None``: no tokens).
         model: The DDP-wrapped model.
         float64_loss: Cross entropy from float64 logits (mcore's is float32; TP = 1 only).
+        pad_multiple: Stream length multiple (TP with ``--sequence-parallel``, else 1).
     """
-    inputs = next(data_iterator)
+    inputs = pad_micro_batch(next(data_iterator), pad_multiple)
     if inputs is None:
         zero = sum((p.reshape(-1)[:1] * 0).sum() for p in model.parameters())
         return zero, functools.partial(masked_loss_sum, None)
@@ -160,6 +161,7 @@ class Trainer:
         device: Training device.
         float64_loss: See :func:`forward_step`.
         attention_backend: ``dacp_attention`` kernel back-end (``"auto"``).
+        pad_multiple: See :func:`forward_step` (TP size under sequence parallelism).
         plan_ahead: Plan iteration ``i + 1`` while ``i`` trains
             (:class:`megatron.skrull.plan_ahead.PlannedBatches`; ``self.sampler`` is that
             wrapper, whose checkpoint state undoes the batch drawn ahead).
@@ -168,11 +170,11 @@ class Trainer:
     def __init__(self, *, model, optimizer, scheduler, source: SampleSource, sampler: Any,
                  batch_scheduler: BatchScheduler, groups: ParallelGroups, device: torch.device,
                  float64_loss: bool = False, attention_backend: str = "auto",
-                 plan_ahead: bool = False):
+                 plan_ahead: bool = False, pad_multiple: int = 1):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.source, self.sampler, self.batch_scheduler = source, sampler, batch_scheduler
         self.groups, self.device, self.attention_backend = groups, device, attention_backend
-        self.float64_loss = float64_loss
+        self.float64_loss, self.pad_multiple = float64_loss, pad_multiple
         self.params = [p for p in model.module.parameters() if p.requires_grad]
         self._iteration = 0
         self.sampler = PlannedBatches(sampler, source.lengths, batch_scheduler, ahead=plan_ahead)
@@ -241,7 +243,8 @@ class Trainer:
             data = pipeline_micro_batches(source, batch_ids, plan, self.groups,
                                           self.device, self.attention_backend)
             num, data, p2p = len(data), iter(data), cpu_pipeline_p2p(self.device)
-        step = functools.partial(forward_step, float64_loss=self.float64_loss)
+        step = functools.partial(forward_step, float64_loss=self.float64_loss,
+                                 pad_multiple=self.pad_multiple)
         with cuda_to_cpu(self.device), p2p:
             reports = get_forward_backward_func()(
                 forward_step_func=step, data_iterator=data,
