@@ -36,7 +36,7 @@ def test_recovers_known_coefficients_despite_outliers():
     w_true, b_true = np.array([2.0, 3.0, 1.5, 0.5, 4.0]), 0.05
     y = x[:, :K] @ w_true + b_true
     y[[3, 11]] *= 6.0  # a checkpoint save, a busy neighbour
-    w, b, _ = robust_fit(x, y, seed_overhead=0.01, config=RefitConfig(ridge=0.0))
+    w, b, _ = robust_fit(x, y, seed_overhead=0.01, config=RefitConfig(ridge=0.0, terms_after=2))
     np.testing.assert_allclose(w, w_true, rtol=0.02)
     assert b == pytest.approx(b_true, rel=0.05)
 
@@ -105,3 +105,18 @@ def test_bad_measurements_are_ignored():
     assert refit.observe(feats, float("nan")) is None
     assert refit.observe(feats, 0.0) is None
     assert refit.observe(feats, 1.0) is not None
+
+
+def test_few_iterations_rescale_the_seed_and_keep_its_plans():
+    """Before ``terms_after`` iterations every term gets the common scale: same decisions."""
+    config = SchedulerConfig(dp_size=2, cp_size=2, bucket_size=2048, policy="skrull")
+    refit = OnlineRefit(SEED, RefitConfig(skip_first=0))
+    for _ in range(4):
+        plan = schedule(RNG.integers(16, 3000, size=16), config, SEED)
+        model = refit.observe(_features(plan), 7.0 * predict(plan, SEED)["iteration_time"])
+    np.testing.assert_allclose(refit.multipliers, refit.scale)
+    assert refit.scale > 5.0
+    for _ in range(3):
+        lengths = RNG.integers(16, 3000, size=16)
+        assert schedule(lengths, config, model).dp_ranks == schedule(lengths, config,
+                                                                     SEED).dp_ranks

@@ -88,14 +88,19 @@ class RefitConfig:
             ``huber / |r|`` (outlier iterations: a checkpoint save, a slow neighbour).
         skip_first: Iterations ignored at the start (warm-up: allocator, kernel caches).
         half_life: An iteration's weight halves every ``half_life`` newer iterations.
+        terms_after: Iterations in the window before the per-term stage runs; until then
+            every term gets the common scale, which keeps the seed's relative costs and so
+            its plan decisions (a few similar iterations cannot tell the terms apart, and
+            a mis-split changes the plans: measured in the CPU demo).
     """
 
     window: int = 16
     min_samples: int = 2
-    ridge: float = 0.2
+    ridge: float = 1.0
     huber: float = 1.5
     skip_first: int = 1
     half_life: float = 8.0
+    terms_after: int = 8
 
 
 class OnlineRefit:
@@ -160,9 +165,10 @@ def robust_fit(x: np.ndarray, y: np.ndarray, *, seed_overhead: float,
     a1 = np.stack([full, np.ones(n)], axis=1)
     (s, b), _ = _irls(a1, y, recency, np.array([s0, s0 * seed_overhead]), 0.05, config.huber)
     s = s if s > 0 else s0
-    # Stage 2: the terms, each pulled towards the common scale s.
-    a2 = np.hstack([x[:, :k], np.ones((n, 1))])
-    coef, _ = _irls(a2, y, recency, np.append(np.full(k, s), b), config.ridge, config.huber)
+    coef = np.append(np.full(k, s), b)
+    if n >= config.terms_after:  # stage 2: the terms, each pulled towards the common scale
+        a2 = np.hstack([x[:, :k], np.ones((n, 1))])
+        coef, _ = _irls(a2, y, recency, coef, config.ridge, config.huber)
     coef = _round(coef)
     return coef[:k], float(coef[k]), float(_round(np.array([s]))[0])
 
