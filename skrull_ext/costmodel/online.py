@@ -17,7 +17,9 @@ with recent ones weighted more (``half_life``: the load of a shared machine drif
 1. **Scale**: ``y_i ~= s p_i + b``.  Every term of the seed scaled alike; exact for the
    seed's own composition of the terms (the ring overlap is a ``max``, so a common factor
    passes through it), and well determined after two or three iterations.
-2. **Terms**: ``y_i ~= sum_j w_j f_i[j] + b`` with a ridge pulling every ``w_j`` towards
+2. **Terms** (once :attr:`RefitConfig.terms_after` iterations are in the window; until
+   then every ``w_j = s``, which keeps the seed's plan decisions):
+   ``y_i ~= sum_j w_j f_i[j] + b`` with a ridge pulling every ``w_j`` towards
    ``s`` (not towards the seed's 1: a seed a thousand times too fast would otherwise bias
    every prediction towards it).  A term moves away from the common scale only as far as
    the iterations' differing mixes of terms demand.
