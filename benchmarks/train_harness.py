@@ -224,7 +224,7 @@ def _worker(rank, world, store, out_path, argv, cases, repeats, warmup, breakdow
     from megatron.skrull.pretrain_gpt import setup
 
     cfg = parse_args(list(argv), world_size=world)
-    trainer, _, _ = setup(cfg, init_method=f"file://{store}")
+    trainer = setup(cfg, init_method=f"file://{store}")[0]
     timers = _Timers() if breakdown else None
     if timers:
         timers.install(trainer)
