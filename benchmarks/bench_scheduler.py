@@ -5,7 +5,9 @@ For each case (K samples, bucket) on DP=4, CP=8 with long-tail lengths (Pareto, 
 samples under 1K tokens, the longest capped at what the bucket holds) it times:
 
 * ``core``: ``skrull_ext._C.portfolio_schedule`` on precomputed cost arrays (GDS plus the
-  baselines' groupings, the default Skrull policy), conversion to Python lists included;
+  baselines' groupings and the local-search refinement with the default
+  ``--skrull-plan-budget-ms``, the default Skrull policy), conversion to Python lists
+  included;
 * ``schedule()``: the whole call (input checks, cost arrays, core, ``Plan`` building,
   ``Plan.validate()``, prediction and lower bound);
 * ``python``: the same ``schedule()`` on the pure-Python reference (small K only);
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -28,6 +31,7 @@ import numpy as np
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import _OBJECTIVE_CODES, SchedulerConfig, schedule
+from skrull_ext.scheduler.refine import budget_work
 
 DP, CP = 4, 8
 DEFAULT_CASES = ("256:26000", "4096:26000", "65536:26000", "16384:6000", "65536:6000")
@@ -86,7 +90,8 @@ def bench_case(k: int, bucket: int, args) -> dict:
            "runs": runs}
     row["core_ms"] = median_ms(lambda: ext.portfolio_schedule(
         lengths, costs, comm, latency, DP, CP, bucket, 2, cost_model.micro_batch_overhead, 3,
-        shares, objective=_OBJECTIVE_CODES[cost_model.objective]), runs)
+        shares, objective=_OBJECTIVE_CODES[cost_model.objective],
+        budget=budget_work(cfg.plan_budget_ms)), runs)
     row["schedule_ms"] = median_ms(lambda: schedule(lengths, cfg, cost_model, backend="cpp"),
                                    runs)
     if k <= args.python_max_k:
@@ -102,8 +107,9 @@ def bench_case(k: int, bucket: int, args) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"DP={DP} CP={CP}, long-tail lengths, default schedule() (portfolio, ring objective);"
-          " median wall ms")
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"DP={DP} CP={CP}, long-tail lengths, default schedule() (portfolio + refinement, "
+          f"ring objective); median wall ms; load average {load} on {os.cpu_count()} CPUs")
     head = (f"{'K':>6} {'bucket':>7} {'M/DP':>5} {'/bound':>7} {'core':>9} {'schedule()':>10} "
             f"{'ratio':>6} {'python':>9} {'megatron':>9}")
     print(head)
