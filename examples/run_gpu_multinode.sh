@@ -115,8 +115,10 @@ EVAL_AND_LOGGING_ARGS=(
     --tensorboard-dir "$TENSORBOARD_DIR"
 )
 
+# megatron.skrull.launch is torchrun (same flags, same elastic agent) that exits with the
+# failing rank's status (2 = bad input) and one error line instead of torchrun's report.
 CMD=(
-    "$PYTHON" -m torch.distributed.run "${DISTRIBUTED_ARGS[@]}"
+    "$PYTHON" -m megatron.skrull.launch "${DISTRIBUTED_ARGS[@]}"
     -m megatron.skrull.pretrain_gpt
     "${GPT_MODEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}"
     "${SKRULL_ARGS[@]}" "${DATA_ARGS[@]}" "${EVAL_AND_LOGGING_ARGS[@]}"

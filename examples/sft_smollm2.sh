@@ -54,8 +54,8 @@ else
   CKPT="$OUT/ckpt"
 fi
 rm -rf "$CKPT"
-TORCHRUN="$(dirname "$PY")/torchrun"
-OMP_NUM_THREADS=1 "$TORCHRUN" --standalone --nproc-per-node 2 -m megatron.skrull.pretrain_gpt \
+# torchrun's flags; exits with the failing rank's status and one error line.
+OMP_NUM_THREADS=1 "$PY" -m megatron.skrull.launch --standalone --nproc-per-node 2 -m megatron.skrull.pretrain_gpt \
   "${MODEL_FLAGS[@]}" --context-parallel-size 2 --seq-length "$SEQ" \
   --data-path "$OUT/chat" --tokenizer-type HFTokenizer --tokenizer-model "$MODEL" \
   --global-batch-size "$GBS" --lr "$LR" --lr-decay-style constant --train-iters "$ITERS" \

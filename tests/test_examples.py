@@ -31,7 +31,7 @@ def _env(**overrides):
     return env
 
 
-def _bash(script, env, timeout=120):
+def _bash(script, env, timeout=300):  # hang guard, not a timing claim
     return subprocess.run(["bash", os.path.join(ROOT, "examples", script)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -55,7 +55,7 @@ def _mark_installed(venv):
     """Records the install inputs' hash as a finished scripts/install.sh does."""
     proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "install.sh"), "--hash"],
                           env=_env(SKRULL_VENV=str(venv)), capture_output=True, text=True,
-                          timeout=30)
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     (venv / ".skrull-install-hash").write_text(proc.stdout)
 
@@ -64,16 +64,16 @@ def test_install_is_skipped_only_when_its_inputs_are_unchanged(tmp_path):
     venv = _fake_venv(tmp_path / "venv")
     env = _env(SKRULL_VENV=str(venv))
     script = os.path.join(ROOT, "scripts", "install.sh")
-    first = subprocess.run(["bash", script], env=env, capture_output=True, text=True, timeout=60)
+    first = subprocess.run(["bash", script], env=env, capture_output=True, text=True, timeout=180)
     # Not installed yet: step 1 runs and reaches pip (the fake refuses it).
     assert first.returncode == 97 and "== install [1/4" in first.stdout, first.stdout
     assert not (venv / ".skrull-install-hash").exists()
     _mark_installed(venv)
     second = subprocess.run(["bash", script], env=env, capture_output=True, text=True,
-                            timeout=60)
+                            timeout=180)
     assert second.returncode == 0 and "is up to date" in second.stdout, second.stdout
     (venv / ".skrull-install-hash").write_text("stale\n")  # e.g. csrc/ changed since
-    assert subprocess.run(["bash", script, "--check"], env=env, timeout=60).returncode == 1
+    assert subprocess.run(["bash", script, "--check"], env=env, timeout=180).returncode == 1
 
 
 def test_quickstart_and_cpu_demo_train_save_and_resume(tmp_path):
@@ -131,7 +131,7 @@ def test_quickstart_and_cpu_demo_train_save_and_resume(tmp_path):
 ])
 def test_cpu_demo_rejects_bad_settings_with_one_line(tmp_path, overrides, message):
     env = _env(**{"PYTHON": sys.executable, "RUN_DIR": str(tmp_path / "demo"), **overrides})
-    proc = _bash("run_cpu_demo.sh", env, timeout=30)
+    proc = _bash("run_cpu_demo.sh", env, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"run_cpu_demo.sh: error: {message}"), lines
@@ -151,7 +151,7 @@ def test_cpu_demo_checks_every_flag_before_touching_the_checkpoint(tmp_path, ove
     (run_dir / "ckpt" / "latest_checkpointed_iteration.txt").write_text("7")
     overrides = {k: v.format(tmp=tmp_path) for k, v in overrides.items()}
     env = _env(**{"PYTHON": sys.executable, "RUN_DIR": str(run_dir), **overrides})
-    proc = _bash("run_cpu_demo.sh", env, timeout=60)
+    proc = _bash("run_cpu_demo.sh", env, timeout=180)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "error:" in lines[0] and message in lines[0], lines
@@ -163,7 +163,7 @@ def _gpu_command(**overrides):
     env = _env(DRY_RUN="1", DATA_PATH="data/chatqa2",
                TOKENIZER_MODEL="Qwen2.5-0.5B/tokenizer.json", **overrides)
     proc = subprocess.run(["bash", GPU_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=30)
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     return shlex.split(proc.stdout)
 
@@ -174,7 +174,7 @@ def test_gpu_multinode_script_flags_parse(nnodes, gpus, dp):
 
     argv = _gpu_command(NNODES=str(nnodes), GPUS_PER_NODE=str(gpus), NODE_RANK="1",
                         MASTER_ADDR="node0", MASTER_PORT="29400")
-    assert argv[1:3] == ["-m", "torch.distributed.run"]
+    assert argv[1:3] == ["-m", "megatron.skrull.launch"]  # torchrun's flags
     launcher = torchrun_parse_args(argv[3:])
     assert (launcher.nnodes, launcher.node_rank, launcher.nproc_per_node) == (str(nnodes), 1, str(gpus))
     assert (launcher.rdzv_backend, launcher.rdzv_endpoint) == ("c10d", "node0:29400")
@@ -199,5 +199,5 @@ def test_gpu_multinode_script_needs_data_and_tokenizer():
     env = _env(DRY_RUN="1", TOKENIZER_MODEL="t.json")
     env.pop("DATA_PATH", None)
     proc = subprocess.run(["bash", GPU_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=30)
+                          timeout=120)
     assert proc.returncode != 0 and "set DATA_PATH" in proc.stderr

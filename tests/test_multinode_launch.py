@@ -1,4 +1,5 @@
-"""The multi-node launch path on one machine: two ``torchrun`` "nodes" of 2 processes each
+"""The multi-node launch path on one machine: two "nodes" of 2 processes each
+(``python -m megatron.skrull.launch``, torchrun with the failing rank's exit status)
 meet through a c10d rendezvous (world 4 = DP 2 x CP 2) and train the same losses as one
 process (float64, so the comparison is tight)."""
 from __future__ import annotations
@@ -59,7 +60,7 @@ def test_two_nodes_of_two_processes_match_one_process(tmp_path):
         for node_rank in (0, 1):
             log = tmp_path / f"node{node_rank}.log"
             logs.append(log)
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+            cmd = [sys.executable, "-m", "megatron.skrull.launch", "--nnodes", "2",
                    "--node-rank", str(node_rank), "--nproc-per-node", "2",
                    "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}",
                    "--rdzv-id", run_id, "--local-addr", "127.0.0.1",  # no hostname lookup

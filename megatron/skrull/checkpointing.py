@@ -36,6 +36,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from megatron.skrull import optimizer_state
 from megatron.skrull.cpu_compat import cpu_checkpoint_io, cuda_to_cpu
 
 logger = logging.getLogger(__name__)
@@ -202,9 +203,47 @@ def _init_mcore_state(optimizer) -> None:
             state.setdefault("step", torch.zeros((), dtype=torch.float32))
 
 
+def _distributed_optimizer_load(opt, state: dict) -> None:
+    """Loads one ``DistributedOptimizer``'s state, with its Adam ``step`` kept aside.
+
+    Without Apex or Transformer Engine, mcore (0.16) keeps torch Adam's per-parameter
+    ``step`` in the inner optimizer's state, but ``load_parameter_state_from_fully_
+    reshardable`` copies only the tensor states and then asks every inner state key
+    (``step`` included) of the source: a ``KeyError``.  Megatron-LM runs with TE or Apex
+    and never takes this path; here (and on any GPU install without them) we load the
+    non-tensor state, take ``step`` out while the tensors are copied, and put it back.
+    """
+    if state.get("param_state_sharding_type") != "fully_reshardable":
+        opt.load_state_dict(state)
+        return
+    param_state = state.pop("param_state")
+    del state["param_state_sharding_type"]
+    opt.load_state_dict(state)  # param groups, step, grad scaler
+    inner = opt.optimizer.state
+    steps = {p: s.pop("step") for p, s in inner.items() if "step" in s}
+    try:
+        opt.load_parameter_state_from_fully_reshardable(param_state)
+    finally:
+        # mcore hands every parameter the same ``step`` tensor; torch's Adam increments
+        # each parameter's ``step`` in place, so a shared one would count N times a step.
+        for p, step in steps.items():
+            inner[p]["step"] = step.clone()
+
+
 def _optimizer_load(optimizer, state: dict) -> None:
     if hasattr(optimizer, "sharded_state_dict"):
-        optimizer.load_state_dict(state)
+        chained = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+        if not any(hasattr(o, "load_parameter_state_from_fully_reshardable") for o in chained):
+            optimizer.load_state_dict(state)
+            return
+        parts = [state] if len(chained) == 1 else [v for _, v in sorted(state.items())]
+        for opt, part in zip(chained, parts):
+            if hasattr(opt, "load_parameter_state_from_fully_reshardable"):
+                _distributed_optimizer_load(opt, part)
+            else:
+                opt.load_state_dict(part)
+        if len(chained) > 1:
+            optimizer._synchronize_steps()
         return
     step = torch.tensor(float(state.pop("common_step")), dtype=torch.float32)
     for param_state in state["state"].values():
@@ -295,6 +334,29 @@ def _check_compatible(path: str, config: Optional[dict]) -> Optional[dict]:
     return saved.get("layout")
 
 
+def _single(optimizer):
+    chained = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    if len(chained) != 1:
+        raise CheckpointError("switching --use-distributed-optimizer on resume needs a single "
+                              "optimizer; resume with the setting the checkpoint was saved with")
+    return chained[0]
+
+
+def _other_optimizer_kind(path: str, optimizer, request: dict) -> Optional[dict]:
+    """The checkpoint's optimizer common part if it was saved by the other optimizer kind
+    (distributed vs plain); the request is then aliased to the checkpoint's tensor keys."""
+    if "optimizer" not in request or not hasattr(optimizer, "sharded_state_dict"):
+        return None
+    common = optimizer_state.saved_common(path)
+    if not common or (optimizer_state.saved_is_distributed(common)
+                      == optimizer_state.is_distributed(optimizer)):
+        return None
+    from megatron.core.dist_checkpointing import load_tensors_metadata
+
+    optimizer_state.alias_missing_keys(request["optimizer"], load_tensors_metadata(path))
+    return common
+
+
 def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
               opts: LoadOptions) -> int:
     from megatron.core import dist_checkpointing
@@ -303,6 +365,7 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
     with cpu_checkpoint_io(meta.device), cuda_to_cpu(meta.device):
         layout = _check_compatible(path, config)
         request = _state(trainer, meta, config, is_loading=True, opts=opts, saved_layout=layout)
+        other_kind = _other_optimizer_kind(path, trainer.optimizer, request)
         try:
             loaded = dist_checkpointing.load(request, path)
         except CheckpointingException as exc:
@@ -314,8 +377,11 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
     if opts.finetune:
         return 0
     if "optimizer" in loaded:
+        state = loaded["optimizer"]
+        if other_kind is not None:  # saved with the distributed optimizer on, now off (or back)
+            state = optimizer_state.convert(_single(trainer.optimizer), state, other_kind)
         with cuda_to_cpu(meta.device):
-            _optimizer_load(trainer.optimizer, loaded["optimizer"])
+            _optimizer_load(trainer.optimizer, state)
     trainer.sampler.load_state_dict(loaded["data"])
     trainer.iteration = int(loaded["iteration"])  # (moves a stateful LR schedule along)
     if "opt_param_scheduler" in loaded:  # then the saved schedule state wins
