@@ -108,3 +108,20 @@ def test_plan_budget_rejects_bad_values():
     for bad in (-1.0, float("nan"), float("inf"), "1", True):
         with pytest.raises(ScheduleInputError, match="--skrull-plan-budget-ms"):
             SchedulerConfig(dp_size=1, cp_size=1, bucket_size=8, plan_budget_ms=bad)
+
+
+def test_launcher_flag_reaches_the_scheduler(capsys):
+    """--skrull-plan-budget-ms -> RunConfig -> the run's SchedulerConfig; a bad value is
+    one clear error line, exit 2."""
+    from megatron.skrull.arguments import parse_args
+    from megatron.skrull.batch_schedule import make_batch_scheduler
+    from mcore_helpers import TINY_FLAGS, tiny_config
+
+    cfg = tiny_config(["--skrull-plan-budget-ms", "0.25"])
+    assert cfg.skrull.plan_budget_ms == 0.25
+    assert make_batch_scheduler(cfg, 256).config.plan_budget_ms == 0.25
+    assert tiny_config().skrull.plan_budget_ms == SchedulerConfig.plan_budget_ms
+    with pytest.raises(SystemExit) as info:
+        parse_args(TINY_FLAGS + ["--skrull-plan-budget-ms", "-1"])
+    assert info.value.code == 2
+    assert "--skrull-plan-budget-ms" in capsys.readouterr().err
