@@ -44,9 +44,11 @@ def build(args, prefix):
     """``(argv, batches, plans)``: the run's flags, global batches and each policy's plans."""
     from megatron.skrull.batch_schedule import make_batch_scheduler
 
+    extra = ["--skrull-cost-model-config", args.cost_model_config] \
+        if args.cost_model_config else []
     argv = th.model_argv(**th.MODELS[args.model], seq_length=SEQ_LENGTH,
                          global_batch=args.global_batch_size, bucket=args.bucket, cp=2,
-                         data_path=prefix)
+                         data_path=prefix, extra=extra)
     cfg, source, vocab = th.load_run(argv, 2)
     batches = th.global_batches(source, args.global_batch_size, args.seed,
                                 args.warmup + args.iters)
@@ -103,14 +105,16 @@ def print_tables(rows, plans, first):
         for p, r in rows.items():
             print(f"{p:11} " + " ".join(f"{r['split'][k]:10.2f}" for k in th.PARTS)
                   + f" {sum(r['split'].values()):8.2f}")
-    print("\nper iteration (ms):")
-    print(f"{'iter':>4} {'tokens':>6} {'max len':>7} " + " ".join(f"{p:>11}" for p in rows)
+    print("\nper iteration, measured / predicted (ms):")
+    print(f"{'iter':>4} {'tokens':>6} {'max len':>7} " + " ".join(f"{p:>15}" for p in rows)
           + f"  {ref} local / mbs")
     for i in sorted(rows[ref]["per_iter"]):
         plan = plans[ref][i]
+        cells = [f"{1e3 * rows[p]['per_iter'][i]:7.0f}/"
+                 f"{1e3 * plans[p][i].predicted['iteration_time']:<7.0f}" for p in rows]
         print(f"{i:4d} {int(plan.lengths.sum()):6d} {int(plan.lengths.max()):7d} "
-              + " ".join(f"{1e3 * rows[p]['per_iter'][i]:11.0f}" for p in rows)
-              + f"  {100 * plan.local_token_share():4.0f}% / {plan.num_micro_batches}")
+              + " ".join(cells) + f"  {100 * plan.local_token_share():4.0f}% / "
+              f"{plan.num_micro_batches}")
 
 
 def main(argv=None):
@@ -127,11 +131,16 @@ def main(argv=None):
                     choices=["skrull", "all-cp", "per-seq-cp", "sorted", "hybrid-cp", "kk"],
                     help="schedulers to compare (the first one is the reference; default: "
                          "%(default)s)")
+    ap.add_argument("--cost-model-config",
+                    help="--skrull-cost-model-config for every policy's planning (a file "
+                         "fitted to this machine by calibrate_training_cpu.py "
+                         "--cost-model-config; default: the built-in cpu preset)")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the time split timers")
     ap.add_argument("--data-dir", help="where the corpus goes (default: a temporary dir)")
     ap.add_argument("--json", help="also write every run's times and split here")
     args = ap.parse_args(argv)
     t0 = time.time()
+    load0 = " ".join(f"{x:.1f}" for x in os.getloadavg())
     with tempfile.TemporaryDirectory() as tmp:
         prefix = th.make_corpus(args.data_dir or tmp, seq_length=SEQ_LENGTH)
         run_argv, batches, plans = build(args, prefix)
@@ -146,7 +155,9 @@ def main(argv=None):
     print(f"model {spec}, seq {SEQ_LENGTH}, global batch {args.global_batch_size}, bucket "
           f"{args.bucket}, CP 2 x DP 1 (2 processes, 1 thread each), sampler seed {args.seed}; "
           f"{args.iters} measured iterations after {args.warmup} warm-up, each run "
-          f"{args.repeats}x (median); {time.time() - t0:.0f} s")
+          f"{args.repeats}x (median); {time.time() - t0:.0f} s; cost model "
+          f"{args.cost_model_config or 'cpu preset'}; load average (1/5/15 min) at start "
+          f"{load0}, at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     rows = summarize(order, times, parts, plans, args.warmup)
     print_tables(rows, plans, args.warmup)
     if args.json:

@@ -7,10 +7,13 @@ iteration, and measures:
 * static bytes from the real tensors -- parameters, gradients, main parameters (optimizer
   copies that are not the model's tensors) and optimizer state -- counting each storage once
   (DDP buffers and views are not double counted);
-* activation bytes per token: the bytes autograd saves for backward over one iteration
-  (``torch.autograd.graph.saved_tensors_hooks``, unique storages), divided by its tokens.
+* activation bytes per token: the peak bytes autograd holds for backward over the forward
+  and backward of one micro-batch (``torch.autograd.graph.saved_tensors_hooks``, live
+  storages, recomputed tensors included), divided by its tokens.
 
-Next to them: :class:`skrull_ext.costmodel.memory.TrainingMemory`'s prediction.  Settings
+Next to them: :class:`skrull_ext.costmodel.memory.TrainingMemory`'s prediction.  Two-process
+settings (DP 2 for the distributed optimizer, TP 2 with and without sequence parallelism)
+report rank 0.  Settings
 whose flags the launcher does not accept are reported as skipped.
 
     PYTHONPATH=. python benchmarks/bench_memory.py [--json out.json]
@@ -34,16 +37,22 @@ TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
         "--lr", "3e-3", "--train-iters", "1", "--skrull-bucket-size", "512", "--device", "cpu",
         "--mock-num-samples", "64"]
 
-# name, extra launcher flags, TrainingMemory fields
+# name, processes (data-parallel ranks), extra launcher flags, TrainingMemory fields
 SETTINGS = [
-    ("fp32", [], dict(precision="fp32")),
-    ("fp32 + distributed optimizer", ["--use-distributed-optimizer"],
+    ("fp32", 1, [], dict(precision="fp32")),
+    ("fp32, DP 2 + distributed optimizer", 2, ["--use-distributed-optimizer"],
      dict(precision="fp32", distributed_optimizer=True)),
-    ("bf16 + distributed optimizer", ["--bf16", "--use-distributed-optimizer"],
+    ("bf16, DP 2 + distributed optimizer", 2, ["--bf16", "--use-distributed-optimizer"],
      dict(precision="bf16", distributed_optimizer=True)),
-    ("fp32 + full recompute", ["--recompute-granularity", "full", "--recompute-method",
-                               "uniform", "--recompute-num-layers", "1"],
+    ("fp32 + full recompute", 1, ["--recompute-granularity", "full", "--recompute-method",
+                                  "uniform", "--recompute-num-layers", "1"],
      dict(precision="fp32", recompute="full")),
+    ("fp32 + selective recompute", 1, ["--recompute-granularity", "selective"],
+     dict(precision="fp32", recompute="selective")),
+    ("fp32, TP 2", 2, ["--tensor-model-parallel-size", "2"], dict(precision="fp32", tp_size=2)),
+    ("fp32, TP 2 + sequence parallel", 2, ["--tensor-model-parallel-size", "2",
+                                           "--sequence-parallel"],
+     dict(precision="fp32", tp_size=2, sequence_parallel=True)),
 ]
 
 
@@ -84,24 +93,87 @@ def measure_static(trainer) -> dict[str, int]:
             "main_params": sum(main.values()), "optimizer_state": sum(state.values())}
 
 
-def measure_activations(trainer) -> tuple[int, int]:
-    """(bytes autograd saved for backward over one iteration's forwards, its tokens).
+class SavedTensorPeak:
+    """Peak bytes autograd holds for backward (``saved_tensors_hooks``), live accounting.
 
-    One process holds every token of the global batch; saved tensors of the micro-batches
-    are summed (each is freed by its backward), so this is bytes per token processed.
+    Every saved tensor is packed into a handle the autograd graph owns; the handle counts
+    its storage while it lives (each storage once, however many tensors view it) and the
+    graph drops it once backward has used it.  Activation recompute saves its layer inputs
+    in forward and the recomputed layer's tensors during backward: both are counted, so
+    ``peak`` is the most saved-for-backward memory alive at one time.
+
+    Args:
+        exclude: Storage pointers not to count (the parameters: saved, never allocated).
     """
-    saved: dict[int, int] = {}
-    alive = []  # held so a freed storage's address is not reused by a later micro-batch
 
-    def pack(t):
-        alive.append(t)
-        saved.update(_storages([t]))
-        return t
+    def __init__(self, exclude=()):
+        self.exclude, self.live, self.refs = set(exclude), 0, {}
+        self.peak = 0
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        stats = trainer.train_step()
-    params = _storages(p for p in trainer.model.parameters())
-    return sum(v for k, v in saved.items() if k not in params), int(stats.tokens)
+    def _add(self, t: torch.Tensor) -> Optional[int]:
+        if not t.numel():
+            return None
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key in self.exclude:
+            return None
+        count, nbytes = self.refs.get(key, (0, storage.nbytes()))
+        if count == 0:
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+        self.refs[key] = (count + 1, nbytes)
+        return key
+
+    def _drop(self, key: int) -> None:
+        count, nbytes = self.refs[key]
+        if count == 1:
+            del self.refs[key]
+            self.live -= nbytes
+        else:
+            self.refs[key] = (count - 1, nbytes)
+
+    def hooks(self):
+        tracker = self
+
+        class Handle:
+            def __init__(self, t):
+                self.t, self.key = t, tracker._add(t)
+
+            def __del__(self):
+                if self.key is not None:
+                    tracker._drop(self.key)
+
+        return torch.autograd.graph.saved_tensors_hooks(Handle, lambda h: h.t)
+
+
+def largest_micro_batch(trainer):
+    """This rank's inputs of the next global batch's largest micro-batch."""
+    from megatron.skrull.micro_batch import materialize
+
+    ids, plan = trainer.next_plan()
+    inputs = [materialize(trainer.source, ids, plan, mb, trainer.groups, trainer.device)
+              for mb in plan.dp_ranks[trainer.groups.dp_rank]]
+    return max((x for x in inputs if x is not None), key=lambda x: x.input_ids.shape[1])
+
+
+def measure_activations(trainer) -> tuple[int, int]:
+    """(peak saved-for-backward bytes of one micro-batch's forward + backward, its tokens).
+
+    The micro-batch is the largest of the next global batch; forward and backward run as
+    in training (the launcher's model, its recompute setting), under :class:`SavedTensorPeak`.
+    """
+    from megatron.skrull.cpu_compat import cuda_to_cpu
+    from megatron.skrull.micro_batch import pad_micro_batch
+
+    inputs = pad_micro_batch(largest_micro_batch(trainer), trainer.pad_multiple)
+    tracker = SavedTensorPeak(_storages(trainer.model.parameters()))
+    trainer.model.train()
+    with cuda_to_cpu(trainer.device), tracker.hooks():
+        losses = trainer.model(inputs.input_ids, inputs.position_ids, None,
+                               labels=inputs.labels,
+                               packed_seq_params=inputs.packed_seq_params)
+        (losses * inputs.loss_mask).sum().backward()
+    return tracker.peak, int(inputs.input_ids.shape[1])
 
 
 def spec_of(cfg, vocab: int):
@@ -117,7 +189,8 @@ def spec_of(cfg, vocab: int):
 
 
 def run_setting(flags: list[str], fields: dict[str, Any]) -> Optional[dict[str, Any]]:
-    """Measures one setting in this (single) process; ``None`` if the launcher rejects it."""
+    """Measures one setting on this rank (the default process group's world is the DP
+    size); ``None`` if the launcher rejects the flags."""
     from megatron.core import parallel_state
     from megatron.skrull.arguments import ConfigError, parse_args
     from megatron.skrull.cpu_compat import apply_cpu_compat
@@ -126,12 +199,12 @@ def run_setting(flags: list[str], fields: dict[str, Any]) -> Optional[dict[str, 
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage text
-            cfg = parse_args(TINY + flags)
+            cfg = parse_args(TINY + flags, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     except (ConfigError, SystemExit):
         return None
     device = torch.device("cpu")
     apply_cpu_compat(device)
-    init_distributed(device)
+    init_distributed(device, init_method=os.environ.get("BENCH_INIT_METHOD"))
     parallel_state.destroy_model_parallel()
     init_model_parallel(cfg, device)
     trainer = build_trainer(cfg, device)
@@ -142,11 +215,31 @@ def run_setting(flags: list[str], fields: dict[str, Any]) -> Optional[dict[str, 
     while hasattr(model, "module"):  # mcore DDP / Float16Module
         model = model.module
     vocab = model.vocab_size
-    mem = TrainingMemory(dp_cp_size=1, **fields)
+    mem = TrainingMemory(dp_cp_size=cfg.parallel.dp_size, **fields)
     spec = spec_of(cfg, vocab)
     return {"measured": {**static, "activation_bytes_per_token": act / tokens},
             "predicted": {**mem.static_breakdown(spec),
                           "activation_bytes_per_token": mem.activation_bytes_per_token(spec)}}
+
+
+def _rank_main(rank: int, world: int, store: str, out: str, flags, fields) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world),
+                      BENCH_INIT_METHOD=f"file://{store}")
+    torch.set_num_threads(1)
+    result = run_setting(flags, fields)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
+
+
+def run_spawned(world: int, flags: list[str], fields: dict[str, Any]) -> Optional[dict]:
+    """:func:`run_setting` on ``world`` fresh processes (gloo, file store); rank 0's result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        torch.multiprocessing.spawn(_rank_main, nprocs=world, join=True,
+                                    args=(world, os.path.join(tmp, "store"), out, flags, fields))
+        with open(out) as f:
+            return json.load(f)
 
 
 def table(results: dict[str, Optional[dict]]) -> str:
@@ -168,7 +261,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    results = {name: run_setting(flags, fields) for name, flags, fields in SETTINGS}
+    results = {name: run_spawned(world, flags, fields)
+               for name, world, flags, fields in SETTINGS}
     print(table(results))
     if args.json:
         with open(args.json, "w") as f:

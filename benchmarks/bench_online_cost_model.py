@@ -48,12 +48,18 @@ def run_demo(seed: str, online: bool, iters: int, run_dir: str) -> list[tuple[in
     return [(int(m[1]), float(m[2]), float(m[3])) for m in LINE.finditer(proc.stdout)]
 
 
+def _load() -> str:
+    """The 1/5/15-minute load averages (timings on a shared machine need them)."""
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=12)
     ap.add_argument("--settle", type=int, default=4, help="iterations before the summary")
-    ap.add_argument("--seeds", nargs="+", default=["cpu", "h100"], choices=sorted(SEEDS))
+    ap.add_argument("--seeds", nargs="+", default=["cpu", "h100", "file"], choices=sorted(SEEDS))
     args = ap.parse_args(argv)
+    print(f"load average at start: {_load()}")
     summary = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
@@ -69,7 +75,8 @@ def main(argv=None) -> int:
             errs = {on: np.median([abs(p / m - 1) for i, m, p in r if i > args.settle])
                     for on, r in rows.items()}
             summary.append((seed, errs[False], errs[True]))
-    print("\nmedian |predicted / measured - 1| after iteration", args.settle)
+    print(f"\nload average at the end: {_load()}")
+    print("median |predicted / measured - 1| after iteration", args.settle)
     for seed, off, on in summary:
         print(f"  seed {seed:5s}: online off {off:7.1%} | online on {on:6.1%}")
     return 0

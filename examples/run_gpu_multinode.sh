@@ -103,12 +103,15 @@ SKRULL_ARGS=(
 
 DATA_ARGS=(
     --data-path "$DATA_PATH"
+    --split 98,2,0                  # 2% held out for the validation loss
     --tokenizer-type HFTokenizer
     --tokenizer-model "$TOKENIZER_MODEL"
 )
 
 EVAL_AND_LOGGING_ARGS=(
     --log-interval 1
+    --eval-interval 200
+    --eval-iters 10
     --save-interval 200
     --save "$CHECKPOINT_PATH"
     --load "$CHECKPOINT_PATH"

@@ -256,6 +256,8 @@ PRETRAIN_ROWS = [
     (["--mock-data", "--context-parallel-size", "2"], ["--context-parallel-size"]),
     (["--mock-data", "--skrull-bucket-size", "1", "--context-parallel-size", "1"],
      ["--skrull-bucket-size"]),
+    (["--mock-data", "--split", "90,x"], ["--split '90,x'", "e.g. --split 969,30,1"]),
+    (["--mock-data", "--eval-interval", "0"], ["--eval-interval must be >= 1"]),
 ]
 
 
@@ -328,6 +330,24 @@ def test_pretrain_gpt_direct_rejects_a_token_outside_the_vocabulary(tmp_path, da
     assert_reported(proc.returncode, proc.stderr, 2, "outside the dataset's vocabulary",
                     "preprocess_sft.py", max_lines=1)
     assert "UserWarning" not in proc.stderr  # Megatron's TE/Apex notices are filtered
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--mock-data", "--eval-iters", "2"],
+     ["there is no validation set", "--split", "--eval-iters 0"]),
+    (["--data-path", "DATA", "--valid-data-path", "MISSING"],
+     ["--valid-data-path", "no dataset at this prefix", "--output-prefix"]),
+])
+def test_pretrain_gpt_validation_without_a_validation_set(tmp_path, dataset, argv, needles):
+    import subprocess
+    import sys
+
+    argv = [dataset if a == "DATA" else str(tmp_path / a) if a == "MISSING" else a
+            for a in argv]
+    proc = subprocess.run([sys.executable, "-m", "megatron.skrull.pretrain_gpt", *TINY,
+                           "--train-iters", "2", *argv], env=_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert_reported(proc.returncode, proc.stderr, 2, *needles, max_lines=1)
 
 
 def _child_with_rank(parent_pid, rank):

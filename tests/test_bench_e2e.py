@@ -22,10 +22,12 @@ def test_bench_e2e_cpu_runs_and_splits_time(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_e2e_cpu.py"), "--iters", "1",
            "--warmup", "0", "--repeats", "1", "--model", "h128", "--seed", "3",
            "--global-batch-size", "8", "--data-dir", str(tmp_path), "--json", str(out),
-           "--policies", "skrull", "all-cp", "per-seq-cp", "hybrid-cp"]
+           "--policies", "skrull", "all-cp", "per-seq-cp", "hybrid-cp",
+           "--cost-model-config", os.path.join(ROOT, "examples", "configs",
+                                               "tiny_cpu_cost_model.json")]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "time split" in proc.stdout
+    assert "time split" in proc.stdout and "tiny_cpu_cost_model.json; load average" in proc.stdout
     summary = json.loads(out.read_text())["summary"]
     assert list(summary) == ["skrull", "all-cp", "per-seq-cp", "hybrid-cp"]
     for policy, row in summary.items():

@@ -55,7 +55,6 @@ def test_valid_flags_build_a_frozen_config():
     (["--use-distributed-optimizer"], 1, ["nothing to shard", "DP x CP = 1"]),
     (["--overlap-param-gather", "--context-parallel-size", "2"], 2,
      ["--use-distributed-optimizer"]),
-    (["--sequence-parallel", "--tensor-model-parallel-size", "2"], 2, ["--sequence-parallel"]),
     (["--attention-dropout", "0.1"], 1, ["--attention-dropout 0"]),
 ])
 def test_each_bad_flag_gives_one_clear_message(extra, world, needles):
@@ -99,3 +98,16 @@ def test_conflicting_precision_exits_2_with_one_line(capsys):
     assert main(TINY_FLAGS + ["--bf16", "--fp64"]) == 2
     errors = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
     assert len(errors) == 1 and "pick one precision" in errors[0]
+
+
+def test_sequence_parallel_needs_tensor_parallelism():
+    # Megatron disables --sequence-parallel at TP 1 (the launcher logs a warning).
+    assert tiny_sp(["--tensor-model-parallel-size", "2"], 2).sequence_parallel_active
+    off = tiny_sp([], 1)
+    assert off.sequence_parallel and not off.sequence_parallel_active
+
+
+def tiny_sp(extra, world):
+    from mcore_helpers import tiny_config
+
+    return tiny_config(["--sequence-parallel", *extra], world_size=world)

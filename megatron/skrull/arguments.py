@@ -223,11 +223,26 @@ class DataArgs:
     tokenizer_model: Optional[str] = None
     mock_data: bool = False
     mock_num_samples: int = 4096
+    split: Optional[str] = None  # train,validation,test weights over the data (Megatron's)
+    valid_data_path: tuple[str, ...] = ()  # a separate validation dataset (one prefix)
 
     def __post_init__(self) -> None:
         p = []
         if self.data_path and self.mock_data:
             p.append("--data-path and --mock-data are exclusive; drop one of them")
+        if self.split is not None:
+            from megatron.skrull.samples import parse_split
+
+            try:
+                parse_split(self.split)
+            except ValueError as exc:
+                p.append(str(exc))
+        if self.valid_data_path and self.use_mock:
+            p.append("--valid-data-path needs --data-path (the training data it was tokenized "
+                     "like); with --mock-data use --split to hold out validation samples")
+        elif len(self.valid_data_path) > 1:
+            p.append(f"--valid-data-path takes one dataset prefix, got "
+                     f"{len(self.valid_data_path)}; preprocess the validation data into one")
         if self.mock_num_samples < 1:
             p.append(f"--mock-num-samples must be >= 1, got {self.mock_num_samples}")
         _raise_if(p)
@@ -276,6 +291,38 @@ class CheckpointArgs:
         if self.save_interval is not None and not self.save:
             p.append("--save-interval needs --save DIR to write checkpoints to")
         _raise_if(p)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ValidationArgs:
+    """``--eval-interval`` / ``--eval-iters`` (Megatron's; megatron/skrull/evaluation.py).
+
+    ``eval_iters`` ``None`` means Megatron's default, 100, used only when a validation set
+    exists; an explicit value (or ``--eval-interval``) without one is an error at start-up.
+    """
+
+    eval_interval: Optional[int] = None
+    eval_iters: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        p = []
+        if self.eval_interval is not None and self.eval_interval < 1:
+            p.append(f"--eval-interval must be >= 1 (iterations between validations), got "
+                     f"{self.eval_interval}; drop it to validate only at the end")
+        if self.eval_iters is not None and self.eval_iters < 0:
+            p.append(f"--eval-iters must be >= 0 (0 turns validation off), got "
+                     f"{self.eval_iters}")
+        _raise_if(p)
+
+    @property
+    def iters(self) -> int:
+        """Validation global batches per evaluation (Megatron's default 100)."""
+        return 100 if self.eval_iters is None else self.eval_iters
+
+    @property
+    def requested(self) -> bool:
+        """The user asked for validation (so a missing validation set is an error)."""
+        return self.eval_interval is not None or bool(self.eval_iters)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -342,6 +389,7 @@ class RunConfig:
     recompute: RecomputeArgs = RecomputeArgs()
     micro_batch_size: int = 1
     exit_interval: Optional[int] = None
+    validation: ValidationArgs = ValidationArgs()
 
     @property
     def params_dtype(self) -> "torch.dtype":
@@ -351,6 +399,12 @@ class RunConfig:
         if self.fp64:
             return torch.float64
         return torch.bfloat16 if self.bf16 else torch.float16 if self.fp16 else torch.float32
+
+    @property
+    def sequence_parallel_active(self) -> bool:
+        """``--sequence-parallel`` with TP > 1; at TP = 1 Megatron disables it (with a
+        warning, which the launcher logs) and so do we."""
+        return self.sequence_parallel and self.parallel.tensor_model_parallel_size > 1
 
     def __post_init__(self) -> None:
         _raise_if(cross_problems(self))
@@ -399,11 +453,6 @@ def cross_problems(cfg: RunConfig) -> list[str]:
     if cfg.exit_interval is not None and cfg.exit_interval < 1:
         p.append(f"--exit-interval must be >= 1, got {cfg.exit_interval}")
     p.extend(_recompute_problems(cfg.recompute, m.num_layers))
-    if cfg.sequence_parallel:
-        # Sequence parallelism splits the packed stream over TP ranks before attention;
-        # the DACP layout and RoPE table are per CP rank's whole stream, not per TP slice.
-        p.append("--sequence-parallel is not supported with DACP attention (the packed "
-                 "per-rank stream is not split over TP ranks); drop the flag")
     if cfg.optim.use_distributed_optimizer and cfg.parallel.dp_size * cp == 1:
         p.append("--use-distributed-optimizer has nothing to shard over with DP x CP = 1; "
                  "drop the flag or launch more data/context-parallel ranks")
@@ -457,7 +506,10 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                    initial_loss_scale=ns.initial_loss_scale)
     data = _group(DataArgs, p, data_path=tuple(ns.data_path),
                   tokenizer_type=ns.tokenizer_type, tokenizer_model=ns.tokenizer_model,
-                  mock_data=ns.mock_data, mock_num_samples=ns.mock_num_samples)
+                  mock_data=ns.mock_data, mock_num_samples=ns.mock_num_samples,
+                  split=ns.split, valid_data_path=tuple(ns.valid_data_path or ()))
+    validation = _group(ValidationArgs, p, eval_interval=ns.eval_interval,
+                        eval_iters=ns.eval_iters)
     skrull = _group(SkrullArgs, p, bucket_size=ns.skrull_bucket_size,
                     scheduler=ns.skrull_scheduler, hardware=ns.skrull_hardware,
                     objective=ns.skrull_objective,
@@ -482,7 +534,8 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                      recompute=RecomputeArgs(recompute_granularity=ns.recompute_granularity,
                                              recompute_method=ns.recompute_method,
                                              recompute_num_layers=ns.recompute_num_layers),
-                     micro_batch_size=ns.micro_batch_size, exit_interval=ns.exit_interval)
+                     micro_batch_size=ns.micro_batch_size, exit_interval=ns.exit_interval,
+                     validation=validation)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None, world_size: int = 1) -> RunConfig:

@@ -27,7 +27,7 @@ import numpy as np
 from skrull_ext.costmodel.model import CommModel, CostModel, ModelSpec
 from skrull_ext.costmodel.hardware import get_hardware
 from skrull_ext.scheduler.plan import Plan
-from skrull_ext.costmodel.online import TERMS, OnlineRefit
+from skrull_ext.costmodel.online import FEATURES, OnlineRefit
 from skrull_ext.scheduler import SchedulerConfig, predict, schedule
 
 from megatron.skrull.arguments import RunConfig
@@ -124,11 +124,12 @@ class BatchScheduler:
         return plan
 
     def term_seconds(self, plan: Plan) -> np.ndarray:
-        """``[len(TERMS)]`` predicted seconds of ``plan`` per seed term (refit regressors)."""
+        """``[len(FEATURES)]`` predicted seconds of ``plan`` per seed term, then the seed's
+        whole prediction without its fixed overhead (the refit's regressors)."""
         if self.refit is None:
             raise ValueError("term_seconds needs online=True")
         return np.array([predict(plan, self.refit.terms[name])["iteration_time"]
-                         for name in TERMS])
+                         for name in FEATURES])
 
     def observe(self, plan: Plan, measured_seconds: float) -> Optional[float]:
         """Feeds one measured iteration to the online refit (no-op when off).

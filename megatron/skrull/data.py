@@ -38,6 +38,11 @@ class DatasetFormatError(ValueError):
     """A preprocessed dataset is incomplete, corrupt or inconsistent."""
 
 
+def _tokenizer_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Keys of the tokenizer identity on which two descriptions differ."""
+    return [k for k in ("type", "vocab_size", "eod", "pad", "bos") if a.get(k) != b.get(k)]
+
+
 class SFTExample(NamedTuple):
     """One training sample; every field has shape ``[L]``.
 
@@ -230,8 +235,7 @@ class SFTDataset(torch.utils.data.Dataset):
         """
         stored = self.metadata["tokenizer"]
         mine = stored if tokenizer is None else tokenizer.describe()
-        keys = ("type", "vocab_size", "eod", "pad", "bos")
-        diff = [k for k in keys if stored.get(k) != mine.get(k)]
+        diff = _tokenizer_diff(stored, mine)
         if diff:
             raise DatasetFormatError(
                 f"{self.path_prefix}.json: dataset was tokenized with {stored} but the run uses "
@@ -266,6 +270,90 @@ def load_sft_dataset(data_path: str | Sequence[str], *, tokenizer: Optional[SFTT
     if tokenizer is not None or seq_length is not None:
         dataset.check_tokenizer(tokenizer, seq_length)
     return dataset
+
+
+class SampleSources(NamedTuple):
+    """The run's data: the training source and the validation source (``None``: none).
+
+    Attributes:
+        train: What the training sampler draws from.
+        valid: The validation set (maybe empty: ``--split`` with a zero validation part).
+        valid_origin: Where ``valid`` comes from, for messages (``--split ...`` or
+            ``--valid-data-path ...``; empty when there is no validation set).
+    """
+
+    train: Any
+    valid: Optional[Any]
+    valid_origin: str = ""
+
+
+def build_sample_sources(cfg: Any) -> SampleSources:
+    """``--mock-data`` or ``--data-path``, cut by ``--split``, plus ``--valid-data-path``.
+
+    Without ``--split`` every sample of the data trains (no validation part) and the
+    training source is the dataset itself; with it, the train and validation parts are
+    Megatron's contiguous ranges (:func:`megatron.skrull.samples.split_ranges`; the test
+    part is held out).  ``--valid-data-path`` replaces the validation part and must be
+    tokenized like the training data.
+
+    Args:
+        cfg: The :class:`megatron.skrull.arguments.RunConfig`.
+
+    Raises:
+        ValueError, DatasetFormatError: Unusable data or flags (message names the fix).
+    """
+    from megatron.skrull import samples
+    from megatron.skrull.tokenizer import build_tokenizer
+
+    d = cfg.data
+    tokenizer = None
+    if not d.use_mock and (d.tokenizer_type or d.tokenizer_model):
+        tokenizer = build_tokenizer(d.tokenizer_type, d.tokenizer_model)
+    if d.use_mock:
+        base = samples.SyntheticSFTSource(d.mock_num_samples, cfg.seq_length,
+                                          vocab_size=cfg.model.vocab_size or 64,
+                                          seed=cfg.optim.seed)
+    else:
+        base = samples.DatasetSource(load_sft_dataset(list(d.data_path), tokenizer=tokenizer,
+                                                      seq_length=cfg.seq_length))
+    train, valid, origin = base, None, ""
+    if d.split is not None:
+        what = "--mock-data" if d.use_mock else f"--data-path {' '.join(d.data_path)}"
+        parts = [samples.SubsetSource(base, np.arange(lo, hi),
+                                      f"{name} part [{lo}, {hi}) of the {len(base)} samples "
+                                      f"of {what} (--split {d.split})")
+                 for name, (lo, hi) in zip(samples.SPLIT_NAMES,
+                                           samples.split_ranges(len(base),
+                                                                samples.parse_split(d.split)))]
+        train, valid, origin = parts[0], parts[1], parts[1].description
+    if d.valid_data_path:
+        path = d.valid_data_path[0]
+        valid = _validation_dataset(path, base, tokenizer, cfg.seq_length)
+        origin = f"--valid-data-path {path}"
+    return SampleSources(train, valid, origin)
+
+
+def _validation_dataset(path: str, train: Any, tokenizer: Optional[SFTTokenizer],
+                        seq_length: int):
+    """``--valid-data-path``: opened, checked, tokenized like the training data."""
+    from megatron.skrull.samples import DatasetSource
+
+    if not any(os.path.exists(f) for f in dataset_paths(path).values()):
+        raise DatasetFormatError(f"--valid-data-path {path}: no dataset at this prefix "
+                                 f"({path}.bin/.idx/.json do not exist); give the "
+                                 "--output-prefix written by tools/preprocess_sft.py")
+    try:
+        dataset = load_sft_dataset(path, tokenizer=tokenizer, seq_length=seq_length)
+    except (DatasetFormatError, ValueError) as exc:
+        raise DatasetFormatError(f"--valid-data-path: {exc}") from None
+    stored = dataset.tokenizer_description
+    mine = train.dataset.tokenizer_description
+    diff = _tokenizer_diff(stored, mine)
+    if diff:
+        raise DatasetFormatError(
+            f"--valid-data-path {path} was tokenized with {stored} but --data-path with {mine} "
+            f"(differs in {', '.join(diff)}); preprocess both with the same tokenizer")
+    return DatasetSource(dataset)
 
 
 class GlobalBatchSampler:
@@ -369,7 +457,7 @@ class GlobalBatchSampler:
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(f"sampler state has {key}={state[key]!r} but this run has "
                                  f"{getattr(self, key)!r}; resume with the same --data-path, "
-                                 "--global-batch-size and --seed")
+                                 "--split, --global-batch-size and --seed")
         if "iteration" in state:
             iteration = int(state["iteration"])
         else:

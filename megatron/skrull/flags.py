@@ -65,7 +65,8 @@ def _parallel_flags(ap: argparse.ArgumentParser) -> None:
                    help="1F1B pipeline stages (docs/training.md, pipeline parallelism)")
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int,
                    help="interleaved pipeline schedule: not supported (exits with an error)")
-    g.add_argument("--sequence-parallel", action="store_true", help="rejected (see docs)")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron's sequence parallelism (TP > 1; disabled at TP 1)")
 
 
 def _optimizer_flags(ap: argparse.ArgumentParser) -> None:
@@ -103,6 +104,14 @@ def _data_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--mock-data", action="store_true", help="synthetic learnable task (default "
                    "when --data-path is not given)")
     g.add_argument("--mock-num-samples", type=int, default=4096)
+    g.add_argument("--split", help="train,validation,test weights over --data-path (or "
+                   "--mock-data), e.g. 969,30,1; default: all samples train")
+    g.add_argument("--valid-data-path", nargs="+", help="a separate validation dataset "
+                   "(replaces the --split validation part)")
+    g.add_argument("--eval-interval", type=int, help="validate every N iterations (and after "
+                   "the last one)")
+    g.add_argument("--eval-iters", type=int, help="validation global batches per evaluation "
+                   "(default 100 when there is a validation set; 0: never validate)")
 
 
 def _checkpoint_flags(ap: argparse.ArgumentParser) -> None:

@@ -58,3 +58,33 @@ def materialize(source: SampleSource, batch_ids: np.ndarray, plan: Plan, mb: Mic
         position_ids=packed.position_ids.to(device)[None],
         packed_seq_params=SkrullPackedSeqParams(layout=layout, cp_group=groups.cp_group,
                                                 attention_backend=attention_backend))
+
+
+def pad_micro_batch(inputs: Optional[MicroBatchInputs],
+                    multiple: int) -> Optional[MicroBatchInputs]:
+    """Pads the stream to a multiple of ``multiple`` tokens (sequence parallelism).
+
+    Megatron's sequence parallelism splits the stream's ``T`` tokens evenly over the TP
+    ranks between the layers' TP regions (mcore asserts ``T % TP == 0`` in its
+    reduce-scatter).  The padding rows go after the layout's tokens: token id 0, loss
+    mask 0, position 0.  The layout (hence ``cu_seqlens``, the RoPE table and the DACP
+    attention) keeps only the real tokens: ``SkrullCoreAttention`` attends over the first
+    ``layout.num_tokens`` rows and returns zeros for the padding, and every other op is
+    per token, so the padding changes neither the loss nor any gradient.
+
+    Args:
+        inputs: One micro-batch (``None``: the rank holds no tokens; nothing to pad).
+        multiple: TP size with SP on, else 1.
+
+    Returns:
+        ``inputs`` with ``[1, T + pad]`` tensors (the same object when ``pad`` is 0).
+    """
+    if inputs is None or multiple <= 1:
+        return inputs
+    pad = -inputs.input_ids.shape[1] % multiple
+    if pad == 0:
+        return inputs
+    grow = lambda t: torch.nn.functional.pad(t, (0, pad))  # noqa: E731 (zeros at the end)
+    return dataclasses.replace(inputs, input_ids=grow(inputs.input_ids),
+                               position_ids=grow(inputs.position_ids),
+                               labels=grow(inputs.labels), loss_mask=grow(inputs.loss_mask))

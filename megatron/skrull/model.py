@@ -41,6 +41,9 @@ from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
+from megatron.core.transformer.transformer_block import (TransformerBlockSubmodules,
+                                                         get_num_layers_to_build)
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from skrull_ext.attention import dacp_attention
@@ -188,6 +191,14 @@ class SkrullCoreAttention(MegatronModule):
         if query.dim() != 3:
             raise ValueError(f"packed (thd) q/k/v must be [T, heads, dim], got {query.shape}")
         layout = packed_seq_params.layout
+        # Sequence parallelism pads the stream to a multiple of TP with rows past the
+        # layout's tokens (micro_batch.pad_micro_batch); they attend to nothing, no real
+        # token attends to them, and their output is 0.
+        tokens, padding = layout.num_tokens, query.shape[0] - layout.num_tokens
+        if padding < 0:
+            raise ValueError(f"stream of {query.shape[0]} rows < the layout's {tokens} tokens")
+        if padding:
+            query, key, value = query[:tokens], key[:tokens], value[:tokens]
         if self._rope is not None:
             freqs = _layout_rotary_table(self._rope, self._rope_key, layout, query.device)
             query, key = (apply_rotary_pos_emb(x[:, None], freqs, self.config,
@@ -196,14 +207,41 @@ class SkrullCoreAttention(MegatronModule):
         out = self._attention_fn(query, key, value, layout, packed_seq_params.cp_group,
                                  softmax_scale=self.softmax_scale,
                                  backend=packed_seq_params.attention_backend)
-        return out.reshape(out.shape[0], -1)
+        out = out.reshape(out.shape[0], -1)
+        return F.pad(out, (0, 0, 0, padding)) if padding else out
+
+
+class SequenceParallelNorm:
+    """mcore's ``WrappedTorchNorm`` (torch ``LayerNorm``/``RMSNorm``) usable with SP.
+
+    mcore's local spec uses ``WrappedTorchNorm`` for RMSNorm always and for LayerNorm
+    without apex, and it asserts ``not config.sequence_parallel``
+    (``megatron/core/transformer/torch_norm.py``): under SP a norm sees only its TP
+    rank's slice of the tokens, so its weight gradient is partial and must be summed
+    over TP, which ``finalize_model_grads`` does for parameters marked
+    ``sequence_parallel`` -- the mark mcore's apex ``FusedLayerNorm`` and TE's ``TENorm``
+    set and the torch wrapper does not.  This wrapper builds the same torch module and
+    sets the mark (apex and TE cannot be installed here; the math is per token, exact).
+    """
+
+    def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5,
+                **_unused) -> torch.nn.Module:
+        norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
+        norm = norm_cls(normalized_shape=hidden_size, eps=eps)
+        for param in norm.parameters():
+            param.sequence_parallel = config.sequence_parallel
+        return norm
 
 
 def transformer_config(args: ModelArgs, *, tp_size: int, cp_size: int, dtype: torch.dtype,
                        use_cpu_initialization: bool,
                        recompute: Optional[RecomputeArgs] = None,
-                       pp_size: int = 1) -> TransformerConfig:
+                       pp_size: int = 1, sequence_parallel: bool = False) -> TransformerConfig:
     """mcore ``TransformerConfig`` for ``args`` (parameters in ``dtype``).
+
+    ``sequence_parallel`` (TP > 1; mcore raises otherwise) splits the tokens between the
+    layers' TP regions over TP ranks: the stream must be a multiple of TP long
+    (:func:`megatron.skrull.micro_batch.pad_micro_batch`).
 
     With ``pp_size > 1`` activations between stages have a different token count per
     micro-batch and per CP rank, so P2P first exchanges shapes (``variable_seq_lengths``);
@@ -215,6 +253,7 @@ def transformer_config(args: ModelArgs, *, tp_size: int, cp_size: int, dtype: to
         num_attention_heads=args.num_attention_heads, num_query_groups=args.query_groups,
         kv_channels=args.head_dim, ffn_hidden_size=args.ffn_size,
         tensor_model_parallel_size=tp_size, context_parallel_size=cp_size,
+        sequence_parallel=sequence_parallel,
         normalization=args.normalization, layernorm_epsilon=args.norm_epsilon,
         gated_linear_unit=args.swiglu, activation_func=F.silu if args.swiglu else F.gelu,
         add_bias_linear=not args.disable_bias_linear, add_qkv_bias=args.add_qkv_bias,
@@ -243,15 +282,40 @@ def transformer_config(args: ModelArgs, *, tp_size: int, cp_size: int, dtype: to
     return config
 
 
-def layer_spec(args: ModelArgs, attention_fn: Optional[AttentionFn] = None) -> ModuleSpec:
-    """mcore's local GPT layer spec with :class:`SkrullCoreAttention` as ``core_attention``."""
+def layer_spec(args: ModelArgs, attention_fn: Optional[AttentionFn] = None,
+               sequence_parallel: bool = False) -> ModuleSpec:
+    """mcore's local GPT layer spec with :class:`SkrullCoreAttention` as ``core_attention``.
+
+    With ``sequence_parallel`` the torch norms become :class:`SequenceParallelNorm`.
+    """
     spec = get_gpt_layer_local_spec(normalization=args.normalization,
                                     qk_layernorm=args.qk_layernorm)
     attn = spec.submodules.self_attention
     attn.submodules.core_attention = ModuleSpec(
         module=SkrullCoreAttention,
         params={"attention_fn": attention_fn, "rotary_base": args.rotary_base})
+    if sequence_parallel:
+        layer = spec.submodules
+        for owner, name in ((layer, "input_layernorm"), (layer, "pre_mlp_layernorm"),
+                            (attn.submodules, "q_layernorm"), (attn.submodules, "k_layernorm")):
+            if getattr(owner, name) is WrappedTorchNorm:
+                setattr(owner, name, SequenceParallelNorm)
     return spec
+
+
+def block_spec(args: ModelArgs, config: TransformerConfig,
+               attention_fn: Optional[AttentionFn] = None):
+    """The decoder: this stage's layers of :func:`layer_spec` and the final norm.
+
+    A bare layer spec would give the final norm mcore's default (``WrappedTorchNorm``
+    without apex), so with SP the block's submodules are spelled out: the final norm is
+    the layers' norm class.
+    """
+    spec = layer_spec(args, attention_fn, config.sequence_parallel)
+    if not config.sequence_parallel:
+        return spec
+    return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config),
+                                      layer_norm=spec.submodules.input_layernorm)
 
 
 def _stage_build(cpu_pipeline: bool):
@@ -267,7 +331,8 @@ def _stage_build(cpu_pipeline: bool):
 def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: int = 1,
                 dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu"),
                 attention_fn: Optional[AttentionFn] = None,
-                recompute: Optional[RecomputeArgs] = None, pp_size: int = 1) -> GPTModel:
+                recompute: Optional[RecomputeArgs] = None, pp_size: int = 1,
+                sequence_parallel: bool = False) -> GPTModel:
     """Builds the model on ``device`` (parallel state must be initialised).
 
     ``forward(input_ids [1, T], position_ids [1, T], attention_mask=None, labels=[1, T],
@@ -287,11 +352,13 @@ def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: 
         recompute: Activation recompute (``--recompute-*``; default none).
         pp_size: Pipeline stages (must match ``parallel_state``): this rank builds its
             stage's layers, the embedding on the first stage, norm + output on the last.
+        sequence_parallel: Megatron's sequence parallelism (``tp_size > 1``); inputs
+            padded by :func:`megatron.skrull.micro_batch.pad_micro_batch`.
     """
     cpu = device.type == "cpu"
     config = transformer_config(args, tp_size=tp_size, cp_size=cp_size, dtype=dtype,
                                 recompute=recompute, use_cpu_initialization=cpu,
-                                pp_size=pp_size)
+                                pp_size=pp_size, sequence_parallel=sequence_parallel)
     stage = {}
     if pp_size > 1:
         from megatron.core import parallel_state as ps
@@ -302,7 +369,7 @@ def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: 
     # RoPE lives in SkrullCoreAttention (see the module docstring): "none" here.
     with _stage_build(cpu and pp_size > 1):
         model = GPTModel(
-            config=config, transformer_layer_spec=layer_spec(args, attention_fn),
+            config=config, transformer_layer_spec=block_spec(args, config, attention_fn),
             vocab_size=vocab_size, max_sequence_length=args.max_position_embeddings,
             share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
             position_embedding_type="none", parallel_output=True, **stage)

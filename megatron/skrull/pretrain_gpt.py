@@ -63,26 +63,15 @@ def init_model_parallel(cfg: RunConfig, device: torch.device) -> None:
 
 
 def build_sample_source(cfg: RunConfig):
-    """``--mock-data`` synthetic task, or the preprocessed ``--data-path`` dataset.
+    """The training source: ``--mock-data`` or ``--data-path`` (its ``--split`` train part).
 
     With ``--tokenizer-type``/``--tokenizer-model`` the dataset must have been tokenized
-    with that tokenizer; every sample must fit ``--seq-length``.
+    with that tokenizer; every sample must fit ``--seq-length``
+    (:func:`megatron.skrull.data.build_sample_sources`).
     """
-    from megatron.skrull import samples
+    from megatron.skrull.data import build_sample_sources
 
-    if cfg.data.use_mock:
-        return samples.SyntheticSFTSource(cfg.data.mock_num_samples, cfg.seq_length,
-                                          vocab_size=cfg.model.vocab_size or 64,
-                                          seed=cfg.optim.seed)
-    from megatron.skrull.data import load_sft_dataset
-    from megatron.skrull.tokenizer import build_tokenizer
-
-    tokenizer = None
-    if cfg.data.tokenizer_type or cfg.data.tokenizer_model:
-        tokenizer = build_tokenizer(cfg.data.tokenizer_type, cfg.data.tokenizer_model)
-    dataset = load_sft_dataset(list(cfg.data.data_path), tokenizer=tokenizer,
-                               seq_length=cfg.seq_length)
-    return samples.DatasetSource(dataset)
+    return build_sample_sources(cfg).train
 
 
 def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
@@ -119,7 +108,8 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
                         cp_size=cfg.parallel.context_parallel_size, dtype=cfg.params_dtype,
                         device=device, attention_fn=attention_fn, recompute=cfg.recompute,
-                        pp_size=cfg.parallel.pipeline_model_parallel_size)
+                        pp_size=cfg.parallel.pipeline_model_parallel_size,
+                        sequence_parallel=cfg.sequence_parallel_active)
     if cfg.checkpoint.pretrained_hf:  # before DDP and the optimizer copy anything
         from megatron.core import parallel_state as ps
         from megatron.skrull.hf.io import load_pretrained
@@ -148,7 +138,8 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         batch_scheduler=batch_scheduler or make_batch_scheduler(cfg, vocab),
         groups=ParallelGroups.from_parallel_state(), device=device,
         float64_loss=cfg.fp64 and tp == 1, plan_ahead=cfg.skrull.plan_ahead,
-        attention_backend=attention_kernel)
+        attention_backend=attention_kernel,
+        pad_multiple=tp if cfg.sequence_parallel_active else 1)
 
 
 def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
@@ -187,21 +178,25 @@ class SetupError(RuntimeError):
 
 
 def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
-    """Distributed state, trainer and optional ``--load``: ``(trainer, meta, device)``.
+    """Distributed state, trainer, optional ``--load`` and validation:
+    ``(trainer, meta, device, evaluator)`` (``evaluator``: ``None`` without validation).
 
     Raises:
         SetupError: The data, tokenizer, vocabulary or checkpoint do not fit the flags
             (the message names the fix).
     """
     from megatron.skrull import checkpointing as ckpt
-    from megatron.skrull.data import DatasetFormatError
+    from megatron.skrull.data import DatasetFormatError, build_sample_sources
+    from megatron.skrull.evaluation import build_evaluator
 
     device = resolve_device(cfg.device)
     apply_cpu_compat(device)
     init_distributed(device, init_method)
     init_model_parallel(cfg, device)
     try:
-        trainer = build_trainer(cfg, device)
+        sources = build_sample_sources(cfg)
+        trainer = build_trainer(cfg, device, source=sources.train)
+        evaluator = build_evaluator(cfg, sources, trainer.batch_scheduler, device=device)
         meta = ckpt.CheckpointMeta.from_parallel_state(device)
         if cfg.checkpoint.load:
             c = cfg.checkpoint  # a checkpoint of this run in --load wins over --pretrained-hf
@@ -211,16 +206,17 @@ def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
                                  allow_missing=c.load == c.save or bool(c.pretrained_hf))
     except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
         raise SetupError(str(exc)) from exc
-    return trainer, meta, device
+    return trainer, meta, device, evaluator
 
 
 def run(cfg: RunConfig, *, init_method: Optional[str] = None,
         printer: Callable[[str], None] = print) -> list:
     """Everything after flag parsing; returns the iteration stats."""
     from megatron.skrull import checkpointing as ckpt
+    from megatron.skrull.evaluation import attach, describe
     from megatron.skrull.training import MetricsLogger, train
 
-    trainer, meta, device = setup(cfg, init_method=init_method)
+    trainer, meta, device, evaluator = setup(cfg, init_method=init_method)
     description = dataclasses.asdict(cfg)
     save_fn = None
     if cfg.checkpoint.save:
@@ -248,14 +244,22 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                      else "fp32")
         printer(f" skrull: {precision} params, distributed optimizer "
                 f"{'on' if cfg.optim.use_distributed_optimizer else 'off'}, recompute "
-                f"{cfg.recompute.recompute_granularity or 'none'}; --micro-batch-size "
+                f"{cfg.recompute.recompute_granularity or 'none'}, sequence parallel "
+                f"{'on' if cfg.sequence_parallel_active else 'off'}; --micro-batch-size "
                 f"{cfg.micro_batch_size} ignored: the scheduler packs each micro-batch to "
                 f"--skrull-bucket-size {cfg.skrull.bucket_size} tokens per CP rank")
+        if cfg.sequence_parallel and not cfg.sequence_parallel_active:
+            # Megatron's arguments.py does the same at TP = 1.
+            printer(" skrull: warning: disabling --sequence-parallel because tensor model "
+                    "parallelism is disabled (--tensor-model-parallel-size 1)")
+        if evaluator is not None:
+            printer(describe(evaluator))
     try:
         exit_fn = ExitSignalHandler(device) if cfg.checkpoint.exit_signal_handler else None
         return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
                      save_interval=cfg.checkpoint.save_interval, save_fn=save_fn,
-                     exit_fn=exit_fn, exit_interval=cfg.exit_interval)
+                     exit_fn=exit_fn, exit_interval=cfg.exit_interval,
+                     evaluator=attach(evaluator, metrics))
     finally:
         metrics.close()
 

@@ -7,15 +7,26 @@ the samples this rank holds).  :class:`SyntheticSFTSource` is the built-in learn
 behind ``--mock-data``; :class:`DatasetSource` adapts a preprocessed ``--data-path``
 dataset (:class:`megatron.skrull.data.SFTDataset`).  Global batches come from
 :class:`megatron.skrull.data.GlobalBatchSampler`.
+
+``--split 969,30,1`` cuts one source into train / validation / test parts the way Megatron's
+``BlendedMegatronDatasetBuilder`` does: the weights are normalised to sum 1 and part ``k``
+is the contiguous range ``[round(c_k * N), round(c_{k+1} * N))`` of samples in dataset
+order, ``c`` the cumulative weights (:func:`parse_split`, :func:`split_ranges`); each part
+is a :class:`SubsetSource` view.  The split is a pure function of the weights and ``N``, so
+every rank, and a resumed run, sees the same parts.
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["TokenSample", "SampleSource", "SyntheticSFTSource", "DatasetSource"]
+__all__ = ["TokenSample", "SampleSource", "SyntheticSFTSource", "DatasetSource",
+           "SubsetSource", "parse_split", "split_ranges"]
+
+SPLIT_NAMES = ("train", "validation", "test")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,3 +144,74 @@ class DatasetSource:
         return TokenSample(tokens=np.asarray(ids, dtype=np.int64),
                            labels=np.asarray(labels, dtype=np.int64),
                            loss_mask=np.asarray(mask, dtype=np.float32))
+
+
+def parse_split(split: str) -> tuple[float, float, float]:
+    """Megatron's ``--split``: up to three train/validation/test weights, normalised.
+
+    Weights are separated by ``,`` (or ``/``, Megatron's older form); missing trailing
+    weights are 0 (``"98,2"`` is ``98,2,0``), e.g. ``"969,30,1"`` -> ``(0.969, 0.03, 0.001)``.
+
+    Raises:
+        ValueError: Not 1-3 non-negative numbers, or all zero; the message names the fix.
+    """
+    fix = (f"--split {split!r}: give up to three comma-separated non-negative weights for "
+           "train,validation,test with a positive sum, e.g. --split 969,30,1")
+    parts = [p.strip() for p in re.split(r"[,/]", split.strip())]
+    if not 1 <= len(parts) <= len(SPLIT_NAMES):
+        raise ValueError(fix)
+    try:
+        weights = [float(p) for p in parts]
+    except ValueError:
+        raise ValueError(fix) from None
+    if any(not np.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
+        raise ValueError(fix)
+    weights += [0.0] * (len(SPLIT_NAMES) - len(weights))
+    total = float(np.sum(np.asarray(weights, dtype=np.float64)))
+    return tuple(w / total for w in weights)  # type: ignore[return-value]
+
+
+def split_ranges(num_samples: int, weights: tuple[float, ...]) -> list[tuple[int, int]]:
+    """``[(begin, end)]`` sample ranges of the parts, as Megatron's dataset builder cuts them.
+
+    Args:
+        num_samples: Samples in the source (N).
+        weights: Normalised weights (:func:`parse_split`).
+
+    Returns:
+        One half-open range per weight, contiguous, covering ``[0, N)`` in order.
+    """
+    bounds = [0.0]
+    for w in weights:  # cumulative in the same order of float additions as Megatron
+        bounds.append(bounds[-1] + w)
+    return [(int(round(lo * float(num_samples))), int(round(hi * float(num_samples))))
+            for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+class SubsetSource:
+    """A view of ``base`` holding the samples ``indices`` (a split part).
+
+    Args:
+        base: Any :class:`SampleSource`.
+        indices: ``[n]`` int64 sample ids of ``base``; view sample ``i`` is ``base``'s
+            ``indices[i]``.
+        description: What the part is, for log lines and error messages.
+    """
+
+    def __init__(self, base: Any, indices: np.ndarray, description: str = ""):
+        self.base, self.description = base, description
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.lengths = np.asarray(base.lengths, dtype=np.int64)[self.indices]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.base.vocab_size)
+
+    def num_loss_tokens(self, indices: np.ndarray) -> int:
+        return self.base.num_loss_tokens(self.indices[np.asarray(indices, dtype=np.int64)])
+
+    def sample(self, index: int) -> TokenSample:
+        return self.base.sample(int(self.indices[int(index)]))

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from skrull_ext.scheduler.plan import Plan
 
 from megatron.skrull.cpu_compat import cpu_pipeline_p2p, cuda_to_cpu
-from megatron.skrull.micro_batch import MicroBatchInputs, materialize
+from megatron.skrull.micro_batch import MicroBatchInputs, materialize, pad_micro_batch
 from megatron.skrull.batch_schedule import BatchScheduler, predicted_seconds
 from megatron.skrull.plan_ahead import PlannedBatches, agree_on_plan
 from megatron.skrull.samples import SampleSource
@@ -101,15 +101,16 @@ def masked_loss_sum(loss_mask: Optional[torch.Tensor], output_tensor: torch.Tens
 
 
 def forward_step(data_iterator: Iterator[Optional[MicroBatchInputs]], model: torch.nn.Module,
-                 *, float64_loss: bool = False):
+                 *, float64_loss: bool = False, pad_multiple: int = 1):
     """mcore ``forward_step_func``: one packed micro-batch -> ``(losses [1, T], loss_func)``.
 
     Args:
         data_iterator: Yields this rank's :class:`MicroBatchInputs` (``None``: no tokens).
         model: The DDP-wrapped model.
         float64_loss: Cross entropy from float64 logits (mcore's is float32; TP = 1 only).
+        pad_multiple: Stream length multiple (TP with ``--sequence-parallel``, else 1).
     """
-    inputs = next(data_iterator)
+    inputs = pad_micro_batch(next(data_iterator), pad_multiple)
     if inputs is None:
         zero = sum((p.reshape(-1)[:1] * 0).sum() for p in model.parameters())
         return zero, functools.partial(masked_loss_sum, None)
@@ -160,6 +161,7 @@ class Trainer:
         device: Training device.
         float64_loss: See :func:`forward_step`.
         attention_backend: ``dacp_attention`` kernel back-end (``"auto"``).
+        pad_multiple: See :func:`forward_step` (TP size under sequence parallelism).
         plan_ahead: Plan iteration ``i + 1`` while ``i`` trains
             (:class:`megatron.skrull.plan_ahead.PlannedBatches`; ``self.sampler`` is that
             wrapper, whose checkpoint state undoes the batch drawn ahead).
@@ -168,11 +170,11 @@ class Trainer:
     def __init__(self, *, model, optimizer, scheduler, source: SampleSource, sampler: Any,
                  batch_scheduler: BatchScheduler, groups: ParallelGroups, device: torch.device,
                  float64_loss: bool = False, attention_backend: str = "auto",
-                 plan_ahead: bool = False):
+                 plan_ahead: bool = False, pad_multiple: int = 1):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.source, self.sampler, self.batch_scheduler = source, sampler, batch_scheduler
         self.groups, self.device, self.attention_backend = groups, device, attention_backend
-        self.float64_loss = float64_loss
+        self.float64_loss, self.pad_multiple = float64_loss, pad_multiple
         self.params = [p for p in model.module.parameters() if p.requires_grad]
         self._iteration = 0
         self.sampler = PlannedBatches(sampler, source.lengths, batch_scheduler, ahead=plan_ahead)
@@ -193,11 +195,11 @@ class Trainer:
         """Draws the next global batch and plans it: ``(dataset ids [K], plan)``."""
         return self.sampler.take()
 
-    def _micro_batches(self, batch_ids: np.ndarray, plan: Plan):
+    def _micro_batches(self, batch_ids: np.ndarray, plan: Plan, source: SampleSource):
         """This rank's micro-batches, materialised lazily (at least one, maybe empty)."""
         mbs = plan.dp_ranks[self.groups.dp_rank]
         for mb in mbs:
-            yield materialize(self.source, batch_ids, plan, mb, self.groups, self.device,
+            yield materialize(source, batch_ids, plan, mb, self.groups, self.device,
                               self.attention_backend)
         if not mbs:
             yield None
@@ -211,29 +213,43 @@ class Trainer:
         Returns:
             The global-batch loss (mean over its loss tokens).
         """
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        total = self.loss_sums(batch_ids, plan, forward_only=False)
+        return float(total[0] / total[1].clamp(min=1))
+
+    def loss_sums(self, batch_ids: np.ndarray, plan: Plan, *, forward_only: bool,
+                  source: Optional[SampleSource] = None) -> torch.Tensor:
+        """Runs this rank's micro-batches through mcore's schedule (``forward_only``: no
+        backward, as validation does, on ``source``; default the training source).
+
+        Returns:
+            float64 ``[2]``: the global batch's summed token losses and its loss tokens,
+            reduced over DP x CP (and the pipeline): the same on every rank.
+        """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         if plan.dp_size <= self.groups.dp_rank or plan.cp_size != self.groups.cp_size:
             raise ValueError(f"plan is for DP {plan.dp_size} x CP {plan.cp_size}, this rank is "
                              f"DP rank {self.groups.dp_rank} of a CP-{self.groups.cp_size} group")
-        self.model.train()
-        self.model.zero_grad_buffer()
-        self.optimizer.zero_grad()
         num = max(1, len(plan.dp_ranks[self.groups.dp_rank]))
-        data = self._micro_batches(batch_ids, plan)
+        source = self.source if source is None else source
+        data = self._micro_batches(batch_ids, plan, source)
         p2p = contextlib.nullcontext()
         if self.groups.pp_size > 1:  # every stage and CP rank feeds the same list
             from megatron.skrull.pipeline import pipeline_micro_batches
 
-            data = pipeline_micro_batches(self.source, batch_ids, plan, self.groups,
+            data = pipeline_micro_batches(source, batch_ids, plan, self.groups,
                                           self.device, self.attention_backend)
             num, data, p2p = len(data), iter(data), cpu_pipeline_p2p(self.device)
-        step = functools.partial(forward_step, float64_loss=self.float64_loss)
+        step = functools.partial(forward_step, float64_loss=self.float64_loss,
+                                 pad_multiple=self.pad_multiple)
         with cuda_to_cpu(self.device), p2p:
             reports = get_forward_backward_func()(
                 forward_step_func=step, data_iterator=data,
                 model=[self.model], num_microbatches=num, seq_length=plan.bucket_size,
-                micro_batch_size=1, forward_only=False)
+                micro_batch_size=1, forward_only=forward_only)
         # Off the last pipeline stage there are no losses: zeros, summed along the pipeline.
         total = (torch.stack([r["lm loss"] for r in reports]).sum(0) if reports
                  else torch.zeros(2, dtype=torch.float64))
@@ -243,7 +259,7 @@ class Trainer:
             from megatron.core import parallel_state as ps
 
             dist.all_reduce(total, group=ps.get_pipeline_model_parallel_group())
-        return float(total[0] / total[1].clamp(min=1))
+        return total
 
     def gradients(self) -> dict[str, torch.Tensor]:
         """Copies of the reduced gradients by parameter name (after ``compute_gradients``)."""
@@ -364,7 +380,7 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
           save_interval: Optional[int] = None,
           save_fn: Optional[Callable[[Trainer], None]] = None,
           exit_fn: Optional[Callable[[Trainer], bool]] = None,
-          exit_interval: Optional[int] = None) -> list[IterationStats]:
+          exit_interval: Optional[int] = None, evaluator=None) -> list[IterationStats]:
     """Runs iterations ``trainer.iteration + 1 .. train_iters``.
 
     Args:
@@ -375,6 +391,8 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
         exit_fn: Asked after every iteration (same answer on every rank); True saves
             (``save_fn``) and stops early (``--exit-signal-handler``).
         exit_interval: Save and stop after an iteration divisible by it (``--exit-interval``).
+        evaluator: :class:`megatron.skrull.evaluation.Evaluator` (``--eval-interval``, and
+            after the last iteration unless the run stopped early, as Megatron).
 
     Returns:
         The stats of every iteration run.
@@ -385,14 +403,18 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
         history.append(stats)
         if metrics is not None:
             metrics.record(stats)
+        if evaluator is not None:
+            evaluator.after_iteration(trainer)
         if save_fn is not None and save_interval and trainer.iteration % save_interval == 0:
             save_fn(trainer)
-        if exit_fn is not None and exit_fn(trainer):
-            break
-        if exit_interval and trainer.iteration % exit_interval == 0:
+        if (exit_fn is not None and exit_fn(trainer)) or (
+                exit_interval and trainer.iteration % exit_interval == 0):
+            evaluator = None  # stopped early: no closing validation (Megatron exits too)
             break
     trainer.sampler.cancel()  # a batch drawn ahead is not consumed: rewind the sampler
     if save_fn is not None and history and not (save_interval and
                                                 trainer.iteration % save_interval == 0):
         save_fn(trainer)
+    if evaluator is not None:
+        evaluator.after_training(trainer)
     return history

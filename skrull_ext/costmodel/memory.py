@@ -19,7 +19,12 @@ Activation bytes per token (bf16 element count scaled to the precision) for
 FlashAttention-style kernel there is no ``S^2`` term, and selective recompute of the core
 attention frees only its softmax statistics); ``full`` keeps each layer's input and
 recomputes one layer at a time.  The output layer's logits and the cross-entropy's fp32
-softmax are live at the peak in every case.
+softmax are live at the peak in every case.  With sequence parallelism
+(``--sequence-parallel``, TP > 1) the tensors between the layers' TP regions -- norm inputs
+and outputs, and the layer inputs ``full`` recompute keeps -- are split over the TP ranks
+too, so every layer activation is divided by TP (Korthikanti et al., "Reducing Activation
+Recomputation in Large Transformer Models"); the logits are not (the output layer gathers
+the sequence first).
 """
 from __future__ import annotations
 
@@ -46,6 +51,8 @@ class TrainingMemory:
         dp_cp_size: Ranks the distributed optimizer shards over (DP x CP).
         tp_size: Tensor-parallel size (parameters and most activations split).
         recompute: ``None``, ``"selective"`` or ``"full"`` (``--recompute-granularity``).
+        sequence_parallel: Megatron's sequence parallelism (only meaningful with TP > 1;
+            at TP 1 it is off, as in Megatron).
         grad_fp32: Gradient buffer in fp32; ``None`` follows Megatron (fp32 unless fp16).
     """
 
@@ -54,6 +61,7 @@ class TrainingMemory:
     dp_cp_size: int = 1
     tp_size: int = 1
     recompute: Optional[str] = None
+    sequence_parallel: bool = False
     grad_fp32: Optional[bool] = None
 
     def __post_init__(self) -> None:
@@ -82,6 +90,11 @@ class TrainingMemory:
     def optimizer_shards(self) -> int:
         return self.dp_cp_size if self.distributed_optimizer else 1
 
+    @property
+    def sequence_split(self) -> int:
+        """TP ranks the sequence-parallel regions (norms, layer inputs) are split over."""
+        return self.tp_size if self.sequence_parallel else 1
+
     def params_per_rank(self, model: ModelSpec) -> float:
         return model.param_count() / self.tp_size
 
@@ -102,11 +115,12 @@ class TrainingMemory:
 
         Norm inputs and outputs (8h), Q (2h) and K/V (4 h_kv), attention output (2h),
         SwiGLU gate/up outputs and activation (6f; 4f without SwiGLU).  Without sequence
-        parallelism the norm tensors (8h) are whole on every TP rank, the rest is split.
+        parallelism the norm tensors (8h) are whole on every TP rank, the rest is split;
+        with it they are split too.
         """
         h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
         split = 4 * h + 4 * kv + (6 if model.swiglu else 4) * f
-        return (8 * h + split / self.tp_size) * self.param_bytes / 2.0
+        return (8 * h / self.sequence_split + split / self.tp_size) * self.param_bytes / 2.0
 
     def logits_bytes_per_token(self, model: ModelSpec) -> float:
         """Logits in the precision plus the cross-entropy's fp32 softmax (vocab TP-split)."""
@@ -116,8 +130,10 @@ class TrainingMemory:
         """Peak activation bytes per token held by a rank (the memory model's ``alpha``)."""
         layer = self.layer_activation_bytes_per_token(model)
         if self.recompute == "full":
-            # Layer inputs (2h bf16 each) kept; one layer's activations live while recomputed.
-            kept = model.num_layers * 2 * model.hidden_size * self.param_bytes / 2.0 + layer
+            # Layer inputs (2h bf16 each; SP-split) kept; one layer's activations live while
+            # it is recomputed.
+            inputs = 2 * model.hidden_size * self.param_bytes / 2.0 / self.sequence_split
+            kept = model.num_layers * inputs + layer
         else:
             kept = model.num_layers * layer
         return kept + self.logits_bytes_per_token(model)

@@ -1,23 +1,33 @@
 """Refitting a cost model to the machine it runs on, from measured iteration times.
 
 A preset (``h100``, ``cpu``) or a ``--skrull-cost-model-config`` file *seeds* the cost model;
-during training the time each iteration took is compared with what the seed's terms
-predict for that iteration's plan, and the terms are rescaled so the two agree.
+during training the time each iteration took is compared with what the seed predicts for
+that iteration's plan, and the seed is rescaled so the two agree.
 
-Per iteration ``i`` the caller supplies *term seconds* ``f_i[j]``: the plan's predicted
-time with only term ``j`` of the seed switched on (:data:`TERMS`: linear FLOPs, attention
-FLOPs, the per-micro-batch overhead, the per-kernel-call overhead, and the ring's
-communication) and the measured seconds ``y_i``.  The refit finds multipliers ``w >= 0``
-and a fixed per-iteration overhead ``b >= 0`` with::
+Per iteration ``i`` the caller supplies :data:`FEATURES`: the *term seconds* ``f_i[j]``
+(the plan's predicted time with only term ``j`` of the seed switched on, :data:`TERMS`:
+linear FLOPs, attention FLOPs, the per-micro-batch overhead, the per-kernel-call overhead
+and the ring's communication), the seed's whole prediction ``p_i`` without its fixed
+per-iteration overhead, and the measured seconds ``y_i``.  Two fits, both by least
+squares on *relative* residuals ``(y_i - fit_i) / y_i`` (iterations differ in length by
+orders of magnitude; a long one must not drown the short ones), robust to outliers (Huber
+weights by iteratively reweighted least squares), over a window of recent iterations
+with recent ones weighted more (``half_life``: the load of a shared machine drifts):
 
-    y_i ~= sum_j w_j f_i[j] + b
+1. **Scale**: ``y_i ~= s p_i + b``.  Every term of the seed scaled alike; exact for the
+   seed's own composition of the terms (the ring overlap is a ``max``, so a common factor
+   passes through it), and well determined after two or three iterations.
+2. **Terms** (once :attr:`RefitConfig.terms_after` iterations are in the window; until
+   then every ``w_j = s``, which keeps the seed's plan decisions):
+   ``y_i ~= sum_j w_j f_i[j] + b`` with a ridge pulling every ``w_j`` towards
+   ``s`` (not towards the seed's 1: a seed a thousand times too fast would otherwise bias
+   every prediction towards it).  A term moves away from the common scale only as far as
+   the iterations' differing mixes of terms demand.
 
-by least squares on *relative* residuals ``(y_i - fit_i) / y_i`` (iterations differ in
-length by orders of magnitude; a long one must not drown the short ones) over a window of
-recent iterations, robust to outliers (Huber weights by iteratively reweighted least
-squares) and pulled towards the seed (``w = 1``, ``b = seed overhead``) by a small ridge
-term, so a handful of similar iterations cannot swing a poorly determined term.  Pure numpy and deterministic: the same inputs give the
-same coefficients on every rank.
+Outputs are rounded to 9 significant digits, so ranks whose BLAS differ in the last bits
+still plan with identical models.  Pure numpy and deterministic: the same inputs (the
+plans, identical everywhere, and measured times all-reduced by the caller) give the same
+coefficients on every rank.
 """
 from __future__ import annotations
 
@@ -30,10 +40,13 @@ import numpy as np
 from skrull_ext.costmodel.model import CommModel, CostModel, TimeModel
 
 TERMS = ("c_linear", "c_attention", "micro_batch_overhead", "attention_call_overhead", "comm")
+# Per-iteration regressors: the term seconds, then the seed's whole prediction
+# without its ``iteration_overhead``.
+FEATURES = TERMS + ("full",)
 
 
 def term_models(cost: CostModel) -> dict[str, CostModel]:
-    """One cost model per :data:`TERMS` entry with only that term of ``cost`` switched on.
+    """One cost model per :data:`FEATURES` entry (``full``: ``cost`` without its overhead).
 
     ``attention_half_tokens`` (a shape parameter, not a scale) stays in the attention term;
     ``iteration_overhead`` is the refit's intercept and is 0 in every term model.
@@ -49,6 +62,7 @@ def term_models(cost: CostModel) -> dict[str, CostModel]:
                                                  iteration_overhead=0.0, **kw))
     silent = TimeModel(c_linear=0.0, c_attention=0.0)
     out["comm"] = dataclasses.replace(cost, time=silent)
+    out["full"] = dataclasses.replace(cost, time=dataclasses.replace(t, iteration_overhead=0.0))
     return out
 
 
@@ -70,24 +84,32 @@ class RefitConfig:
     Attributes:
         window: Iterations kept (oldest dropped first).
         min_samples: Iterations seen before the first refit.
-        ridge: Pull towards the seed, relative to the data's scale (0: none).
+        ridge: Pull of each term's multiplier towards the common scale, relative to the
+            data's weight (0: none; large: a pure rescaling of the seed).
         huber: Residuals beyond this many robust standard deviations get weight
             ``huber / |r|`` (outlier iterations: a checkpoint save, a slow neighbour).
         skip_first: Iterations ignored at the start (warm-up: allocator, kernel caches).
+        half_life: An iteration's weight halves every ``half_life`` newer iterations.
+        terms_after: Iterations in the window before the per-term stage runs; until then
+            every term gets the common scale, which keeps the seed's relative costs and so
+            its plan decisions (a few similar iterations cannot tell the terms apart, and
+            a mis-split changes the plans: measured in the CPU demo).
     """
 
     window: int = 16
     min_samples: int = 2
-    ridge: float = 0.05
+    ridge: float = 1.0
     huber: float = 1.5
     skip_first: int = 1
+    half_life: float = 8.0
+    terms_after: int = 8
 
 
 class OnlineRefit:
-    """Keeps a window of ``(term seconds, measured seconds)`` and refits the multipliers.
+    """Keeps a window of ``(features, measured seconds)`` and refits the seed.
 
     Args:
-        seed: The cost model to start from and to pull towards.
+        seed: The cost model to start from.
         config: Window and robustness settings.
     """
 
@@ -96,22 +118,24 @@ class OnlineRefit:
         self.terms = term_models(seed)
         self.rows: deque = deque(maxlen=config.window)
         self.seen = 0
+        self.scale = 1.0
         self.multipliers = np.ones(len(TERMS))
         self.overhead = float(seed.time.iteration_overhead)
 
     def observe(self, features: Sequence[float], measured_seconds: float) -> Optional[CostModel]:
-        """Adds one iteration; returns the refitted cost model (``None`` while warming up)."""
+        """Adds one iteration (``features``: ``[len(FEATURES)]`` seconds); returns the
+        refitted cost model (``None`` while warming up or for a non-finite time)."""
         self.seen += 1
-        if self.seen <= self.config.skip_first or not np.isfinite(measured_seconds):
+        if self.seen <= self.config.skip_first or not np.isfinite(measured_seconds) \
+                or measured_seconds <= 0:
             return None
         self.rows.append((np.asarray(features, dtype=np.float64), float(measured_seconds)))
         if len(self.rows) < self.config.min_samples:
             return None
         x = np.stack([r[0] for r in self.rows])
         y = np.array([r[1] for r in self.rows])
-        self.multipliers, self.overhead = robust_fit(
-            x, y, prior=np.ones(len(TERMS)), prior_overhead=self.seed.time.iteration_overhead,
-            ridge=self.config.ridge, huber=self.config.huber)
+        self.multipliers, self.overhead, self.scale = robust_fit(
+            x, y, seed_overhead=self.seed.time.iteration_overhead, config=self.config)
         return self.current()
 
     def current(self) -> CostModel:
@@ -119,51 +143,93 @@ class OnlineRefit:
         return scaled(self.seed, self.multipliers, self.overhead)
 
 
-def robust_fit(x: np.ndarray, y: np.ndarray, *, prior: np.ndarray, prior_overhead: float,
-               ridge: float, huber: float, iters: int = 10) -> tuple[np.ndarray, float]:
-    """Huber-weighted, ridge-to-prior, non-negative least squares of ``y ~= x w + b``.
-
-    Residuals are relative (each row divided by its ``y``).
+def robust_fit(x: np.ndarray, y: np.ndarray, *, seed_overhead: float,
+               config: RefitConfig = RefitConfig()) -> tuple[np.ndarray, float, float]:
+    """The two fits of the module docstring, oldest row first.
 
     Args:
-        x: ``[n, k]`` term seconds per iteration.
-        y: ``[n]`` measured seconds.
-        prior: ``[k]`` multipliers the ridge pulls towards.
-        prior_overhead: Intercept the ridge pulls towards.
-        ridge: Strength relative to ``mean(y)^2`` per coefficient.
+        x: ``[n, len(FEATURES)]`` term seconds and the seed's prediction per iteration.
+        y: ``[n]`` measured seconds (> 0).
+        seed_overhead: The seed's ``iteration_overhead`` (the intercept's starting point).
+        config: Ridge, Huber threshold and recency half-life.
+
+    Returns:
+        ``(w [len(TERMS)] >= 0, b >= 0, s)``: term multipliers, fixed per-iteration
+        seconds and the common scale, rounded to 9 significant digits.
+    """
+    n, k = x.shape[0], len(TERMS)
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    recency = 0.5 ** (np.arange(n - 1, -1, -1) / max(config.half_life, 1e-9))
+    full = x[:, k]
+    # Stage 1: y ~= s p + b, pulled (weakly) to the pure rescaling y ~= s0 (p + b_seed).
+    s0 = _wmedian(y / np.maximum(full + seed_overhead, 1e-12), recency)
+    a1 = np.stack([full, np.ones(n)], axis=1)
+    (s, b), _ = _irls(a1, y, recency, np.array([s0, s0 * seed_overhead]), 0.05, config.huber)
+    s = s if s > 0 else s0
+    coef = np.append(np.full(k, s), b)
+    if n >= config.terms_after:  # stage 2: the terms, each pulled towards the common scale
+        a2 = np.hstack([x[:, :k], np.ones((n, 1))])
+        coef, _ = _irls(a2, y, recency, coef, config.ridge, config.huber)
+    coef = _round(coef)
+    return coef[:k], float(coef[k]), float(_round(np.array([s]))[0])
+
+
+_REJECT = 4.0  # robust standard deviations beyond which an iteration is dropped
+
+
+def _wmedian(v: np.ndarray, w: np.ndarray) -> float:
+    """Weighted median (the lower one at an exact tie)."""
+    order = np.argsort(v, kind="stable")
+    cum = np.cumsum(w[order])
+    return float(v[order][np.searchsorted(cum, 0.5 * cum[-1])])
+
+
+def _round(v: np.ndarray, digits: int = 9) -> np.ndarray:
+    return np.array([float(f"{float(t):.{digits}g}") for t in v])
+
+
+def _irls(a, y, recency, prior, ridge, huber, iters: int = 10):
+    """Huber-weighted, ridge-to-``prior``, non-negative fit of ``y ~= a coef`` (relative).
+
+    Args:
+        a: ``[n, m]`` regressors; y: ``[n]`` targets; recency: ``[n]`` row weights.
+        prior: ``[m]`` coefficients the ridge pulls towards.
+        ridge: Strength relative to the rows' total weight.
         huber: Huber threshold in robust standard deviations.
 
     Returns:
-        ``(w [k] >= 0, b >= 0)``.
+        ``(coef [m] >= 0, row weights [n])``.
     """
-    n, k = x.shape
     rel = 1.0 / np.maximum(y, 1e-12)
-    a = np.hstack([x, np.ones((n, 1))]) * rel[:, None]
-    y = y * rel
-    p = np.append(prior, prior_overhead)
-    # Column scale: the prior's contribution to a typical iteration, so the ridge acts on
-    # seconds, not on raw multipliers.
+    a = a * rel[:, None]
+    yr = y * rel
+    # Column scale: a typical iteration's share per unit coefficient, so the ridge acts on
+    # (relative) seconds, not on raw coefficients.
     scale = np.maximum(np.abs(a).mean(axis=0), 1e-12)
-    lam = ridge * n
-    weights = np.ones(n)
-    active = np.ones(k + 1, dtype=bool)
-    coef = p.copy()
-    for _ in range(iters):
-        coef = _ridge_nnls(a, y, weights, p, scale, lam, active)
-        r = y - a @ coef
-        sigma = 1.4826 * np.median(np.abs(r - np.median(r))) + 1e-12
+    coef = prior.copy()
+    for _ in range(iters):  # weights from the residuals of the previous fit (first: prior)
+        r = yr - a @ coef
+        # Recency-weighted scale (after a load change the older iterations are the
+        # outliers), floored at 0.5%: exact data must not make tiny residuals outliers.
+        sigma = 1.4826 * _wmedian(np.abs(r - _wmedian(r, recency)), recency) + 5e-3
         weights = np.minimum(1.0, huber * sigma / np.maximum(np.abs(r), 1e-300))
-    return coef[:k], float(coef[k])
+        gross = np.abs(r) > _REJECT * sigma
+        if recency[~gross].sum() >= 0.5 * recency.sum():  # gross outliers: no weight
+            weights[gross] = 0.0
+        w = weights * recency
+        coef = _ridge_nnls(a, yr, w, prior, scale, ridge * float(w.sum()))
+    return coef, weights
 
 
-def _ridge_nnls(a, y, weights, prior, scale, lam, active) -> np.ndarray:
+def _ridge_nnls(a, y, weights, prior, scale, lam) -> np.ndarray:
     """Weighted ridge solve; coefficients that come out negative are clamped to 0.
 
     Solves for ``u = coef * scale`` (columns of equal size) with the penalty
     ``lam * sum((u - scale * prior)^2)``: deviations from the prior in seconds.
     """
-    active = active.copy()
-    coef = np.zeros_like(prior)
+    active = np.ones(len(prior), dtype=bool)
+    coef = np.zeros(len(prior))
     sw = np.sqrt(weights)
     while active.any():
         cols = np.flatnonzero(active)
