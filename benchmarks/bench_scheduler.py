@@ -5,7 +5,9 @@ For each case (K samples, bucket) on DP=4, CP=8 with long-tail lengths (Pareto, 
 samples under 1K tokens, the longest capped at what the bucket holds) it times:
 
 * ``core``: ``skrull_ext._C.portfolio_schedule`` on precomputed cost arrays (GDS plus the
-  baselines' groupings, the default Skrull policy), conversion to Python lists included;
+  baselines' groupings and the local-search refinement with the default
+  ``--skrull-plan-budget-ms``, the default Skrull policy), conversion to Python lists
+  included;
 * ``schedule()``: the whole call (input checks, cost arrays, core, ``Plan`` building,
   ``Plan.validate()``, prediction and lower bound);
 * ``python``: the same ``schedule()`` on the pure-Python reference (small K only);
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -28,6 +31,7 @@ import numpy as np
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import _OBJECTIVE_CODES, SchedulerConfig, schedule
+from skrull_ext.scheduler.refine import budget_work
 
 DP, CP = 4, 8
 DEFAULT_CASES = ("256:26000", "4096:26000", "65536:26000", "16384:6000", "65536:6000")
@@ -42,14 +46,16 @@ def long_tail_lengths(k: int, seed: int, max_len: int = 100_000) -> np.ndarray:
     return np.minimum(np.ceil(200.0 * (1.0 + rng.pareto(1.1, k))), max_len).astype(np.int64)
 
 
-def median_ms(fn, runs: int) -> float:
-    """Median wall time of ``fn()`` over ``runs`` calls (one untimed warm-up), in ms."""
+def median_ms(fn, runs: int, cpu: bool = False) -> float:
+    """Median wall (``cpu``: process CPU) time of ``fn()`` over ``runs`` calls (one untimed
+    warm-up), in ms."""
+    clock = time.process_time if cpu else time.perf_counter
     fn()
     times = []
     for _ in range(runs):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return 1e3 * statistics.median(times)
 
 
@@ -84,11 +90,16 @@ def bench_case(k: int, bucket: int, args) -> dict:
            "predicted_s": plan.predicted["iteration_time"],
            "bound_ratio": plan.predicted["iteration_time"] / plan.predicted["lower_bound"],
            "runs": runs}
-    row["core_ms"] = median_ms(lambda: ext.portfolio_schedule(
+    core = lambda: ext.portfolio_schedule(  # noqa: E731
         lengths, costs, comm, latency, DP, CP, bucket, 2, cost_model.micro_batch_overhead, 3,
-        shares, objective=_OBJECTIVE_CODES[cost_model.objective]), runs)
-    row["schedule_ms"] = median_ms(lambda: schedule(lengths, cfg, cost_model, backend="cpp"),
-                                   runs)
+        shares, objective=_OBJECTIVE_CODES[cost_model.objective],
+        budget=budget_work(cfg.plan_budget_ms))
+    full = lambda: schedule(lengths, cfg, cost_model, backend="cpp")  # noqa: E731
+    row["core_ms"] = median_ms(core, runs)
+    row["schedule_ms"] = median_ms(full, runs)
+    # CPU time: what the planning itself costs when other processes share the cores.
+    row["core_cpu_ms"] = median_ms(core, runs, cpu=True)
+    row["schedule_cpu_ms"] = median_ms(full, runs, cpu=True)
     if k <= args.python_max_k:
         py = schedule(lengths, cfg, cost_model, backend="python")
         if py.dp_ranks != plan.dp_ranks:
@@ -102,17 +113,19 @@ def bench_case(k: int, bucket: int, args) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"DP={DP} CP={CP}, long-tail lengths, default schedule() (portfolio, ring objective);"
-          " median wall ms")
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"DP={DP} CP={CP}, long-tail lengths, default schedule() (portfolio + refinement, "
+          f"ring objective); median wall ms; load average {load} on {os.cpu_count()} CPUs")
     head = (f"{'K':>6} {'bucket':>7} {'M/DP':>5} {'/bound':>7} {'core':>9} {'schedule()':>10} "
-            f"{'ratio':>6} {'python':>9} {'megatron':>9}")
+            f"{'ratio':>6} {'core CPU':>9} {'sched CPU':>9} {'python':>9} {'megatron':>9}")
     print(head)
     print("-" * len(head))
     for r in rows:
         opt = lambda key: f"{r[key]:>9.2f}" if key in r else f"{'-':>9}"  # noqa: E731
         print(f"{r['K']:>6} {r['bucket']:>7} {r['micro_batches']:>5} {r['bound_ratio']:>7.3f} "
               f"{r['core_ms']:>9.2f} {r['schedule_ms']:>10.2f} "
-              f"{r['schedule_ms'] / r['core_ms']:>5.2f}x {opt('python_ms')} {opt('megatron_ms')}")
+              f"{r['schedule_ms'] / r['core_ms']:>5.2f}x {r['core_cpu_ms']:>9.2f} "
+              f"{r['schedule_cpu_ms']:>9.2f} {opt('python_ms')} {opt('megatron_ms')}")
 
 
 def main(argv=None) -> int:

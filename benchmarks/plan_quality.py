@@ -32,18 +32,21 @@ from skrull_ext.planner.cli import recommend_bucket
 from skrull_ext.planner.profiles import (load_profile, profile_from_file, profile_names,
                                  sample_global_batches)
 from skrull_ext.scheduler import POLICIES, SchedulerConfig, schedule
+from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_ms_arg
 
 BASELINES = [p for p in POLICIES if p != "skrull"]
 
 
-def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: str) -> dict:
+def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: str,
+                budget_ms: float = DEFAULT_BUDGET_MS) -> dict:
     """Every policy on ``batches``; per-batch predicted times, bound and Skrull's latency."""
     cost = dataclasses.replace(hw.cost_model(model, cp, dp), objective=objective)
     times = {p: [] for p in POLICIES}
     bounds, latency_ms, mbs = [], [], []
     for lengths in batches:
         for policy in POLICIES:
-            cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, policy=policy)
+            cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, policy=policy,
+                                  plan_budget_ms=budget_ms)
             start = time.perf_counter()
             plan = schedule(lengths, cfg, cost)
             elapsed = time.perf_counter() - start
@@ -83,6 +86,8 @@ def main(argv=None) -> int:
     parser.add_argument("--hardware", default="h100")
     parser.add_argument("--objective", choices=("paper", "ring"), default=None,
                         help="the cost model's objective (default: the CostModel default)")
+    parser.add_argument("--plan-budget-ms", type=budget_ms_arg, default=DEFAULT_BUDGET_MS,
+                        help="skrull's refinement budget (0: portfolio alone)")
     parser.add_argument("--num-batches", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write every row here")
@@ -108,7 +113,8 @@ def main(argv=None) -> int:
         batches = sample_global_batches(prof, num_batches=args.num_batches,
                                         global_batch_size=gbs, seed=args.seed,
                                         max_length=limit, overflow="truncate").batches
-        row = run_setting(batches, model, hw, args.dp_size, cp, bucket, objective)
+        row = run_setting(batches, model, hw, args.dp_size, cp, bucket, objective,
+                          args.plan_budget_ms)
         row.update(profile=pname, model=mname, cp=cp, gbs=gbs, bucket=bucket, factor=factor)
         rows.append(row)
         print(f"{pname[:22]:22} {mname:13} {cp:>3} {gbs:>5} {bucket:>7} "

@@ -171,14 +171,21 @@ struct BatchArgs {
 
 using Scheduler = std::vector<skrull::RankSplit> (*)(const skrull::Batch&, double, int, int,
                                                       int64_t, skrull::Rollback, double,
-                                                      skrull::Variant);
+                                                      skrull::Variant, int64_t);
+
+// gds_schedule with the portfolio's signature (it has no refinement budget).
+std::vector<skrull::RankSplit> gds_only(const skrull::Batch& batch, double latency, int dp,
+                                        int cp, int64_t bucket, skrull::Rollback policy,
+                                        double overhead, skrull::Variant variant, int64_t) {
+  return skrull::gds_schedule(batch, latency, dp, cp, bucket, policy, overhead, variant);
+}
 
 // Checks the arguments, runs `fn` (gds_schedule or portfolio_schedule) without the GIL and
 // converts the plan to lists.
 py::list run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Array comm,
                        double latency, int dp_size, int cp_size, int64_t bucket_size,
                        int rollback, double overhead, int variant, py::object shares,
-                       int objective) {
+                       int objective, int64_t budget = 0) {
   BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
   args.view.objective = to_objective(objective);
   check_positive(dp_size, "dp_size");
@@ -189,10 +196,11 @@ py::list run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Array 
   if (cp_size > (1 << 16)) throw py::value_error("cp_size must be <= 65536");
   const auto policy = to_rollback(rollback, true);
   const auto var = to_variant(variant);
+  if (budget < 0) throw py::value_error("budget must be >= 0 work units");
   std::vector<skrull::RankSplit> splits;
   {
     py::gil_scoped_release release;
-    splits = fn(args.view, latency, dp_size, cp_size, bucket_size, policy, overhead, var);
+    splits = fn(args.view, latency, dp_size, cp_size, bucket_size, policy, overhead, var, budget);
   }
   GcPause pause;
   py::list out(splits.size());
@@ -207,17 +215,18 @@ py::list run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Array 
 py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
                       int dp_size, int cp_size, int64_t bucket_size, int rollback,
                       double overhead, int variant, py::object shares, int objective) {
-  return run_scheduler(&skrull::gds_schedule, std::move(lengths), std::move(costs),
+  return run_scheduler(&gds_only, std::move(lengths), std::move(costs),
                        std::move(comm), latency, dp_size, cp_size, bucket_size, rollback,
                        overhead, variant, std::move(shares), objective);
 }
 
 py::list portfolio_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
                             int dp_size, int cp_size, int64_t bucket_size, int rollback,
-                            double overhead, int variant, py::object shares, int objective) {
+                            double overhead, int variant, py::object shares, int objective,
+                            int64_t budget) {
   return run_scheduler(&skrull::portfolio_schedule, std::move(lengths), std::move(costs),
                        std::move(comm), latency, dp_size, cp_size, bucket_size, rollback,
-                       overhead, variant, std::move(shares), objective);
+                       overhead, variant, std::move(shares), objective, budget);
 }
 
 py::list baseline_groups(I64Array lengths, F64Array costs, int dp_size, int cp_size,
@@ -329,7 +338,9 @@ PYBIND11_MODULE(_C, mod) {
           py::arg("comm"), py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"),
           py::arg("bucket_size"), py::arg("rollback"), py::arg("overhead") = 0.0,
           py::arg("variant") = 3, py::arg("shares") = py::none(), py::arg("objective") = 0,
-          "GDS and the baselines' groupings under DACP; the fastest predicted plan.");
+          py::arg("budget") = 0,
+          "GDS and the baselines' groupings under DACP; the fastest predicted plan, refined "
+          "by local search within `budget` work units (0: none).");
   mod.def("baseline_groups", &baseline_groups, py::arg("lengths"), py::arg("costs"),
           py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"), py::arg("name"),
           "A baseline's samples per DP rank and micro-batch (scheduler.baselines.GROUPINGS).");

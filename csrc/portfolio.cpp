@@ -91,27 +91,6 @@ int64_t grouping_work(const Batch& batch, int dp_size, int cp_size, int64_t buck
   return batch.size * std::max<int64_t>(1, (total + per - 1) / per);
 }
 
-std::optional<Placement> all_distributed(const GdsContext& ctx, const std::vector<Index>& group) {
-  int64_t tokens = 0;
-  for (Index i : group) tokens += shard_tokens(ctx.batch.lengths[i], ctx.cp_size);
-  if (tokens > ctx.bucket_size) return std::nullopt;
-  Placement out;
-  out.distributed = group;
-  out.local.resize(static_cast<size_t>(ctx.cp_size));
-  return out;
-}
-
-std::optional<Placement> place_group(const GdsContext& ctx, const std::vector<Index>& group) {
-  auto placed = ctx.place(group);
-  auto alt = all_distributed(ctx, group);
-  if (!alt) return placed;
-  if (!placed || micro_batch_time(*alt, ctx.batch, ctx.latency, ctx.cp_size) <
-                     micro_batch_time(*placed, ctx.batch, ctx.latency, ctx.cp_size)) {
-    return alt;
-  }
-  return placed;
-}
-
 // Gives up (nullopt) when a group cannot be placed or a DP rank's running time reaches
 // best_t (reference place_groups).
 std::optional<std::vector<RankSplit>> place_groups(const GdsContext& ctx, const Groups& groups,
@@ -172,6 +151,31 @@ double grouping_bound(const GdsContext& ctx, const Groups& groups, double overhe
 }
 
 }  // namespace
+
+namespace {
+
+std::optional<Placement> all_distributed(const GdsContext& ctx, const std::vector<Index>& group) {
+  int64_t tokens = 0;
+  for (Index i : group) tokens += shard_tokens(ctx.batch.lengths[i], ctx.cp_size);
+  if (tokens > ctx.bucket_size) return std::nullopt;
+  Placement out;
+  out.distributed = group;
+  out.local.resize(static_cast<size_t>(ctx.cp_size));
+  return out;
+}
+
+}  // namespace
+
+std::optional<Placement> place_group(const GdsContext& ctx, const std::vector<Index>& group) {
+  auto placed = ctx.place(group);
+  auto alt = all_distributed(ctx, group);
+  if (!alt) return placed;
+  if (!placed || micro_batch_time(*alt, ctx.batch, ctx.latency, ctx.cp_size) <
+                     micro_batch_time(*placed, ctx.batch, ctx.latency, ctx.cp_size)) {
+    return alt;
+  }
+  return placed;
+}
 
 Groups per_seq_cp_groups(const Batch& batch, int dp_size, int, int64_t) {
   Groups out(static_cast<size_t>(dp_size));
@@ -382,7 +386,7 @@ Groups hybrid_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bu
 
 std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, int dp_size,
                                           int cp_size, int64_t bucket_size, Rollback policy,
-                                          double overhead, Variant variant) {
+                                          double overhead, Variant variant, int64_t budget) {
   const GdsContext ctx{batch, latency, cp_size, bucket_size, policy, variant};
   const bool costly = grouping_work(batch, dp_size, cp_size, bucket_size) > kMaxGroupingWork;
   using Grouping = Groups (*)(const Batch&, int, int, int64_t);
@@ -413,6 +417,7 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
       best_t = t;
     }
   }
+  best = refine(ctx, std::move(best), overhead, budget);
   size_t m = 0;
   for (const auto& split : best) m = std::max(m, split.size());
   for (auto& split : best) {

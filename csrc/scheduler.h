@@ -144,11 +144,22 @@ Groups all_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucke
 Groups per_seq_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
 Groups hybrid_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
 
+// DACP of one micro-batch, or all-distributed in `group` order when strictly faster
+// (reference refine.place_group).
+std::optional<Placement> place_group(const GdsContext& ctx, const std::vector<Index>& group);
+
 // The sorted grouping, GDS, then the other baseline groupings, each placed by DACP (or
 // all-distributed when faster); the lowest predicted iteration time wins (ties: the
-// earlier candidate; reference portfolio.PORTFOLIO).
+// earlier candidate; reference portfolio.PORTFOLIO); then refine() within `budget` work
+// units (0: none).
 std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, int dp_size,
                                           int cp_size, int64_t bucket_size, Rollback policy,
-                                          double overhead, Variant variant = Variant::kAuto);
+                                          double overhead, Variant variant = Variant::kAuto,
+                                          int64_t budget = 0);
+
+// ---- refine.cpp: (ours) local search under the iteration time (reference refine.refine):
+// relocate / swap / merge moves from the slowest DP rank, at most `budget` work units.
+std::vector<RankSplit> refine(const GdsContext& ctx, std::vector<RankSplit> splits,
+                              double overhead, int64_t budget);
 
 }  // namespace skrull

@@ -24,6 +24,7 @@ from skrull_ext.costmodel.model import MODEL_PRESETS, CostModel, default_cost_mo
 from skrull_ext.planner.lengths_io import read_lengths
 from skrull_ext.scheduler.plan import Plan
 from skrull_ext.scheduler import POLICIES, ScheduleInputError, SchedulerConfig, schedule
+from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_ms_arg
 
 
 PROG = "python -m skrull_ext.plan"
@@ -48,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=("paper", "ring"), default="ring",
                    help="micro-batch time: paper (docs/design.md section 3) or ring (ours, step by "
                         "step as the ring runs)")
+    p.add_argument("--plan-budget-ms", type=budget_ms_arg, default=DEFAULT_BUDGET_MS,
+                   help="local-search refinement budget (a fixed work count: the same plan "
+                        "for the same budget; 0 turns it off)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--model", choices=sorted(MODEL_PRESETS), default="qwen2.5-0.5b",
                        help="cost-model preset")
@@ -113,7 +117,7 @@ def _plan(args: argparse.Namespace, lengths: np.ndarray) -> tuple[Plan, dict[str
     cost: CostModel = dataclasses.replace(default_cost_model(spec), objective=args.objective)
     cfg = SchedulerConfig(dp_size=args.dp_size, cp_size=args.cp_size,
                           bucket_size=args.bucket_size, policy=args.policy,
-                          rollback=args.rollback)
+                          rollback=args.rollback, plan_budget_ms=args.plan_budget_ms)
     plan = schedule(lengths, cfg, cost)
     baselines = {}
     for name in ("all-cp", "per-seq-cp"):

@@ -13,6 +13,7 @@ import sys
 from typing import Optional, Sequence
 
 from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICES
+from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS
 from skrull_ext.sharding import shard_tokens
 
 from megatron.skrull.flags import SCHEDULERS, build_parser  # noqa: F401 - public here too
@@ -346,6 +347,7 @@ class SkrullArgs:
     attention_kernel: str = "auto"  # --skrull-attention-kernel, else $SKRULL_ATTENTION_KERNEL
     plan_ahead: bool = True  # --[no-]skrull-plan-ahead: plan batch i+1 while i trains
     online_cost_model: bool = False  # --skrull-online-cost-model: refit to measured times
+    plan_budget_ms: float = DEFAULT_BUDGET_MS  # --skrull-plan-budget-ms: refinement work
 
     def __post_init__(self) -> None:
         p = []
@@ -356,6 +358,9 @@ class SkrullArgs:
             p.append(f"--skrull-scheduler {self.scheduler!r}: use one of {', '.join(SCHEDULERS)}")
         if self.objective not in ("ring", "paper"):
             p.append(f"--skrull-objective {self.objective!r}: use ring or paper")
+        if not 0 <= self.plan_budget_ms < 1e6:  # also rejects nan
+            p.append(f"--skrull-plan-budget-ms {self.plan_budget_ms}: use a number of ms in "
+                     "[0, 1e6) (0 turns refinement off)")
         if self.hardware not in (None, "cpu", "h100"):
             p.append(f"--skrull-hardware {self.hardware!r}: use cpu or h100")
         if self.cost_model_config is not None and not os.path.isfile(self.cost_model_config):
@@ -512,7 +517,8 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                                       or os.environ.get(KERNEL_ENV_VAR) or "auto"),
                     cost_model_config=ns.skrull_cost_model_config,
                     plan_ahead=ns.skrull_plan_ahead,
-                    online_cost_model=ns.skrull_online_cost_model)
+                    online_cost_model=ns.skrull_online_cost_model,
+                    plan_budget_ms=ns.skrull_plan_budget_ms)
     ckpt = _group(CheckpointArgs, p, save=ns.save, load=ns.load,
                   save_interval=ns.save_interval, pretrained_hf=ns.pretrained_hf,
                   ckpt_format=ns.ckpt_format, finetune=ns.finetune,

@@ -151,7 +151,8 @@ def make_batch_scheduler(cfg: RunConfig, vocab_size: int,
     """The run's :class:`BatchScheduler` (``--skrull-online-cost-model`` turns refits on)."""
     config = SchedulerConfig(dp_size=cfg.parallel.dp_size,
                              cp_size=cfg.parallel.context_parallel_size,
-                             bucket_size=cfg.skrull.bucket_size, policy=cfg.skrull.scheduler)
+                             bucket_size=cfg.skrull.bucket_size, policy=cfg.skrull.scheduler,
+                             plan_budget_ms=cfg.skrull.plan_budget_ms)
     cost = cost_model or build_cost_model(cfg, vocab_size)
     return BatchScheduler(config, cost, online=cfg.skrull.online_cost_model,
                           pipeline=cfg.parallel.pipeline_model_parallel_size > 1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICES
+from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_ms_arg
 
 SCHEDULERS = ("skrull", "per-seq-cp", "all-cp", "sorted", "hybrid-cp", "kk")
 
@@ -142,6 +143,10 @@ def _skrull_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--skrull-objective", default="ring", choices=("paper", "ring"),
                    help="micro-batch time the scheduler minimises: paper (docs/design.md section 3) "
                         "or ring (ours: step by step as the DACP ring runs)")
+    g.add_argument("--skrull-plan-budget-ms", type=budget_ms_arg, default=DEFAULT_BUDGET_MS,
+                   help="local-search refinement budget per global batch, converted to a "
+                        "fixed work count so every rank gets the same plan (0: off; "
+                        "docs/scheduler.md)")
     g.add_argument("--skrull-hardware", choices=("cpu", "h100"),
                    help="cost-model preset (default: from the device)")
     g.add_argument("--skrull-cost-model-config",

@@ -29,6 +29,7 @@ from skrull_ext.planner.profiles import (OVERFLOW_POLICIES, LengthProfile, load_
                                  profile_from_file, profile_from_megatron, profile_names,
                                  sample_global_batches)
 from skrull_ext.scheduler import POLICIES, SchedulerConfig
+from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_ms_arg
 
 GIB = float(1 << 30)
 DEFAULT_DEVICE_GB = {"h100": 80.0, "cpu": 16.0}
@@ -96,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=("paper", "ring"), default="ring",
                    help="the scheduler's micro-batch objective: paper (docs/design.md section 3) or "
                         "ring (ours, step by step as the ring runs)")
+    p.add_argument("--plan-budget-ms", type=budget_ms_arg, default=None,
+                   help="skrull's local-search refinement budget per batch (a fixed work "
+                        f"count; default {DEFAULT_BUDGET_MS} ms; 0 turns it off)")
     p.add_argument("--plot", metavar="FILE.png", help="write the figure here")
     p.add_argument("--json", metavar="FILE", help="write the summary as JSON here")
     return p
@@ -383,7 +387,7 @@ def run(args) -> dict:
                                     cp_size=args.cp_size, bucket_size=mem["bucket"],
                                     policies=policies, backend=args.backend,
                                     objective=args.objective, pp_size=args.pp_size,
-                                    pp_order=args.pp_order)
+                                    pp_order=args.pp_order, plan_budget_ms=args.plan_budget_ms)
     except (ValueError, ImportError) as exc:
         raise PlannerError(name_flags(str(exc).splitlines()[0])) from None
     summary = summarize(comp, sampled, mem, limit)

@@ -85,7 +85,8 @@ def compare_policies(batches: Sequence[np.ndarray], model: ModelSpec, hardware: 
                      dp_size: int, cp_size: int, bucket_size: int,
                      policies: Sequence[str] = POLICIES, backend: Optional[str] = None,
                      objective: str = "ring", pp_size: int = 1,
-                     pp_order: str = "best") -> Comparison:
+                     pp_order: str = "best", plan_budget_ms: Optional[float] = None
+                     ) -> Comparison:
     """Schedules and simulates every batch with every policy.
 
     Args:
@@ -102,6 +103,7 @@ def compare_policies(batches: Sequence[np.ndarray], model: ModelSpec, hardware: 
             ``pp_order``) and so are the lower bounds; the rest of the stats are the
             whole-model simulation's.
         pp_order: Feed order of the pipeline (``best`` tries every order).
+        plan_budget_ms: Skrull's refinement budget (default: SchedulerConfig's).
 
     Returns:
         :class:`Comparison`.
@@ -111,6 +113,8 @@ def compare_policies(batches: Sequence[np.ndarray], model: ModelSpec, hardware: 
     for policy in policies:
         cfg = SchedulerConfig(dp_size=dp_size, cp_size=cp_size, bucket_size=bucket_size,
                               policy=policy)
+        if plan_budget_ms is not None:
+            cfg = dataclasses.replace(cfg, plan_budget_ms=plan_budget_ms)
         plans = [schedule(b, cfg, cost, backend=backend) for b in batches]
         results = [simulate(p, model, hardware) for p in plans]
         piped = None

@@ -23,6 +23,7 @@ from skrull_ext.sharding import padded_length, shard_tokens
 from skrull_ext.scheduler import portfolio, reference
 from skrull_ext.scheduler.baselines import BASELINES
 from skrull_ext.scheduler.bound import lower_bound
+from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_work
 
 POLICIES = ("skrull",) + tuple(BASELINES)
 _ROLLBACK_CODES = {"shortest": 0, "best-fit": 1, "auto": 2}
@@ -51,6 +52,9 @@ class SchedulerConfig:
             (all three, keep the fastest micro-batch).
         portfolio: (ours) Also place the baselines' groupings with DACP and keep the
             fastest plan (:mod:`skrull_ext.scheduler.portfolio`); ``False`` runs GDS alone.
+        plan_budget_ms: (ours) Local-search refinement budget of the portfolio's plan
+            (``--skrull-plan-budget-ms``; :mod:`skrull_ext.scheduler.refine`), converted to
+            a deterministic work count (the same plan on every rank); 0 disables it.
     """
 
     dp_size: int
@@ -60,6 +64,7 @@ class SchedulerConfig:
     rollback: str = "auto"
     dacp: str = "auto"
     portfolio: bool = True
+    plan_budget_ms: float = DEFAULT_BUDGET_MS
 
     def __post_init__(self):
         for name, flag in (("dp_size", "--dp-size"), ("cp_size", "--cp-size / --context-parallel-size"),
@@ -75,6 +80,12 @@ class SchedulerConfig:
         if self.dacp not in _VARIANT_CODES:
             raise ScheduleInputError(
                 f"unknown dacp variant {self.dacp!r}: choose one of {tuple(_VARIANT_CODES)}")
+        budget = self.plan_budget_ms
+        if (isinstance(budget, bool) or not isinstance(budget, (int, float, np.number))
+                or not 0 <= budget < 1e6):
+            raise ScheduleInputError(
+                f"plan budget must be a number of ms in [0, 1e6), got {budget!r}: fix "
+                "--skrull-plan-budget-ms")
         if self.bucket_size < 2 * self.cp_size and self.cp_size > 1:
             raise ScheduleInputError(
                 f"bucket size {self.bucket_size} is smaller than one padded token pair per rank "
@@ -129,14 +140,21 @@ def _to_micro_batch(placement, cp_size: int, exact_ints: bool = False) -> MicroB
 
 def _skrull(lengths, costs, shares, comm, latency, cfg: SchedulerConfig, overhead: float,
             backend: str, objective: str):
+    args = (lengths, costs, comm)
+    work = budget_work(cfg.plan_budget_ms)
     if backend == "cpp":
-        fn = _backend.CPP.portfolio_schedule if cfg.portfolio else _backend.CPP.gds_schedule
-        return fn(lengths, costs, comm, float(latency), cfg.dp_size, cfg.cp_size,
-                  cfg.bucket_size, _ROLLBACK_CODES[cfg.rollback], float(overhead),
-                  _VARIANT_CODES[cfg.dacp], shares, objective=_OBJECTIVE_CODES[objective])
-    fn = portfolio.portfolio_schedule if cfg.portfolio else reference.gds_schedule
-    return fn(lengths, costs, comm, latency, cfg.dp_size, cfg.cp_size, cfg.bucket_size,
-              cfg.rollback, overhead, cfg.dacp, shares, objective)
+        cpp = _backend.CPP
+        args += (float(latency), cfg.dp_size, cfg.cp_size, cfg.bucket_size,
+                 _ROLLBACK_CODES[cfg.rollback], float(overhead), _VARIANT_CODES[cfg.dacp], shares)
+        if cfg.portfolio:
+            return cpp.portfolio_schedule(*args, objective=_OBJECTIVE_CODES[objective],
+                                          budget=work)
+        return cpp.gds_schedule(*args, objective=_OBJECTIVE_CODES[objective])
+    args += (latency, cfg.dp_size, cfg.cp_size, cfg.bucket_size, cfg.rollback, overhead,
+             cfg.dacp, shares, objective)
+    if cfg.portfolio:
+        return portfolio.portfolio_schedule(*args, budget=work)
+    return reference.gds_schedule(*args)
 
 
 def schedule(lengths: Sequence[int], config: SchedulerConfig,

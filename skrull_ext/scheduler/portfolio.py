@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from skrull_ext.sharding import shard_tokens
 from skrull_ext.scheduler.baselines import GROUPINGS
-from skrull_ext.scheduler.reference import GdsContext, Placement, gds_schedule, micro_batch_time
+from skrull_ext.scheduler.reference import GdsContext, Placement, gds_schedule
+from skrull_ext.scheduler.refine import all_distributed, place_group, placement_time, refine
 
 # Candidates in order (ties keep the earlier): the sorted grouping first (cheap, and a good
 # bar: C++ stops GDS as soon as GDS cannot beat it), then GDS, then the other groupings.
@@ -38,29 +38,6 @@ def grouping_work(lengths, dp_size: int, cp_size: int, bucket_size: int) -> int:
     """``K x ceil(sum S / (C N D))``: the size rule for :data:`COSTLY_GROUPINGS`."""
     total = sum(int(s) for s in lengths)
     return len(lengths) * max(1, -(-total // (bucket_size * cp_size * dp_size)))
-
-
-def all_distributed(ctx: GdsContext, group: Sequence[int]) -> Optional[Placement]:
-    """Every sample of ``group`` distributed, in the given order; ``None`` if it overflows."""
-    if sum(shard_tokens(int(ctx.lengths[i]), ctx.cp_size) for i in group) > ctx.bucket_size:
-        return None
-    return list(group), [[] for _ in range(ctx.cp_size)]
-
-
-def place_group(ctx: GdsContext, group: Sequence[int]) -> Optional[Placement]:
-    """DACP of one micro-batch, or all-distributed in ``group`` order when strictly faster."""
-    placed = ctx.place(group)
-    alt = all_distributed(ctx, group)
-    if alt is None:
-        return placed
-    if placed is None or (_time(ctx, alt) < _time(ctx, placed)):
-        return alt
-    return placed
-
-
-def _time(ctx: GdsContext, placement: Placement) -> float:
-    return micro_batch_time(placement, ctx.costs, ctx.comm, ctx.latency, ctx.cp_size,
-                            ctx.shares, ctx.objective)
 
 
 def place_groups(ctx: GdsContext, groups: Sequence[Sequence[Sequence[int]]], overhead: float,
@@ -79,7 +56,7 @@ def place_groups(ctx: GdsContext, groups: Sequence[Sequence[Sequence[int]]], ove
             if p is None:
                 return None
             placed.append(p)
-            t += _time(ctx, p) + overhead
+            t += placement_time(ctx, p) + overhead
             if t >= best_t:
                 return None
         out.append(placed)
@@ -97,10 +74,12 @@ def iteration_time(ctx: GdsContext, splits, overhead: float) -> float:
 def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: int,
                        bucket_size: int, rollback: str = "auto", overhead: float = 0.0,
                        variant: str = "auto", shares=None, objective: str = "paper",
-                       candidates: Sequence[str] = PORTFOLIO) -> list[list[Placement]]:
+                       candidates: Sequence[str] = PORTFOLIO, budget: int = 0
+                       ) -> list[list[Placement]]:
     """Each of ``candidates`` in order (``gds``: :func:`gds_schedule`; a baseline name: its
     grouping placed by :func:`place_groups`); the lowest :func:`iteration_time` wins (ties:
-    the earlier).  Same return value as
+    the earlier), then :func:`~skrull_ext.scheduler.refine.refine` improves it within
+    ``budget`` work units (0: no refinement).  Same return value as
     :func:`~skrull_ext.scheduler.reference.gds_schedule` (equal micro-batch counts)."""
     ctx = GdsContext(lengths, costs, comm, latency, cp_size, bucket_size, rollback, variant,
                      shares, objective)
@@ -120,6 +99,7 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
         t = iteration_time(ctx, placed, overhead)
         if t < best_t:
             best, best_t = placed, t
+    best = refine(ctx, best, overhead, budget)
     m = max(len(s) for s in best)
     for split in best:
         split.extend(([], [[] for _ in range(cp_size)]) for _ in range(m - len(split)))
