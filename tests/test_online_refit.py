@@ -109,7 +109,11 @@ def test_bad_measurements_are_ignored():
 
 def test_few_iterations_rescale_the_seed_and_keep_its_plans():
     """Before ``terms_after`` iterations every term gets the common scale: same decisions."""
-    config = SchedulerConfig(dp_size=2, cp_size=2, bucket_size=2048, policy="skrull")
+    # Placement only (budget 0): the local search's tie-breaks between equal-time moves
+    # may differ in the last bits of a rescaled model; its predictions are checked below.
+    config = SchedulerConfig(dp_size=2, cp_size=2, bucket_size=2048, policy="skrull",
+                             plan_budget_ms=0.0)
+    refined = SchedulerConfig(dp_size=2, cp_size=2, bucket_size=2048, policy="skrull")
     refit = OnlineRefit(SEED, RefitConfig(skip_first=0))
     for _ in range(4):
         plan = schedule(RNG.integers(16, 3000, size=16), config, SEED)
@@ -120,3 +124,6 @@ def test_few_iterations_rescale_the_seed_and_keep_its_plans():
         lengths = RNG.integers(16, 3000, size=16)
         assert schedule(lengths, config, model).dp_ranks == schedule(lengths, config,
                                                                      SEED).dp_ranks
+        ours, seeds = (predict(schedule(lengths, refined, m), SEED)["iteration_time"]
+                       for m in (model, SEED))
+        assert ours == pytest.approx(seeds, rel=1e-6)
