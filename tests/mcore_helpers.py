@@ -69,3 +69,17 @@ def spawn(fn: Callable, world_size: int, tmp_path, *args: Any, timeout: float = 
     if hung or errors or any(p.exitcode != 0 for p in procs):
         raise AssertionError(f"workers failed (hung: {len(hung)}, exit codes "
                              f"{[p.exitcode for p in procs]}):\n" + "\n".join(errors))
+
+
+def single_and_world(tmp_path_factory, single: Callable, worker: Callable, world: int = 4,
+                     timeouts: tuple[float, float] = (200, 400)) -> tuple[Any, list[Any]]:
+    """Runs ``single`` in one process and ``worker`` in ``world``; returns what they saved.
+
+    ``single`` writes ``single.pt`` and each worker rank ``out{rank}.pt`` into its tmp dir.
+    """
+    one, many = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("world")
+    spawn(single, 1, one, timeout=timeouts[0])
+    spawn(worker, world, many, timeout=timeouts[1])
+    load = lambda path: torch.load(path, weights_only=False)  # noqa: E731
+    return (load(os.path.join(one, "single.pt")),
+            [load(os.path.join(many, f"out{r}.pt")) for r in range(world)])

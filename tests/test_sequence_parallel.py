@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
-from mcore_helpers import spawn, tiny_config
+from mcore_helpers import single_and_world, tiny_config
 
 pytestmark = pytest.mark.multiprocess
 
@@ -109,12 +108,7 @@ def _worker(rank, world, tmp):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    one, four = tmp_path_factory.mktemp("sp_single"), tmp_path_factory.mktemp("sp_four")
-    spawn(_single, 1, one, timeout=200)
-    spawn(_worker, 4, four, timeout=400)
-    single = torch.load(os.path.join(one, "single.pt"), weights_only=False)
-    return single, [torch.load(os.path.join(four, f"out{r}.pt"), weights_only=False)
-                    for r in range(4)]
+    return single_and_world(tmp_path_factory, _single, _worker)
 
 
 @pytest.mark.parametrize("case", ["tp", "cp"])

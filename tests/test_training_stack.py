@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from mcore_helpers import spawn, tiny_config
+from mcore_helpers import single_and_world, tiny_config
 
 pytestmark = pytest.mark.multiprocess
 
@@ -79,12 +79,7 @@ def _worker(rank, world, tmp):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    one, four = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("stack")
-    spawn(_single, 1, one, timeout=200)
-    spawn(_worker, 4, four, timeout=400)
-    single = torch.load(os.path.join(one, "single.pt"), weights_only=False)
-    return single, [torch.load(os.path.join(four, f"out{r}.pt"), weights_only=False)
-                    for r in range(4)]
+    return single_and_world(tmp_path_factory, _single, _worker)
 
 
 @pytest.mark.parametrize("policy", ["skrull", "all-cp"])
