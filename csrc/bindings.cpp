@@ -180,12 +180,44 @@ std::vector<skrull::RankSplit> gds_only(const skrull::Batch& batch, double laten
   return skrull::gds_schedule(batch, latency, dp, cp, bucket, policy, overhead, variant);
 }
 
+py::array_t<int64_t> int_array(const std::vector<int64_t>& v) {
+  py::array_t<int64_t> out(static_cast<py::ssize_t>(v.size()));
+  std::copy(v.begin(), v.end(), out.mutable_data());
+  return out;
+}
+
+// The plan as flat [P] / [Q] int64 arrays (scheduler.plan.FlatPlan's dist_ids, dist_mb,
+// local_ids, local_slot): micro-batch g counts over DP ranks, then micro-batches; CP rank r
+// of it is slot g * cp_size + r; ids in placement order.  Saves schedule() a Python walk
+// over every sample.
+py::tuple flat_arrays(const std::vector<skrull::RankSplit>& splits, int cp_size) {
+  std::vector<int64_t> dist_ids, dist_mb, local_ids, local_slot;
+  int64_t g = 0;
+  for (const auto& split : splits) {
+    for (const auto& p : split) {
+      for (Index i : p.distributed) {
+        dist_ids.push_back(i);
+        dist_mb.push_back(g);
+      }
+      for (size_t r = 0; r < p.local.size(); ++r) {
+        for (Index i : p.local[r]) {
+          local_ids.push_back(i);
+          local_slot.push_back(g * cp_size + static_cast<int64_t>(r));
+        }
+      }
+      ++g;
+    }
+  }
+  return py::make_tuple(g, int_array(dist_ids), int_array(dist_mb), int_array(local_ids),
+                        int_array(local_slot));
+}
+
 // Checks the arguments, runs `fn` (gds_schedule or portfolio_schedule) without the GIL and
-// converts the plan to lists.
-py::list run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Array comm,
+// converts the plan to lists; with `flat` returns (lists, flat_arrays(...)).
+py::object run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Array comm,
                        double latency, int dp_size, int cp_size, int64_t bucket_size,
                        int rollback, double overhead, int variant, py::object shares,
-                       int objective, int64_t budget = 0) {
+                       int objective, int64_t budget = 0, bool flat = false) {
   BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
   args.view.objective = to_objective(objective);
   check_positive(dp_size, "dp_size");
@@ -209,24 +241,26 @@ py::list run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Array 
     for (size_t m = 0; m < splits[d].size(); ++m) rank[m] = placement_obj(splits[d][m]);
     out[d] = rank;
   }
-  return out;
+  if (flat) return py::make_tuple(out, flat_arrays(splits, cp_size));
+  return std::move(out);
 }
 
-py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
-                      int dp_size, int cp_size, int64_t bucket_size, int rollback,
-                      double overhead, int variant, py::object shares, int objective) {
+py::object gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
+                        int dp_size, int cp_size, int64_t bucket_size, int rollback,
+                        double overhead, int variant, py::object shares, int objective,
+                        bool flat) {
   return run_scheduler(&gds_only, std::move(lengths), std::move(costs),
                        std::move(comm), latency, dp_size, cp_size, bucket_size, rollback,
-                       overhead, variant, std::move(shares), objective);
+                       overhead, variant, std::move(shares), objective, 0, flat);
 }
 
-py::list portfolio_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
-                            int dp_size, int cp_size, int64_t bucket_size, int rollback,
-                            double overhead, int variant, py::object shares, int objective,
-                            int64_t budget) {
+py::object portfolio_schedule(I64Array lengths, F64Array costs, F64Array comm,
+                              double latency, int dp_size, int cp_size, int64_t bucket_size,
+                              int rollback, double overhead, int variant, py::object shares,
+                              int objective, int64_t budget, bool flat) {
   return run_scheduler(&skrull::portfolio_schedule, std::move(lengths), std::move(costs),
                        std::move(comm), latency, dp_size, cp_size, bucket_size, rollback,
-                       overhead, variant, std::move(shares), objective, budget);
+                       overhead, variant, std::move(shares), objective, budget, flat);
 }
 
 py::list baseline_groups(I64Array lengths, F64Array costs, int dp_size, int cp_size,
@@ -332,15 +366,16 @@ PYBIND11_MODULE(_C, mod) {
   mod.def("gds_schedule", &gds_schedule, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
           py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"),
           py::arg("rollback"), py::arg("overhead") = 0.0, py::arg("variant") = 3,
-          py::arg("shares") = py::none(), py::arg("objective") = 0,
-          "GDS over a global batch: list[DP] of list[micro-batch] of (distributed, local).");
+          py::arg("shares") = py::none(), py::arg("objective") = 0, py::arg("flat") = false,
+          "GDS over a global batch: list[DP] of list[micro-batch] of (distributed, local); "
+          "flat=True: (that, (count, dist_ids, dist_mb, local_ids, local_slot)).");
   mod.def("portfolio_schedule", &portfolio_schedule, py::arg("lengths"), py::arg("costs"),
           py::arg("comm"), py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"),
           py::arg("bucket_size"), py::arg("rollback"), py::arg("overhead") = 0.0,
           py::arg("variant") = 3, py::arg("shares") = py::none(), py::arg("objective") = 0,
-          py::arg("budget") = 0,
+          py::arg("budget") = 0, py::arg("flat") = false,
           "GDS and the baselines' groupings under DACP; the fastest predicted plan, refined "
-          "by local search within `budget` work units (0: none).");
+          "by local search within `budget` work units (0: none); flat as gds_schedule.");
   mod.def("baseline_groups", &baseline_groups, py::arg("lengths"), py::arg("costs"),
           py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"), py::arg("name"),
           "A baseline's samples per DP rank and micro-batch (scheduler.baselines.GROUPINGS).");

@@ -140,6 +140,8 @@ def _to_micro_batch(placement, cp_size: int, exact_ints: bool = False) -> MicroB
 
 def _skrull(lengths, costs, shares, comm, latency, cfg: SchedulerConfig, overhead: float,
             backend: str, objective: str):
+    """The Skrull policy's placements; the C++ backend returns ``(placements, flat)`` with
+    ``flat = (count, dist_ids, dist_mb, local_ids, local_slot)`` (:class:`FlatPlan`)."""
     args = (lengths, costs, comm)
     work = budget_work(cfg.plan_budget_ms)
     if backend == "cpp":
@@ -148,8 +150,8 @@ def _skrull(lengths, costs, shares, comm, latency, cfg: SchedulerConfig, overhea
                  _ROLLBACK_CODES[cfg.rollback], float(overhead), _VARIANT_CODES[cfg.dacp], shares)
         if cfg.portfolio:
             return cpp.portfolio_schedule(*args, objective=_OBJECTIVE_CODES[objective],
-                                          budget=work)
-        return cpp.gds_schedule(*args, objective=_OBJECTIVE_CODES[objective])
+                                          budget=work, flat=True)
+        return cpp.gds_schedule(*args, objective=_OBJECTIVE_CODES[objective], flat=True)
     args += (latency, cfg.dp_size, cfg.cp_size, cfg.bucket_size, cfg.rollback, overhead,
              cfg.dacp, shares, objective)
     if cfg.portfolio:
@@ -182,22 +184,32 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
         raise ImportError("backend='cpp' but skrull_ext._C is not built")
     shares = np.ascontiguousarray(cost_model.share_seconds(arr, config.cp_size),
                                   dtype=np.float64)
+    flat = None
     if config.policy == "skrull":
         placements = _skrull(arr, costs, shares, comm, cost_model.comm_latency(config.cp_size),
                              config, cost_model.micro_batch_overhead, backend,
                              cost_model.objective)
         exact = backend == "cpp"
+        if exact:  # the core's flat arrays spare validate() and _predict() a walk per sample
+            placements, (count, *arrays) = placements
+            flat = FlatPlan(count, *arrays, [])
         ranks = [[_to_micro_batch(p, config.cp_size, exact) for p in mbs] for mbs in placements]
     else:
         ranks = BASELINES[config.policy](arr, costs, config.dp_size, config.cp_size,
                                          config.bucket_size)
     m = max(1, max(len(r) for r in ranks))
+    if flat is not None and any(len(r) != m for r in ranks):
+        flat = None  # padding below renumbers the micro-batches
     ranks = [list(r) + [MicroBatch.empty(config.cp_size)] * (m - len(r)) for r in ranks]
     plan = Plan(lengths=arr, dp_size=config.dp_size, cp_size=config.cp_size,
                 bucket_size=config.bucket_size, policy=config.policy,
                 dp_ranks=tuple(tuple(r) for r in ranks))
+    if flat is not None:
+        plan.__dict__["flat"] = flat  # Plan.flat's cached_property slot
     plan.validate()
-    return dataclasses.replace(plan, predicted=_predict(plan, cost_model, costs, comm, shares))
+    out = dataclasses.replace(plan, predicted=_predict(plan, cost_model, costs, comm, shares))
+    out.__dict__["flat"] = plan.flat
+    return out
 
 
 def _add_grouped(grouped, t_dist, t_comm, lengths, costs, cost_model: CostModel) -> None:
