@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cmath>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -127,6 +128,27 @@ class GcPause {
   bool was_enabled_;
 };
 
+py::tuple int_tuple(const std::vector<Index>& v) {
+  PyObject* tup = PyTuple_New(static_cast<Py_ssize_t>(v.size()));
+  if (!tup) throw py::error_already_set();
+  for (size_t j = 0; j < v.size(); ++j) {
+    PyObject* item = PyLong_FromLongLong(v[j]);
+    if (!item) {
+      Py_DECREF(tup);
+      throw py::error_already_set();
+    }
+    PyTuple_SET_ITEM(tup, static_cast<Py_ssize_t>(j), item);
+  }
+  return py::reinterpret_steal<py::tuple>(tup);
+}
+
+// (distributed, local) as tuples of ints: MicroBatch's own field types.
+py::tuple placement_tuple(const skrull::Placement& p) {
+  py::tuple local(p.local.size());
+  for (size_t r = 0; r < p.local.size(); ++r) local[r] = int_tuple(p.local[r]);
+  return py::make_tuple(int_tuple(p.distributed), local);
+}
+
 py::list nested_list(const std::vector<std::vector<Index>>& v) {
   py::list out(v.size());
   for (size_t j = 0; j < v.size(); ++j) out[j] = int_list(v[j]);
@@ -188,13 +210,21 @@ py::array_t<int64_t> int_array(const std::vector<int64_t>& v) {
 
 // The plan as flat [P] / [Q] int64 arrays (scheduler.plan.FlatPlan's dist_ids, dist_mb,
 // local_ids, local_slot): micro-batch g counts over DP ranks, then micro-batches; CP rank r
-// of it is slot g * cp_size + r; ids in placement order.  Saves schedule() a Python walk
+// of it is slot g * cp_size + r; ids in placement order), then [G] predicted seconds of
+// each micro-batch (overhead included, 0 when empty).  Saves schedule() a Python walk
 // over every sample.
-py::tuple flat_arrays(const std::vector<skrull::RankSplit>& splits, int cp_size) {
+py::tuple flat_arrays(const std::vector<skrull::RankSplit>& splits, int cp_size,
+                      const skrull::Batch& batch, double latency, double overhead) {
   std::vector<int64_t> dist_ids, dist_mb, local_ids, local_slot;
+  py::array_t<double> times(static_cast<py::ssize_t>(
+      std::accumulate(splits.begin(), splits.end(), size_t{0},
+                      [](size_t a, const skrull::RankSplit& s) { return a + s.size(); })));
+  double* t = times.mutable_data();
   int64_t g = 0;
   for (const auto& split : splits) {
     for (const auto& p : split) {
+      // The same float operations as scheduler._micro_batch_times (bit-identical).
+      t[g] = p.empty() ? 0.0 : skrull::micro_batch_time(p, batch, latency, cp_size) + overhead;
       for (Index i : p.distributed) {
         dist_ids.push_back(i);
         dist_mb.push_back(g);
@@ -209,11 +239,11 @@ py::tuple flat_arrays(const std::vector<skrull::RankSplit>& splits, int cp_size)
     }
   }
   return py::make_tuple(g, int_array(dist_ids), int_array(dist_mb), int_array(local_ids),
-                        int_array(local_slot));
+                        int_array(local_slot), times);
 }
 
 // Checks the arguments, runs `fn` (gds_schedule or portfolio_schedule) without the GIL and
-// converts the plan to lists; with `flat` returns (lists, flat_arrays(...)).
+// converts the plan to lists; with `flat` returns (lists of tuple placements, flat_arrays).
 py::object run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Array comm,
                        double latency, int dp_size, int cp_size, int64_t bucket_size,
                        int rollback, double overhead, int variant, py::object shares,
@@ -238,10 +268,14 @@ py::object run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Arra
   py::list out(splits.size());
   for (size_t d = 0; d < splits.size(); ++d) {
     py::list rank(splits[d].size());
-    for (size_t m = 0; m < splits[d].size(); ++m) rank[m] = placement_obj(splits[d][m]);
+    for (size_t m = 0; m < splits[d].size(); ++m) {
+      rank[m] = flat ? placement_tuple(splits[d][m]) : placement_obj(splits[d][m]);
+    }
     out[d] = rank;
   }
-  if (flat) return py::make_tuple(out, flat_arrays(splits, cp_size));
+  if (flat) {
+    return py::make_tuple(out, flat_arrays(splits, cp_size, args.view, latency, overhead));
+  }
   return std::move(out);
 }
 
@@ -368,7 +402,8 @@ PYBIND11_MODULE(_C, mod) {
           py::arg("rollback"), py::arg("overhead") = 0.0, py::arg("variant") = 3,
           py::arg("shares") = py::none(), py::arg("objective") = 0, py::arg("flat") = false,
           "GDS over a global batch: list[DP] of list[micro-batch] of (distributed, local); "
-          "flat=True: (that, (count, dist_ids, dist_mb, local_ids, local_slot)).");
+          "flat=True: (that with (distributed, local) as tuples, (count, dist_ids, dist_mb, "
+          "local_ids, local_slot, micro_batch_seconds)).");
   mod.def("portfolio_schedule", &portfolio_schedule, py::arg("lengths"), py::arg("costs"),
           py::arg("comm"), py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"),
           py::arg("bucket_size"), py::arg("rollback"), py::arg("overhead") = 0.0,

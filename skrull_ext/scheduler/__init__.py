@@ -128,12 +128,9 @@ def check_lengths(lengths: Sequence[int], cp_size: int, bucket_size: int) -> np.
     return arr
 
 
-def _to_micro_batch(placement, cp_size: int, exact_ints: bool = False) -> MicroBatch:
-    """``(distributed, local)`` lists -> :class:`MicroBatch`; ``exact_ints``: the ids are
-    already Python ints (the C++ binding's lists), so no per-id conversion."""
+def _to_micro_batch(placement, cp_size: int) -> MicroBatch:
+    """``(distributed, local)`` lists -> :class:`MicroBatch`."""
     dist, local = placement
-    if exact_ints:
-        return MicroBatch(distributed=tuple(dist), local=tuple(map(tuple, local)))
     return MicroBatch(distributed=tuple(map(int, dist)),
                       local=tuple(tuple(map(int, r)) for r in local))
 
@@ -189,11 +186,13 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
         placements = _skrull(arr, costs, shares, comm, cost_model.comm_latency(config.cp_size),
                              config, cost_model.micro_batch_overhead, backend,
                              cost_model.objective)
-        exact = backend == "cpp"
-        if exact:  # the core's flat arrays spare validate() and _predict() a walk per sample
-            placements, (count, *arrays) = placements
-            flat = FlatPlan(count, *arrays, [])
-        ranks = [[_to_micro_batch(p, config.cp_size, exact) for p in mbs] for mbs in placements]
+        if backend == "cpp":  # tuples, and flat arrays sparing validate() a walk per sample
+            placements, (count, *arrays, times) = placements
+            flat = FlatPlan(count, *arrays, [], times)
+            trusted = MicroBatch.trusted
+            ranks = [[trusted(*p) for p in mbs] for mbs in placements]
+        else:
+            ranks = [[_to_micro_batch(p, config.cp_size) for p in mbs] for mbs in placements]
     else:
         ranks = BASELINES[config.policy](arr, costs, config.dp_size, config.cp_size,
                                          config.bucket_size)
@@ -308,7 +307,9 @@ def _predict(plan: Plan, cost_model: CostModel, costs, comm, shares) -> dict:
         mb_times = [[micro_batch_seconds(mb, plan.lengths, costs, comm, cost_model, shares)
                      for mb in mbs] for mbs in plan.dp_ranks]
     else:
-        flat_times = _micro_batch_times(plan, flat, costs, comm, cost_model, shares).tolist()
+        flat_times = (flat.times if flat.times is not None
+                      else _micro_batch_times(plan, flat, costs, comm, cost_model, shares))
+        flat_times = flat_times.tolist()
         ends = np.cumsum([len(mbs) for mbs in plan.dp_ranks]).tolist()
         mb_times = [flat_times[end - len(mbs):end] for mbs, end in zip(plan.dp_ranks, ends)]
     rank_times = [float(sum(t)) for t in mb_times]

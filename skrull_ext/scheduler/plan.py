@@ -83,6 +83,16 @@ class MicroBatch:
         )
 
     @classmethod
+    def trusted(cls, distributed: tuple, local: tuple) -> "MicroBatch":
+        """A micro-batch from fields that already have the right types (tuples of ints,
+        e.g. the C++ core's): skips the dataclass ``__init__``, ~6x faster, which counts
+        for plans with thousands of micro-batches."""
+        mb = object.__new__(cls)
+        object.__setattr__(mb, "__dict__",
+                           {"distributed": distributed, "local": local, "grouped": ()})
+        return mb
+
+    @classmethod
     def empty(cls, cp_size: int) -> "MicroBatch":
         return cls(distributed=(), local=tuple(() for _ in range(cp_size)))
 
@@ -104,6 +114,8 @@ class FlatPlan:
         dist_ids: ``[P]`` distributed sample ids; ``dist_mb``: ``[P]`` their micro-batch.
         local_ids: ``[Q]`` local sample ids; ``local_slot``: ``[Q]`` their slot.
         grouped: ``(g, sample, first_rank, n_ranks)`` rows of grouped placements.
+        times: Optional ``[G]`` predicted seconds per micro-batch (overhead included, 0 when
+            empty) from the C++ core, bit-identical to the scheduler's vectorised prediction.
     """
 
     count: int
@@ -112,6 +124,7 @@ class FlatPlan:
     local_ids: np.ndarray
     local_slot: np.ndarray
     grouped: list
+    times: Optional[np.ndarray] = None
 
 
 def _int_array(values: list) -> Optional[np.ndarray]:
