@@ -99,18 +99,33 @@ skrull::Variant to_variant(int code) {
   return static_cast<skrull::Variant>(code);
 }
 
-py::list int_list(const std::vector<Index>& v) {
-  PyObject* list = PyList_New(static_cast<Py_ssize_t>(v.size()));
-  if (!list) throw py::error_already_set();
-  for (size_t j = 0; j < v.size(); ++j) {
-    PyObject* item = PyLong_FromLongLong(v[j]);
+// A new Python list (kTuple: tuple) of the ids.
+template <bool kTuple>
+PyObject* int_seq(const std::vector<Index>& v) {
+  const auto n = static_cast<Py_ssize_t>(v.size());
+  PyObject* seq = kTuple ? PyTuple_New(n) : PyList_New(n);
+  if (!seq) throw py::error_already_set();
+  for (Py_ssize_t j = 0; j < n; ++j) {
+    PyObject* item = PyLong_FromLongLong(v[static_cast<size_t>(j)]);
     if (!item) {
-      Py_DECREF(list);
+      Py_DECREF(seq);
       throw py::error_already_set();
     }
-    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(j), item);
+    if constexpr (kTuple) {
+      PyTuple_SET_ITEM(seq, j, item);
+    } else {
+      PyList_SET_ITEM(seq, j, item);
+    }
   }
-  return py::reinterpret_steal<py::list>(list);
+  return seq;
+}
+
+py::list int_list(const std::vector<Index>& v) {
+  return py::reinterpret_steal<py::list>(int_seq<false>(v));
+}
+
+py::tuple int_tuple(const std::vector<Index>& v) {
+  return py::reinterpret_steal<py::tuple>(int_seq<true>(v));
 }
 
 // Pauses Python's cyclic GC while building a large result: the many fresh lists would
@@ -127,20 +142,6 @@ class GcPause {
  private:
   bool was_enabled_;
 };
-
-py::tuple int_tuple(const std::vector<Index>& v) {
-  PyObject* tup = PyTuple_New(static_cast<Py_ssize_t>(v.size()));
-  if (!tup) throw py::error_already_set();
-  for (size_t j = 0; j < v.size(); ++j) {
-    PyObject* item = PyLong_FromLongLong(v[j]);
-    if (!item) {
-      Py_DECREF(tup);
-      throw py::error_already_set();
-    }
-    PyTuple_SET_ITEM(tup, static_cast<Py_ssize_t>(j), item);
-  }
-  return py::reinterpret_steal<py::tuple>(tup);
-}
 
 // (distributed, local) as tuples of ints: MicroBatch's own field types.
 py::tuple placement_tuple(const skrull::Placement& p) {
