@@ -394,6 +394,8 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
   const std::pair<Grouping, bool> candidates[] = {
       {sorted_groups, false}, {nullptr, false},           {kk_groups, true},
       {all_cp_groups, false}, {per_seq_cp_groups, false}, {hybrid_cp_groups, true}};
+  // Then reference pack.PACK_THRESHOLDS in order: `pack`, `pack-95` (their divisors).
+  const int pack_divisors[] = {0, 20};
   std::vector<RankSplit> best;
   double best_t = std::numeric_limits<double>::infinity();
   for (const auto& [grouping, is_costly] : candidates) {
@@ -414,6 +416,15 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
     const double t = iteration_time(ctx, *placed, overhead);
     if (t < best_t) {
       best = std::move(*placed);
+      best_t = t;
+    }
+  }
+  for (int divisor : pack_divisors) {
+    auto placed = pack_schedule(batch, dp_size, cp_size, bucket_size,
+                                pack_threshold(divisor, bucket_size));
+    const double t = iteration_time(ctx, placed, overhead);
+    if (t < best_t) {
+      best = std::move(placed);
       best_t = t;
     }
   }

@@ -23,12 +23,14 @@ import math
 from typing import Optional, Sequence
 
 from skrull_ext.scheduler.baselines import GROUPINGS
+from skrull_ext.scheduler.pack import PACK_THRESHOLDS, pack_schedule, pack_threshold
 from skrull_ext.scheduler.reference import GdsContext, Placement, gds_schedule
 from skrull_ext.scheduler.refine import all_distributed, place_group, placement_time, refine
 
 # Candidates in order (ties keep the earlier): the sorted grouping first (cheap, and a good
-# bar: C++ stops GDS as soon as GDS cannot beat it), then GDS, then the other groupings.
-PORTFOLIO = ("sorted", "gds", "kk", "all-cp", "per-seq-cp", "hybrid-cp")
+# bar: C++ stops GDS as soon as GDS cannot beat it), then GDS, then the other groupings,
+# then ours that place samples themselves (:mod:`skrull_ext.scheduler.pack`).
+PORTFOLIO = ("sorted", "gds", "kk", "all-cp", "per-seq-cp", "hybrid-cp") + tuple(PACK_THRESHOLDS)
 # Groupings whose cost grows with K x micro-batches per DP rank.
 COSTLY_GROUPINGS = ("kk", "hybrid-cp")
 MAX_GROUPING_WORK = 1 << 20
@@ -76,8 +78,9 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
                        variant: str = "auto", shares=None, objective: str = "paper",
                        candidates: Sequence[str] = PORTFOLIO, budget: int = 0
                        ) -> list[list[Placement]]:
-    """Each of ``candidates`` in order (``gds``: :func:`gds_schedule`; a baseline name: its
-    grouping placed by :func:`place_groups`); the lowest :func:`iteration_time` wins (ties:
+    """Each of ``candidates`` in order (``gds``: :func:`gds_schedule`; ``pack``/``pack-95``:
+    :func:`~skrull_ext.scheduler.pack.pack_schedule`; a baseline name: its grouping placed
+    by :func:`place_groups`); the lowest :func:`iteration_time` wins (ties:
     the earlier), then :func:`~skrull_ext.scheduler.refine.refine` improves it within
     ``budget`` work units (0: no refinement).  Same return value as
     :func:`~skrull_ext.scheduler.reference.gds_schedule` (equal micro-batch counts)."""
@@ -89,6 +92,9 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
         if name == "gds":
             placed = gds_schedule(lengths, costs, comm, latency, dp_size, cp_size, bucket_size,
                                   rollback, overhead, variant, shares, objective)
+        elif name in PACK_THRESHOLDS:
+            placed = pack_schedule(lengths, costs, shares, dp_size, cp_size, bucket_size,
+                                   pack_threshold(name, bucket_size))
         elif costly and name in COSTLY_GROUPINGS:
             continue
         else:
