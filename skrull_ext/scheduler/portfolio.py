@@ -34,6 +34,9 @@ PORTFOLIO = ("sorted", "gds", "kk", "all-cp", "per-seq-cp", "hybrid-cp") + tuple
 # Groupings whose cost grows with K x micro-batches per DP rank.
 COSTLY_GROUPINGS = ("kk", "hybrid-cp")
 MAX_GROUPING_WORK = 1 << 20
+# The pack candidates (O(K log K) each) are skipped above this many samples (a size rule:
+# they matter at GBS ~4096 with a tight bucket, and cost ~10 ms each at K = 65,536).
+MAX_PACK_SAMPLES = 1 << 14
 
 
 def grouping_work(lengths, dp_size: int, cp_size: int, bucket_size: int) -> int:
@@ -65,6 +68,25 @@ def place_groups(ctx: GdsContext, groups: Sequence[Sequence[Sequence[int]]], ove
     return out
 
 
+def dacp_each(ctx: GdsContext, splits) -> list[list[Placement]]:
+    """Each micro-batch of ``splits`` re-placed by :func:`place_group` (its samples:
+    distributed first, then CP rank by rank) when that is strictly faster.
+
+    The pack candidates leave few local samples in a micro-batch whose shards fill most of
+    the bucket, one per CP rank, so the largest sets the micro-batch's time; distributing
+    them (DACP decides) can be cheaper.
+    """
+    out = []
+    for split in splits:
+        rank = []
+        for p in split:
+            alt = place_group(ctx, list(p[0]) + [i for r in p[1] for i in r])
+            better = alt is not None and placement_time(ctx, alt) < placement_time(ctx, p)
+            rank.append(alt if better else p)
+        out.append(rank)
+    return out
+
+
 def iteration_time(ctx: GdsContext, splits, overhead: float) -> float:
     """The slowest DP rank's :meth:`GdsContext.split_time`."""
     worst = 0.0
@@ -79,7 +101,7 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
                        candidates: Sequence[str] = PORTFOLIO, budget: int = 0
                        ) -> list[list[Placement]]:
     """Each of ``candidates`` in order (``gds``: :func:`gds_schedule`; ``pack``/``pack-95``:
-    :func:`~skrull_ext.scheduler.pack.pack_schedule`; a baseline name: its grouping placed
+    :func:`~skrull_ext.scheduler.pack.pack_schedule`, up to :data:`MAX_PACK_SAMPLES` samples; a baseline name: its grouping placed
     by :func:`place_groups`); the lowest :func:`iteration_time` wins (ties:
     the earlier), then :func:`~skrull_ext.scheduler.refine.refine` improves it within
     ``budget`` work units (0: no refinement).  Same return value as
@@ -93,8 +115,10 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
             placed = gds_schedule(lengths, costs, comm, latency, dp_size, cp_size, bucket_size,
                                   rollback, overhead, variant, shares, objective)
         elif name in PACK_THRESHOLDS:
-            placed = pack_schedule(lengths, costs, shares, dp_size, cp_size, bucket_size,
-                                   pack_threshold(name, bucket_size))
+            if len(lengths) > MAX_PACK_SAMPLES:
+                continue
+            placed = dacp_each(ctx, pack_schedule(lengths, costs, shares, dp_size, cp_size,
+                                                  bucket_size, pack_threshold(name, bucket_size)))
         elif costly and name in COSTLY_GROUPINGS:
             continue
         else:
@@ -112,6 +136,6 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
     return best
 
 
-__all__ = ["COSTLY_GROUPINGS", "MAX_GROUPING_WORK", "PORTFOLIO", "all_distributed",
+__all__ = ["COSTLY_GROUPINGS", "MAX_GROUPING_WORK", "MAX_PACK_SAMPLES", "dacp_each", "PORTFOLIO", "all_distributed",
            "grouping_work", "iteration_time", "place_group", "place_groups",
            "portfolio_schedule"]
