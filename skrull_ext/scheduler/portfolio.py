@@ -6,7 +6,10 @@ micro-batches, sorted packs, dataset-order packs, one sample per micro-batch, hy
 greedy blocks).  The portfolio places every baseline's micro-batches with DACP (or keeps
 them all-distributed when that is faster) and keeps the candidate whose predicted
 iteration time (the slowest DP rank) is the lowest; ties keep the earlier in
-:data:`PORTFOLIO`.  Because a baseline's
+:data:`PORTFOLIO`.  Two candidates of ours place samples themselves
+(:mod:`skrull_ext.scheduler.pack`: the long samples distributed in few micro-batches, the
+rest leveled over every CP rank's slot; then DACP per micro-batch when faster), for tight
+buckets with large batches, where hybrid CP's sub-group rings beat the groupings above.  Because a baseline's
 own all-CP placement of each micro-batch is a candidate, and the prediction sums the
 same micro-batch times in the same order, Skrull's predicted time is never above that of
 ``kk``, ``sorted``, ``all-cp`` or ``per-seq-cp`` on the same cost model.
