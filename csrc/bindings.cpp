@@ -138,6 +138,17 @@ py::object placement_obj(const std::optional<skrull::Placement>& p) {
   return py::make_tuple(int_list(p->distributed), nested_list(p->local));
 }
 
+// A plan as list[DP] of list[micro-batch] of (distributed, local).
+py::list splits_list(const std::vector<skrull::RankSplit>& splits) {
+  py::list out(splits.size());
+  for (size_t d = 0; d < splits.size(); ++d) {
+    py::list rank(splits[d].size());
+    for (size_t m = 0; m < splits[d].size(); ++m) rank[m] = placement_obj(splits[d][m]);
+    out[d] = rank;
+  }
+  return out;
+}
+
 // Owns the converted arrays of a global batch and checks their shapes and values.
 struct BatchArgs {
   I64Array lengths;
@@ -203,13 +214,7 @@ py::list run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Array 
     splits = fn(args.view, latency, dp_size, cp_size, bucket_size, policy, overhead, var, budget);
   }
   GcPause pause;
-  py::list out(splits.size());
-  for (size_t d = 0; d < splits.size(); ++d) {
-    py::list rank(splits[d].size());
-    for (size_t m = 0; m < splits[d].size(); ++m) rank[m] = placement_obj(splits[d][m]);
-    out[d] = rank;
-  }
-  return out;
+  return splits_list(splits);
 }
 
 py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
@@ -241,13 +246,7 @@ py::list pack_schedule(I64Array lengths, F64Array costs, py::object shares, int 
     py::gil_scoped_release release;
     splits = skrull::pack_schedule(args.view, dp_size, cp_size, bucket_size, threshold);
   }
-  py::list out(splits.size());
-  for (size_t d = 0; d < splits.size(); ++d) {
-    py::list rank(splits[d].size());
-    for (size_t m = 0; m < splits[d].size(); ++m) rank[m] = placement_obj(splits[d][m]);
-    out[d] = rank;
-  }
-  return out;
+  return splits_list(splits);
 }
 
 py::list baseline_groups(I64Array lengths, F64Array costs, int dp_size, int cp_size,
