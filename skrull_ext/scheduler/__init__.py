@@ -181,14 +181,14 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
         raise ImportError("backend='cpp' but skrull_ext._C is not built")
     shares = np.ascontiguousarray(cost_model.share_seconds(arr, config.cp_size),
                                   dtype=np.float64)
-    flat = None
+    flat = times = None
     if config.policy == "skrull":
         placements = _skrull(arr, costs, shares, comm, cost_model.comm_latency(config.cp_size),
                              config, cost_model.micro_batch_overhead, backend,
                              cost_model.objective)
         if backend == "cpp":  # tuples, and flat arrays sparing validate() a walk per sample
             placements, (count, *arrays, times) = placements
-            flat = FlatPlan(count, *arrays, [], times)
+            flat = FlatPlan(count, *arrays, [])
             trusted = MicroBatch.trusted
             ranks = [[trusted(*p) for p in mbs] for mbs in placements]
         else:
@@ -198,7 +198,7 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
                                          config.bucket_size)
     m = max(1, max(len(r) for r in ranks))
     if flat is not None and any(len(r) != m for r in ranks):
-        flat = None  # padding below renumbers the micro-batches
+        flat = times = None  # padding below renumbers the micro-batches
     ranks = [list(r) + [MicroBatch.empty(config.cp_size)] * (m - len(r)) for r in ranks]
     plan = Plan(lengths=arr, dp_size=config.dp_size, cp_size=config.cp_size,
                 bucket_size=config.bucket_size, policy=config.policy,
@@ -206,7 +206,8 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
     if flat is not None:
         plan.__dict__["flat"] = flat  # Plan.flat's cached_property slot
     plan.validate()
-    out = dataclasses.replace(plan, predicted=_predict(plan, cost_model, costs, comm, shares))
+    out = dataclasses.replace(plan, predicted=_predict(plan, cost_model, costs, comm, shares,
+                                                       times))
     out.__dict__["flat"] = plan.flat
     return out
 
@@ -300,14 +301,16 @@ def predict(plan: Plan, cost_model: CostModel) -> dict:
                     cost_model.share_seconds(plan.lengths, plan.cp_size))
 
 
-def _predict(plan: Plan, cost_model: CostModel, costs, comm, shares) -> dict:
-    """:func:`predict` with the plan's ``[K]`` cost arrays already computed (by schedule)."""
+def _predict(plan: Plan, cost_model: CostModel, costs, comm, shares, times=None) -> dict:
+    """:func:`predict` with the plan's ``[K]`` cost arrays already computed (by schedule);
+    ``times``: the C++ core's ``[G]`` micro-batch seconds under this cost model (overhead
+    included, 0 when empty; the same float operations as :func:`_micro_batch_times`)."""
     flat = plan.flat
     if flat is None or flat.count == 0:
         mb_times = [[micro_batch_seconds(mb, plan.lengths, costs, comm, cost_model, shares)
                      for mb in mbs] for mbs in plan.dp_ranks]
     else:
-        flat_times = (flat.times if flat.times is not None
+        flat_times = (times if times is not None
                       else _micro_batch_times(plan, flat, costs, comm, cost_model, shares))
         flat_times = flat_times.tolist()
         ends = np.cumsum([len(mbs) for mbs in plan.dp_ranks]).tolist()

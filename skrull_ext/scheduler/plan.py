@@ -114,8 +114,6 @@ class FlatPlan:
         dist_ids: ``[P]`` distributed sample ids; ``dist_mb``: ``[P]`` their micro-batch.
         local_ids: ``[Q]`` local sample ids; ``local_slot``: ``[Q]`` their slot.
         grouped: ``(g, sample, first_rank, n_ranks)`` rows of grouped placements.
-        times: Optional ``[G]`` predicted seconds per micro-batch (overhead included, 0 when
-            empty) from the C++ core, bit-identical to the scheduler's vectorised prediction.
     """
 
     count: int
@@ -124,7 +122,6 @@ class FlatPlan:
     local_ids: np.ndarray
     local_slot: np.ndarray
     grouped: list
-    times: Optional[np.ndarray] = None
 
 
 def _int_array(values: list) -> Optional[np.ndarray]:
