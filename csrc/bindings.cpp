@@ -138,6 +138,17 @@ py::object placement_obj(const std::optional<skrull::Placement>& p) {
   return py::make_tuple(int_list(p->distributed), nested_list(p->local));
 }
 
+// A plan as list[DP] of list[micro-batch] of (distributed, local).
+py::list splits_list(const std::vector<skrull::RankSplit>& splits) {
+  py::list out(splits.size());
+  for (size_t d = 0; d < splits.size(); ++d) {
+    py::list rank(splits[d].size());
+    for (size_t m = 0; m < splits[d].size(); ++m) rank[m] = placement_obj(splits[d][m]);
+    out[d] = rank;
+  }
+  return out;
+}
+
 // Owns the converted arrays of a global batch and checks their shapes and values.
 struct BatchArgs {
   I64Array lengths;
@@ -203,13 +214,7 @@ py::list run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Array 
     splits = fn(args.view, latency, dp_size, cp_size, bucket_size, policy, overhead, var, budget);
   }
   GcPause pause;
-  py::list out(splits.size());
-  for (size_t d = 0; d < splits.size(); ++d) {
-    py::list rank(splits[d].size());
-    for (size_t m = 0; m < splits[d].size(); ++m) rank[m] = placement_obj(splits[d][m]);
-    out[d] = rank;
-  }
-  return out;
+  return splits_list(splits);
 }
 
 py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
@@ -227,6 +232,21 @@ py::list portfolio_schedule(I64Array lengths, F64Array costs, F64Array comm, dou
   return run_scheduler(&skrull::portfolio_schedule, std::move(lengths), std::move(costs),
                        std::move(comm), latency, dp_size, cp_size, bucket_size, rollback,
                        overhead, variant, std::move(shares), objective, budget);
+}
+
+// (ours) The portfolio's pack candidate alone (reference pack.pack_schedule), for tests.
+py::list pack_schedule(I64Array lengths, F64Array costs, py::object shares, int dp_size,
+                       int cp_size, int64_t bucket_size, int64_t threshold) {
+  BatchArgs args(std::move(lengths), std::move(costs), py::none(), std::move(shares));
+  check_positive(dp_size, "dp_size");
+  check_positive(cp_size, "cp_size");
+  check_positive(bucket_size, "bucket_size");
+  std::vector<skrull::RankSplit> splits;
+  {
+    py::gil_scoped_release release;
+    splits = skrull::pack_schedule(args.view, dp_size, cp_size, bucket_size, threshold);
+  }
+  return splits_list(splits);
 }
 
 py::list baseline_groups(I64Array lengths, F64Array costs, int dp_size, int cp_size,
@@ -344,6 +364,9 @@ PYBIND11_MODULE(_C, mod) {
   mod.def("baseline_groups", &baseline_groups, py::arg("lengths"), py::arg("costs"),
           py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"), py::arg("name"),
           "A baseline's samples per DP rank and micro-batch (scheduler.baselines.GROUPINGS).");
+  mod.def("pack_schedule", &pack_schedule, py::arg("lengths"), py::arg("costs"),
+          py::arg("shares"), py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"),
+          py::arg("threshold"), "(ours) The portfolio's pack candidate (scheduler.pack).");
   mod.def("dacp_place", &dacp_place, py::arg("lengths"), py::arg("costs"), py::arg("idx"),
           py::arg("cp_size"), py::arg("bucket_size"), py::arg("rollback") = 0,
           py::arg("shares") = py::none(),

@@ -15,6 +15,8 @@ namespace {
 
 // reference portfolio.MAX_GROUPING_WORK: kk and hybrid-cp are skipped above it.
 constexpr int64_t kMaxGroupingWork = int64_t{1} << 20;
+// reference portfolio.MAX_PACK_SAMPLES: the pack candidates are skipped above it.
+constexpr int64_t kMaxPackSamples = int64_t{1} << 14;
 
 // Packs `order` into consecutive groups whose shard tokens fit the bucket (_next_fit).
 std::vector<std::vector<Index>> next_fit(const Batch& batch, const std::vector<Index>& order,
@@ -111,6 +113,23 @@ std::optional<std::vector<RankSplit>> place_groups(const GdsContext& ctx, const 
     out.push_back(std::move(placed));
   }
   return out;
+}
+
+// Each micro-batch re-placed by place_group (samples: distributed, then CP rank by rank)
+// when strictly faster (reference dacp_each).
+void dacp_each(const GdsContext& ctx, std::vector<RankSplit>& splits) {
+  const Batch& b = ctx.batch;
+  for (auto& split : splits) {
+    for (auto& p : split) {
+      std::vector<Index> group(p.distributed);
+      for (const auto& r : p.local) group.insert(group.end(), r.begin(), r.end());
+      auto alt = place_group(ctx, group);
+      if (alt && micro_batch_time(*alt, b, ctx.latency, ctx.cp_size) <
+                     micro_batch_time(p, b, ctx.latency, ctx.cp_size)) {
+        p = std::move(*alt);
+      }
+    }
+  }
 }
 
 double iteration_time(const GdsContext& ctx, const std::vector<RankSplit>& splits,
@@ -394,6 +413,8 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
   const std::pair<Grouping, bool> candidates[] = {
       {sorted_groups, false}, {nullptr, false},           {kk_groups, true},
       {all_cp_groups, false}, {per_seq_cp_groups, false}, {hybrid_cp_groups, true}};
+  // Then reference pack.PACK_THRESHOLDS in order: `pack`, `pack-95` (their divisors).
+  const int pack_divisors[] = {0, 20};
   std::vector<RankSplit> best;
   double best_t = std::numeric_limits<double>::infinity();
   for (const auto& [grouping, is_costly] : candidates) {
@@ -414,6 +435,17 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
     const double t = iteration_time(ctx, *placed, overhead);
     if (t < best_t) {
       best = std::move(*placed);
+      best_t = t;
+    }
+  }
+  for (int divisor : pack_divisors) {
+    if (batch.size > kMaxPackSamples) break;
+    auto placed = pack_schedule(batch, dp_size, cp_size, bucket_size,
+                                pack_threshold(divisor, bucket_size));
+    dacp_each(ctx, placed);
+    const double t = iteration_time(ctx, placed, overhead);
+    if (t < best_t) {
+      best = std::move(placed);
       best_t = t;
     }
   }

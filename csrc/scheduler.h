@@ -157,6 +157,15 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
                                           double overhead, Variant variant = Variant::kAuto,
                                           int64_t budget = 0);
 
+// ---- pack.cpp: (ours) the portfolio's `pack` candidates (reference scheduler/pack.py).
+// Samples longer than bucket - bucket / divisor (divisor 0: the bucket) are distributed.
+int64_t pack_threshold(int divisor, int64_t bucket_size);
+// LPT over DP ranks on each sample's least work, then per rank the long samples
+// distributed first-fit decreasing, the others whole on the least-loaded slot with room;
+// non-empty micro-batches only (not padded to equal counts).
+std::vector<RankSplit> pack_schedule(const Batch& batch, int dp_size, int cp_size,
+                                     int64_t bucket_size, int64_t threshold);
+
 // ---- refine.cpp: (ours) local search under the iteration time (reference refine.refine):
 // relocate / swap / merge moves from the slowest DP rank, at most `budget` work units.
 std::vector<RankSplit> refine(const GdsContext& ctx, std::vector<RankSplit> splits,

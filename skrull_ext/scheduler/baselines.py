@@ -10,6 +10,7 @@ import heapq
 
 import numpy as np
 
+from skrull_ext import _backend
 from skrull_ext.scheduler.plan import MicroBatch
 from skrull_ext.sharding import shard_tokens
 from skrull_ext.scheduler.reference import lpt_partition
@@ -94,14 +95,35 @@ def _hybrid_place(mbs, lengths, costs, i, n, cp_size, bucket_size):
     return False
 
 
-def _hybrid_micro_batches(lengths, costs, dp_size, cp_size, bucket_size) -> list[list[dict]]:
+def _new_hybrid_micro_batch(cp_size, bucket_size) -> dict:
+    return {"rem": [bucket_size] * cp_size, "load": [0.0] * cp_size, "items": []}
+
+
+def _hybrid_micro_batches(lengths, costs, dp_size, cp_size, bucket_size,
+                          fast: bool = False) -> list[list[dict]]:
+    """Each DP rank's hybrid-CP micro-batches; ``fast``: grouped by the C++ core when built."""
+    groups = _cpp_groups("hybrid-cp", lengths, costs, dp_size, cp_size, bucket_size) if fast else None
+    if groups is not None:
+        # The same micro-batches: a sample joined the first one with room, whose state then
+        # held exactly its earlier samples, so replaying each one's samples in order
+        # reproduces every placement.
+        out = []
+        for rank in groups:
+            mbs = []
+            for group in rank:
+                mbs.append(_new_hybrid_micro_batch(cp_size, bucket_size))
+                for i in group:
+                    n = hybrid_cp_size(int(lengths[i]), cp_size, bucket_size)
+                    _hybrid_place(mbs[-1:], lengths, costs, i, n, cp_size, bucket_size)
+            out.append(mbs)
+        return out
     out = []
     for s in np.array_split(np.arange(len(lengths)), dp_size):
         mbs: list[dict] = []
         for i in sorted(s.tolist(), key=lambda i: (-costs[i], i)):
             n = hybrid_cp_size(int(lengths[i]), cp_size, bucket_size)
             if not _hybrid_place(mbs, lengths, costs, i, n, cp_size, bucket_size):
-                mbs.append({"rem": [bucket_size] * cp_size, "load": [0.0] * cp_size, "items": []})
+                mbs.append(_new_hybrid_micro_batch(cp_size, bucket_size))
                 _hybrid_place(mbs[-1:], lengths, costs, i, n, cp_size, bucket_size)
         out.append(mbs)
     return out
@@ -115,7 +137,8 @@ def hybrid_cp(lengths, costs, dp_size, cp_size, bucket_size):
     placements become ``local``, full-group ones ``distributed``, the rest ``grouped``.
     """
     return [[_hybrid_micro_batch(mb["items"], cp_size) for mb in mbs]
-            for mbs in _hybrid_micro_batches(lengths, costs, dp_size, cp_size, bucket_size)]
+            for mbs in _hybrid_micro_batches(lengths, costs, dp_size, cp_size, bucket_size,
+                                             fast=True)]
 
 
 def _hybrid_micro_batch(items, cp_size) -> MicroBatch:
@@ -174,6 +197,26 @@ def kk_groups(lengths, costs, dp_size, cp_size, bucket_size):
     return out
 
 
+def _cpp_groups(name, lengths, costs, dp_size, cp_size, bucket_size):
+    """A grouping computed by the C++ core (the same answer, ``tests/test_parity.py``), or
+    ``None`` without it.  Only the baseline *policies* use it (Karmarkar-Karp and hybrid CP
+    in Python take seconds at GBS 4096); :data:`GROUPINGS` stay the Python reference."""
+    cpp = _backend.CPP
+    if cpp is None:
+        return None
+    return cpp.baseline_groups(np.ascontiguousarray(lengths, dtype=np.int64),
+                               np.ascontiguousarray(costs, dtype=np.float64),
+                               dp_size, cp_size, bucket_size, name)
+
+
+def _kk_policy(lengths, costs, dp_size, cp_size, bucket_size):
+    """FLOP-balanced batching (verl/slime style) without DACP. All-CP micro-batches."""
+    groups = _cpp_groups("kk", lengths, costs, dp_size, cp_size, bucket_size)
+    if groups is None:
+        groups = kk_groups(lengths, costs, dp_size, cp_size, bucket_size)
+    return [[_all_cp(g, cp_size) for g in rank] for rank in groups]
+
+
 def hybrid_cp_groups(lengths, costs, dp_size, cp_size, bucket_size):
     """The samples of each :func:`hybrid_cp` micro-batch, in placement order."""
     return [[[i for i, _, _ in mb["items"]] for mb in mbs]
@@ -183,7 +226,7 @@ def hybrid_cp_groups(lengths, costs, dp_size, cp_size, bucket_size):
 per_seq_cp = _all_cp_policy(per_seq_cp_groups)
 all_cp = _all_cp_policy(all_cp_groups)
 sorted_batching = _all_cp_policy(sorted_groups)
-kk_balanced = _all_cp_policy(kk_groups)
+kk_balanced = _kk_policy
 
 # Each baseline's samples per DP rank and micro-batch (Skrull's portfolio places them).
 GROUPINGS = {

@@ -6,7 +6,10 @@ micro-batches, sorted packs, dataset-order packs, one sample per micro-batch, hy
 greedy blocks).  The portfolio places every baseline's micro-batches with DACP (or keeps
 them all-distributed when that is faster) and keeps the candidate whose predicted
 iteration time (the slowest DP rank) is the lowest; ties keep the earlier in
-:data:`PORTFOLIO`.  Because a baseline's
+:data:`PORTFOLIO`.  Two candidates of ours place samples themselves
+(:mod:`skrull_ext.scheduler.pack`: the long samples distributed in few micro-batches, the
+rest leveled over every CP rank's slot; then DACP per micro-batch when faster), for tight
+buckets with large batches, where hybrid CP's sub-group rings beat the groupings above.  Because a baseline's
 own all-CP placement of each micro-batch is a candidate, and the prediction sums the
 same micro-batch times in the same order, Skrull's predicted time is never above that of
 ``kk``, ``sorted``, ``all-cp`` or ``per-seq-cp`` on the same cost model.
@@ -23,15 +26,20 @@ import math
 from typing import Optional, Sequence
 
 from skrull_ext.scheduler.baselines import GROUPINGS
+from skrull_ext.scheduler.pack import PACK_THRESHOLDS, pack_schedule, pack_threshold
 from skrull_ext.scheduler.reference import GdsContext, Placement, gds_schedule
 from skrull_ext.scheduler.refine import all_distributed, place_group, placement_time, refine
 
 # Candidates in order (ties keep the earlier): the sorted grouping first (cheap, and a good
-# bar: C++ stops GDS as soon as GDS cannot beat it), then GDS, then the other groupings.
-PORTFOLIO = ("sorted", "gds", "kk", "all-cp", "per-seq-cp", "hybrid-cp")
+# bar: C++ stops GDS as soon as GDS cannot beat it), then GDS, then the other groupings,
+# then ours that place samples themselves (:mod:`skrull_ext.scheduler.pack`).
+PORTFOLIO = ("sorted", "gds", "kk", "all-cp", "per-seq-cp", "hybrid-cp") + tuple(PACK_THRESHOLDS)
 # Groupings whose cost grows with K x micro-batches per DP rank.
 COSTLY_GROUPINGS = ("kk", "hybrid-cp")
 MAX_GROUPING_WORK = 1 << 20
+# The pack candidates (O(K log K) each) are skipped above this many samples (a size rule:
+# they matter at GBS ~4096 with a tight bucket, and cost ~10 ms each at K = 65,536).
+MAX_PACK_SAMPLES = 1 << 14
 
 
 def grouping_work(lengths, dp_size: int, cp_size: int, bucket_size: int) -> int:
@@ -63,6 +71,25 @@ def place_groups(ctx: GdsContext, groups: Sequence[Sequence[Sequence[int]]], ove
     return out
 
 
+def dacp_each(ctx: GdsContext, splits) -> list[list[Placement]]:
+    """Each micro-batch of ``splits`` re-placed by :func:`place_group` (its samples:
+    distributed first, then CP rank by rank) when that is strictly faster.
+
+    The pack candidates leave few local samples in a micro-batch whose shards fill most of
+    the bucket, one per CP rank, so the largest sets the micro-batch's time; distributing
+    them (DACP decides) can be cheaper.
+    """
+    out = []
+    for split in splits:
+        rank = []
+        for p in split:
+            alt = place_group(ctx, list(p[0]) + [i for r in p[1] for i in r])
+            better = alt is not None and placement_time(ctx, alt) < placement_time(ctx, p)
+            rank.append(alt if better else p)
+        out.append(rank)
+    return out
+
+
 def iteration_time(ctx: GdsContext, splits, overhead: float) -> float:
     """The slowest DP rank's :meth:`GdsContext.split_time`."""
     worst = 0.0
@@ -76,8 +103,9 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
                        variant: str = "auto", shares=None, objective: str = "paper",
                        candidates: Sequence[str] = PORTFOLIO, budget: int = 0
                        ) -> list[list[Placement]]:
-    """Each of ``candidates`` in order (``gds``: :func:`gds_schedule`; a baseline name: its
-    grouping placed by :func:`place_groups`); the lowest :func:`iteration_time` wins (ties:
+    """Each of ``candidates`` in order (``gds``: :func:`gds_schedule`; ``pack``/``pack-95``:
+    :func:`~skrull_ext.scheduler.pack.pack_schedule`, up to :data:`MAX_PACK_SAMPLES` samples; a baseline name: its grouping placed
+    by :func:`place_groups`); the lowest :func:`iteration_time` wins (ties:
     the earlier), then :func:`~skrull_ext.scheduler.refine.refine` improves it within
     ``budget`` work units (0: no refinement).  Same return value as
     :func:`~skrull_ext.scheduler.reference.gds_schedule` (equal micro-batch counts)."""
@@ -89,6 +117,11 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
         if name == "gds":
             placed = gds_schedule(lengths, costs, comm, latency, dp_size, cp_size, bucket_size,
                                   rollback, overhead, variant, shares, objective)
+        elif name in PACK_THRESHOLDS:
+            if len(lengths) > MAX_PACK_SAMPLES:
+                continue
+            placed = dacp_each(ctx, pack_schedule(lengths, costs, shares, dp_size, cp_size,
+                                                  bucket_size, pack_threshold(name, bucket_size)))
         elif costly and name in COSTLY_GROUPINGS:
             continue
         else:
@@ -106,6 +139,6 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
     return best
 
 
-__all__ = ["COSTLY_GROUPINGS", "MAX_GROUPING_WORK", "PORTFOLIO", "all_distributed",
+__all__ = ["COSTLY_GROUPINGS", "MAX_GROUPING_WORK", "MAX_PACK_SAMPLES", "dacp_each", "PORTFOLIO", "all_distributed",
            "grouping_work", "iteration_time", "place_group", "place_groups",
            "portfolio_schedule"]
