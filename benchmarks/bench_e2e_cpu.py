@@ -97,8 +97,9 @@ def run_passes(run_argv, batches, policies, args) -> tuple[list, dict]:
         at.setdefault(case, []).append((t[0], parts[0] if parts else None))
     order = passes[min(args.warmup_passes, len(passes) - 1)]
     runs = [at[c][args.warmup_passes:] for c in order]
+    breakdown = any(p is not None for r in runs for _, p in r)
     return order, {"times": [[t for t, _ in r] for r in runs],
-                   "parts": [[p for _, p in r] for r in runs] if res["parts"] else []}
+                   "parts": [[p for _, p in r] for r in runs] if breakdown else []}
 
 
 def summarize(order, times, parts, plans, first: int):
