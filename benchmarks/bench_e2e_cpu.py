@@ -10,14 +10,27 @@ planned by the launcher's batch scheduler (``--skrull-scheduler <policy>``, ``cp
 preset; planning is timed) and then runs forward/backward, the gradient all-reduce, clipping
 and AdamW (:meth:`Trainer.run_plan`).
 
-Every (iteration, policy) runs ``--repeats`` times (in separate passes) and its median is
-its time.  Printed: per policy the median iteration time over the measured iterations and
-the total time, each with its ratio to ``skrull``, tokens kept local, micro-batches, the
-scheduler's predicted time (median), and the time split summed over the iterations
-(rank 0; see :data:`train_harness.PARTS`); then the per-iteration times.
+Timing method (the same for every policy): the run is a sequence of *passes*, each running
+every (iteration, policy) case once in the rotating order above, shifted by one policy from
+pass to pass (so no policy always runs first or last after an iteration of another size).  The first
+``--warmup-passes`` passes (default 1) are not measured: before anything is timed, every
+policy has run every measured batch -- the largest shapes included -- so one-time costs
+(allocator growth to the largest activations, the kernels' and autograd's first calls on
+new shapes, page faults of fresh memory, the first P2P exchanges of a size) are paid
+outside the measurement by all policies alike.  (The ``--warmup`` iterations alone do not
+do that: they are the sampler's first, usually small, batches.)  Then every case runs
+``--repeats`` more times, in separate passes; its median is its time, and a policy's total
+is the sum of its medians over the measured iterations.  Because the machine's speed drifts
+between passes (other processes), the per-pass totals and their ratios to the reference
+are printed too: a ratio on both sides of 1.00 in different passes is within the noise.
+Printed: per policy the median iteration time over the measured iterations and the total
+time, each with its ratio to ``skrull``, tokens kept local, micro-batches, the scheduler's
+predicted time (median), and the time split summed over the iterations (rank 0; see
+:data:`train_harness.PARTS`); then the per-iteration times and the per-pass totals.
 Usage::
 
     PYTHONPATH=$PWD python benchmarks/bench_e2e_cpu.py [--iters 8] [--warmup 1]
+        [--warmup-passes 1] [--repeats 3]
         [--model h256] [--global-batch-size 32] [--bucket 12288] [--seed 1]
         [--policies skrull all-cp per-seq-cp hybrid-cp ...]
 """
@@ -60,13 +73,33 @@ def build(args, prefix):
     return argv, batches, plans
 
 
-def schedule_cases(batches, start: int, policies=POLICIES):
-    """``[(iteration, policy)]`` from ``start``: every batch under each policy, rotating."""
+def schedule_cases(batches, start: int, policies=POLICIES, shift: int = 0):
+    """``[(iteration, policy)]`` from ``start``: every batch under each policy, rotating
+    (by ``i + shift``: a pass with another ``shift`` puts each policy elsewhere)."""
     out = []
     for i in range(start, len(batches)):
-        k = i % len(policies)
+        k = (i + shift) % len(policies)
         out.extend((i, p) for p in policies[k:] + policies[:k])
     return out
+
+
+def run_passes(run_argv, batches, policies, args) -> tuple[list, dict]:
+    """Runs the warm-up and measured passes, each in its own rotation; returns
+    ``(order, {"times": [case][pass], "parts": [case][pass]})`` over the measured passes,
+    ``order`` the first measured pass's ``[(iteration, policy)]``."""
+    passes = [schedule_cases(batches, 0, policies, shift=r)
+              for r in range(args.warmup_passes + args.repeats)]
+    flat = [c for order in passes for c in order]
+    res = th.run_cases(run_argv, 2, [(batches[i], p) for i, p in flat], repeats=1, warmup=0,
+                       breakdown=not args.no_breakdown)
+    at = {}  # (iteration, policy) -> its runs, pass by pass
+    for (case, t, parts) in zip(flat, res["times"], res["parts"] or [[]] * len(flat)):
+        at.setdefault(case, []).append((t[0], parts[0] if parts else None))
+    order = passes[min(args.warmup_passes, len(passes) - 1)]
+    runs = [at[c][args.warmup_passes:] for c in order]
+    breakdown = any(p is not None for r in runs for _, p in r)
+    return order, {"times": [[t for t, _ in r] for r in runs],
+                   "parts": [[p for _, p in r] for r in runs] if breakdown else []}
 
 
 def summarize(order, times, parts, plans, first: int):
@@ -117,6 +150,19 @@ def print_tables(rows, plans, first):
               f"{plan.num_micro_batches}")
 
 
+def print_passes(order, times, policies, first: int):
+    """Each measured pass's total per policy and its ratio to the first policy's."""
+    passes = len(times[0]) if times else 0
+    totals = {p: [sum(times[j][r] for j, (i, q) in enumerate(order) if q == p and i >= first)
+                  for r in range(passes)] for p in policies}
+    ref = policies[0]
+    print(f"\nper measured pass, total (s) and / {ref}'s:")
+    print(f"{'pass':>4} " + " ".join(f"{p:>17}" for p in policies))
+    for r in range(passes):
+        print(f"{r + 1:4d} " + " ".join(
+            f"{totals[p][r]:8.1f} ({totals[p][r] / totals[ref][r]:.2f}x)" for p in policies))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="h256", choices=sorted(th.MODELS))
@@ -127,6 +173,9 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3,
                     help="runs of every (iteration, policy); their median is the time")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured first iterations")
+    ap.add_argument("--warmup-passes", type=int, default=1,
+                    help="unmeasured passes over every (iteration, policy) before the "
+                         "measured repeats (default: %(default)s)")
     ap.add_argument("--policies", nargs="+", default=list(POLICIES),
                     choices=["skrull", "all-cp", "per-seq-cp", "sorted", "hybrid-cp", "kk"],
                     help="schedulers to compare (the first one is the reference; default: "
@@ -144,22 +193,21 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         prefix = th.make_corpus(args.data_dir or tmp, seq_length=SEQ_LENGTH)
         run_argv, batches, plans = build(args, prefix)
-        order = schedule_cases(batches, 0, tuple(args.policies))
-        cases = [(batches[i], p) for i, p in order]
-        res = th.run_cases(run_argv, 2, cases, repeats=args.repeats, warmup=0,
-                           breakdown=not args.no_breakdown)
+        order, res = run_passes(run_argv, batches, tuple(args.policies), args)
     times = [th.median(t) for t in res["times"]]
     parts = [{k: th.median([r[k] for r in reps]) for k in th.PARTS} for reps in res["parts"]] \
         if res["parts"] and res["parts"][0] else []
     spec = th.MODELS[args.model]
     print(f"model {spec}, seq {SEQ_LENGTH}, global batch {args.global_batch_size}, bucket "
           f"{args.bucket}, CP 2 x DP 1 (2 processes, 1 thread each), sampler seed {args.seed}; "
-          f"{args.iters} measured iterations after {args.warmup} warm-up, each run "
+          f"{args.iters} measured iterations after {args.warmup} warm-up, "
+          f"{args.warmup_passes} unmeasured pass(es) over every case, then each run "
           f"{args.repeats}x (median); {time.time() - t0:.0f} s; cost model "
           f"{args.cost_model_config or 'cpu preset'}; load average (1/5/15 min) at start "
           f"{load0}, at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     rows = summarize(order, times, parts, plans, args.warmup)
     print_tables(rows, plans, args.warmup)
+    print_passes(order, res["times"], args.policies, args.warmup)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"order": order, "runs": res, "summary": rows}, f)

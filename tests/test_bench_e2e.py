@@ -44,3 +44,20 @@ def test_bench_e2e_cpu_runs_and_splits_time(tmp_path):
     assert per_seq["mbs"] == 8  # one sample per micro-batch
     hybrid = summary["hybrid-cp"]  # every sample fits one rank's bucket: all whole
     assert hybrid["local"] == 1.0 and hybrid["split"]["attn_ring"] == 0
+
+
+def test_passes_rotate_every_policy_through_every_position():
+    """Each pass shifts the rotation: over len(policies) passes, every (iteration, policy)
+    runs once at every position of its iteration's block (no policy always first)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from bench_e2e_cpu import schedule_cases
+
+    policies = ("skrull", "all-cp", "kk")
+    batches = [None] * 4
+    seen = {}
+    for shift in range(len(policies)):
+        order = schedule_cases(batches, 1, policies, shift=shift)
+        assert sorted(order) == sorted((i, p) for i in range(1, 4) for p in policies)
+        for j, case in enumerate(order):
+            seen.setdefault(case, set()).add(j % len(policies))
+    assert all(positions == {0, 1, 2} for positions in seen.values())

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from skrull_ext.costmodel.model import CostModel, ModelSpec, TimeModel
-from skrull_ext.costmodel.online import FEATURES, TERMS, OnlineRefit, RefitConfig, robust_fit
+from skrull_ext.costmodel.online import (FEATURES, TERMS, OnlineRefit, RefitConfig, additive,
+                                         robust_fit, scaled)
 from skrull_ext.scheduler import SchedulerConfig, predict, schedule
 
 K = len(TERMS)
@@ -27,13 +28,13 @@ SEED = CostModel(model=SPEC, time=TimeModel(c_linear=1e-11, c_attention=1e-11,
 def _additive(n: int, seed: int = 0) -> np.ndarray:
     """``[n, len(FEATURES)]`` term seconds of differing mixes; ``full`` their sum."""
     rng = np.random.default_rng(seed)
-    terms = rng.uniform(0.01, 1.0, size=(n, K)) * np.array([1.0, 0.5, 0.05, 0.02, 0.2])
+    terms = rng.uniform(0.01, 1.0, size=(n, K)) * np.array([1.0, 0.5, 0.1, 0.05, 0.02, 0.2])
     return np.hstack([terms, terms.sum(1, keepdims=True)])
 
 
 def test_recovers_known_coefficients_despite_outliers():
     x = _additive(16)
-    w_true, b_true = np.array([2.0, 3.0, 1.5, 0.5, 4.0]), 0.05
+    w_true, b_true = np.array([2.0, 3.0, 0.7, 1.5, 0.5, 4.0]), 0.05
     y = x[:, :K] @ w_true + b_true
     y[[3, 11]] *= 6.0  # a checkpoint save, a busy neighbour
     w, b, _ = robust_fit(x, y, seed_overhead=0.01, config=RefitConfig(ridge=0.0, terms_after=2))
@@ -64,7 +65,7 @@ def test_recent_iterations_weigh_more():
 
 def test_refit_is_deterministic_and_blind_to_last_bits():
     x = _additive(10, seed=3)
-    y = x[:, :K] @ np.array([1.3, 0.7, 2.0, 1.0, 0.4]) + 0.02
+    y = x[:, :K] @ np.array([1.3, 0.7, 0.9, 2.0, 1.0, 0.4]) + 0.02
     one = robust_fit(x, y, seed_overhead=0.01)
     two = robust_fit(x.copy(), y.copy(), seed_overhead=0.01)
     assert one[0].tobytes() == two[0].tobytes() and one[1:] == two[1:]
@@ -101,7 +102,7 @@ def test_online_refit_on_real_plans_predicts_a_slower_machine():
 
 def test_bad_measurements_are_ignored():
     refit = OnlineRefit(SEED, RefitConfig(skip_first=0, min_samples=1))
-    feats = _additive(1)[0]
+    feats = np.full(len(FEATURES), 0.1)
     assert refit.observe(feats, float("nan")) is None
     assert refit.observe(feats, 0.0) is None
     assert refit.observe(feats, 1.0) is not None
@@ -114,7 +115,7 @@ def test_few_iterations_rescale_the_seed_and_keep_its_plans():
     config = SchedulerConfig(dp_size=2, cp_size=2, bucket_size=2048, policy="skrull",
                              plan_budget_ms=0.0)
     refined = SchedulerConfig(dp_size=2, cp_size=2, bucket_size=2048, policy="skrull")
-    refit = OnlineRefit(SEED, RefitConfig(skip_first=0))
+    refit = OnlineRefit(SEED, RefitConfig(skip_first=0, terms_after=8))
     for _ in range(4):
         plan = schedule(RNG.integers(16, 3000, size=16), config, SEED)
         model = refit.observe(_features(plan), 7.0 * predict(plan, SEED)["iteration_time"])
@@ -127,3 +128,52 @@ def test_few_iterations_rescale_the_seed_and_keep_its_plans():
         ours, seeds = (predict(schedule(lengths, refined, m), SEED)["iteration_time"]
                        for m in (model, SEED))
         assert ours == pytest.approx(seeds, rel=1e-6)
+
+
+SHORT_SEED = CostModel(model=SPEC, time=TimeModel(c_linear=1e-11, c_attention=1e-11,
+                                                  attention_half_tokens=600.0,
+                                                  micro_batch_overhead=2e-3,
+                                                  attention_call_overhead=5e-5,
+                                                  iteration_overhead=0.01))
+
+
+def _plans(n: int, seed: int, cost=SEED):
+    """Plans of mixed batches (a few long samples, many short), DP 1 x CP 2."""
+    rng = np.random.default_rng(seed)
+    config = SchedulerConfig(dp_size=1, cp_size=2, bucket_size=8192, policy="skrull")
+    return [schedule(np.append(rng.integers(16, 600, size=12), rng.integers(16, 9000, size=2)),
+                     config, cost) for _ in range(n)]
+
+
+def test_terms_add_up_to_the_seeds_prediction():
+    """Additive terms (ring overlap included), so w = s is exactly a rescaled seed."""
+    from skrull_ext.costmodel.online import term_models
+
+    models = term_models(SHORT_SEED)
+    rows = [additive([predict(p, models[n])["iteration_time"] for n in FEATURES])
+            for p in _plans(6, seed=11, cost=SHORT_SEED)]
+    for row in rows:
+        assert (row >= 0).all() and row[TERMS.index("attention_short")] > 0
+        assert row[:K].sum() == pytest.approx(row[K], rel=1e-12)
+    x = np.stack(rows)
+    y = 2.5 * x[:, K] + 0.03
+    w, b, s = robust_fit(x, y, seed_overhead=0.01, config=RefitConfig(terms_after=2))
+    # Stage 1's intercept is pulled weakly to the seed's (0.025): the small terms absorb
+    # that; the large ones and the predictions stay put.
+    assert s == pytest.approx(2.5, rel=1e-3)
+    np.testing.assert_allclose(w[:3], 2.5, rtol=0.01)
+    np.testing.assert_allclose(x[:, :K] @ w + b, y, rtol=1e-3)
+
+
+def test_scaled_splits_the_short_block_surcharge_exactly():
+    """``scaled`` maps the multipliers onto c_attention and attention_half_tokens; equal
+    multipliers are a plain rescaling of the seed."""
+    w = np.array([1.5, 3.0, 0.5, 2.0, 1.0, 4.0])
+    model = scaled(SHORT_SEED, w, 0.02)
+    assert model.time.c_attention == pytest.approx(3.0 * SHORT_SEED.time.c_attention)
+    assert model.time.attention_half_tokens == pytest.approx(600.0 * 0.5 / 3.0)
+    assert model.time.c_linear == pytest.approx(1.5 * SHORT_SEED.time.c_linear)
+    same = scaled(SHORT_SEED, np.full(K, 2.5), 0.02)
+    for plan in _plans(3, seed=12, cost=SHORT_SEED):
+        assert predict(plan, same)["iteration_time"] == pytest.approx(
+            2.5 * (predict(plan, SHORT_SEED)["iteration_time"] - 0.01) + 0.02, rel=1e-9)

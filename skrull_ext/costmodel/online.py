@@ -4,11 +4,16 @@ A preset (``h100``, ``cpu``) or a ``--skrull-cost-model-config`` file *seeds* th
 during training the time each iteration took is compared with what the seed predicts for
 that iteration's plan, and the seed is rescaled so the two agree.
 
-Per iteration ``i`` the caller supplies :data:`FEATURES`: the *term seconds* ``f_i[j]``
-(the plan's predicted time with only term ``j`` of the seed switched on, :data:`TERMS`:
-linear FLOPs, attention FLOPs, the per-micro-batch overhead, the per-kernel-call overhead
-and the ring's communication), the seed's whole prediction ``p_i`` without its fixed
-per-iteration overhead, and the measured seconds ``y_i``.  Two fits, both by least
+Per iteration ``i`` the caller supplies :data:`FEATURES` (the plan's predicted seconds
+under each of :func:`term_models`) and the measured seconds ``y_i``; :func:`additive` turns
+them into the *term seconds* ``f_i[j]`` of :data:`TERMS` -- linear FLOPs, attention FLOPs
+(long-block rate), the attention's short-block surcharge (``attention_half_tokens``), the
+per-micro-batch overhead, the per-kernel-call overhead and the ring communication left
+exposed -- which add up to the seed's whole prediction ``p_i`` without its fixed
+per-iteration overhead.  The short-block surcharge is a term of its own because it grows with the tokens,
+not with their square: a seed whose kernel loses more on short blocks than this machine's
+(the ``cpu`` preset's 579 half-tokens against ~1 fitted for the demo model) over-predicts
+short iterations against long ones, and no common factor fixes that.  Two fits, both by least
 squares on *relative* residuals ``(y_i - fit_i) / y_i`` (iterations differ in length by
 orders of magnitude; a long one must not drown the short ones), robust to outliers (Huber
 weights by iteratively reweighted least squares), over a window of recent iterations
@@ -18,7 +23,8 @@ with recent ones weighted more (``half_life``: the load of a shared machine drif
    seed's own composition of the terms (the ring overlap is a ``max``, so a common factor
    passes through it), and well determined after two or three iterations.
 2. **Terms** (once :attr:`RefitConfig.terms_after` iterations are in the window; until
-   then every ``w_j = s``, which keeps the seed's plan decisions):
+   then every ``w_j = s``, which keeps the seed's plan decisions; since the terms add up
+   to ``p_i``, ``w_j = s`` is stage 1's fit):
    ``y_i ~= sum_j w_j f_i[j] + b`` with a ridge pulling every ``w_j`` towards
    ``s`` (not towards the seed's 1: a seed a thousand times too fast would otherwise bias
    every prediction towards it).  A term moves away from the common scale only as far as
@@ -39,39 +45,67 @@ import numpy as np
 
 from skrull_ext.costmodel.model import CommModel, CostModel, TimeModel
 
-TERMS = ("c_linear", "c_attention", "micro_batch_overhead", "attention_call_overhead", "comm")
-# Per-iteration regressors: the term seconds, then the seed's whole prediction
-# without its ``iteration_overhead``.
-FEATURES = TERMS + ("full",)
+TERMS = ("c_linear", "c_attention", "attention_short", "micro_batch_overhead",
+         "attention_call_overhead", "comm")
+# The seed's coefficients behind the compute terms (``attention_short`` is c_attention's
+# ``attention_half_tokens`` part).
+_COEFFS = ("c_linear", "c_attention", "micro_batch_overhead", "attention_call_overhead")
+# What the caller predicts per iteration (one cost model each, :func:`term_models`):
+# the compute terms alone (``c_attention`` at the long-block rate, ``attention`` with
+# the seed's short-block surcharge), then the seed's whole prediction without its
+# ``iteration_overhead``.  :func:`additive` turns them into the refit's term seconds.
+FEATURES = ("c_linear", "c_attention", "attention", "micro_batch_overhead",
+            "attention_call_overhead", "full")
 
 
 def term_models(cost: CostModel) -> dict[str, CostModel]:
     """One cost model per :data:`FEATURES` entry (``full``: ``cost`` without its overhead).
 
-    ``attention_half_tokens`` (a shape parameter, not a scale) stays in the attention term;
     ``iteration_overhead`` is the refit's intercept and is 0 in every term model.
     """
     t = cost.time
     zero_comm = CommModel(sizes_bytes=(0.0, 1.0), seconds=(0.0, 0.0))
     out = {}
-    for name in TERMS[:-1]:
-        kw = {k: 0.0 for k in TERMS[:-1]}
-        kw[name] = getattr(t, name)
+    for name in FEATURES[:-1]:
+        coeff = "c_attention" if name == "attention" else name
+        kw = {k: 0.0 for k in _COEFFS}
+        kw[coeff] = getattr(t, coeff)
+        half = t.attention_half_tokens if name == "attention" else 0.0
         out[name] = dataclasses.replace(
-            cost, comm=zero_comm, time=TimeModel(attention_half_tokens=t.attention_half_tokens,
+            cost, comm=zero_comm, time=TimeModel(attention_half_tokens=half,
                                                  iteration_overhead=0.0, **kw))
-    silent = TimeModel(c_linear=0.0, c_attention=0.0)
-    out["comm"] = dataclasses.replace(cost, time=silent)
     out["full"] = dataclasses.replace(cost, time=dataclasses.replace(t, iteration_overhead=0.0))
     return out
+
+
+def additive(features: Sequence[float]) -> np.ndarray:
+    """:data:`FEATURES` seconds -> ``[len(TERMS) + 1]``: the term seconds, then ``full``.
+
+    The short-block surcharge is the attention with it minus without it; the exposed
+    communication is what the whole prediction holds beyond the compute terms (the ring
+    overlap hides the rest), so the terms add up to ``full``.
+    """
+    lin, attn, attn_all, micro, calls, full = (float(v) for v in features)
+    compute = np.array([lin, attn, max(attn_all - attn, 0.0), micro, calls])
+    total = float(compute.sum())
+    comm = full - total
+    if comm <= 1e-9 * full:  # no exposed ring time (or rounding noise of a hidden one)
+        # Each term model picks its own slowest CP / DP rank, so the terms can add up to
+        # more than the slowest rank's time: share that time out in their proportions.
+        compute *= full / total if total > 0 else 0.0
+        comm = 0.0
+    return np.append(compute, [comm, full])
 
 
 def scaled(cost: CostModel, multipliers: Sequence[float], overhead: float) -> CostModel:
     """``cost`` with each :data:`TERMS` entry scaled and ``iteration_overhead`` set."""
     w = dict(zip(TERMS, (float(x) for x in multipliers)))
     t = cost.time
-    time = dataclasses.replace(t, iteration_overhead=float(overhead),
-                               **{k: getattr(t, k) * w[k] for k in TERMS[:-1]})
+    # c (1 + h / s) scaled per part: c' = w_attn c, h' = h w_short / w_attn.
+    half = t.attention_half_tokens * w["attention_short"] / w["c_attention"] \
+        if w["c_attention"] > 0 else 0.0
+    time = dataclasses.replace(t, iteration_overhead=float(overhead), attention_half_tokens=half,
+                               **{k: getattr(t, k) * w[k] for k in _COEFFS})
     comm = CommModel(sizes_bytes=cost.comm.sizes_bytes,
                      seconds=tuple(s * w["comm"] for s in cost.comm.seconds))
     return dataclasses.replace(cost, time=time, comm=comm)
@@ -92,8 +126,13 @@ class RefitConfig:
         half_life: An iteration's weight halves every ``half_life`` newer iterations.
         terms_after: Iterations in the window before the per-term stage runs; until then
             every term gets the common scale, which keeps the seed's relative costs and so
-            its plan decisions (a few similar iterations cannot tell the terms apart, and
-            a mis-split changes the plans: measured in the CPU demo).
+            its plan decisions.  The terms add up to the seed's prediction, so the
+            per-term fit starts from stage 1's and the ridge keeps a term there unless the
+            iterations' mixes say otherwise (in the CPU demo the ``cpu`` seed's attention
+            needs ~1.5x the common scale, which only the first long iterations show).
+            Five (was eight): in a closed-loop replay of the demo (15% noise, the first
+            four iterations 1.4x slow) it gave the ``cpu`` seed 19% median error against
+            25-26% for three or eight, the fitted seed 21% with each.
     """
 
     window: int = 16
@@ -102,7 +141,7 @@ class RefitConfig:
     huber: float = 1.5
     skip_first: int = 1
     half_life: float = 8.0
-    terms_after: int = 8
+    terms_after: int = 5
 
 
 class OnlineRefit:
@@ -129,7 +168,7 @@ class OnlineRefit:
         if self.seen <= self.config.skip_first or not np.isfinite(measured_seconds) \
                 or measured_seconds <= 0:
             return None
-        self.rows.append((np.asarray(features, dtype=np.float64), float(measured_seconds)))
+        self.rows.append((additive(features), float(measured_seconds)))
         if len(self.rows) < self.config.min_samples:
             return None
         x = np.stack([r[0] for r in self.rows])
@@ -148,7 +187,8 @@ def robust_fit(x: np.ndarray, y: np.ndarray, *, seed_overhead: float,
     """The two fits of the module docstring, oldest row first.
 
     Args:
-        x: ``[n, len(FEATURES)]`` term seconds and the seed's prediction per iteration.
+        x: ``[n, len(TERMS) + 1]`` term seconds and the seed's prediction per iteration
+            (:func:`additive`).
         y: ``[n]`` measured seconds (> 0).
         seed_overhead: The seed's ``iteration_overhead`` (the intercept's starting point).
         config: Ridge, Huber threshold and recency half-life.
@@ -205,8 +245,10 @@ def _irls(a, y, recency, prior, ridge, huber, iters: int = 10):
     a = a * rel[:, None]
     yr = y * rel
     # Column scale: a typical iteration's share per unit coefficient, so the ridge acts on
-    # (relative) seconds, not on raw coefficients.
-    scale = np.maximum(np.abs(a).mean(axis=0), 1e-12)
+    # (relative) seconds, not on raw coefficients.  Floored relative to the largest: a
+    # term (nearly) absent from every iteration (no exposed ring time) keeps its prior.
+    scale = np.abs(a).mean(axis=0)
+    scale = np.maximum(scale, 1e-3 * max(float(scale.max()), 1e-12))
     coef = prior.copy()
     for _ in range(iters):  # weights from the residuals of the previous fit (first: prior)
         r = yr - a @ coef
