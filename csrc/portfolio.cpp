@@ -1,7 +1,7 @@
 // (ours) The baselines' groupings and Skrull's portfolio over them.
 // Mirrors per_seq_cp_groups / all_cp_groups / sorted_groups / karmarkar_karp / kk_groups /
 // hybrid_cp_size / hybrid_cp_groups of skrull_ext/scheduler/baselines.py and
-// grouping_work / all_distributed / place_group / place_groups / iteration_time /
+// grouping_work / all_distributed / place_group / place_groups / dacp_each / iteration_time /
 // portfolio_schedule of skrull_ext/scheduler/portfolio.py; see scheduler.h.
 #include <algorithm>
 #include <limits>
