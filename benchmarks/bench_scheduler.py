@@ -6,8 +6,8 @@ samples under 1K tokens, the longest capped at what the bucket holds) it times:
 
 * ``core``: ``skrull_ext._C.portfolio_schedule`` on precomputed cost arrays (GDS plus the
   baselines' groupings and the local-search refinement with the default
-  ``--skrull-plan-budget-ms``, the default Skrull policy), conversion to Python lists
-  included;
+  ``--skrull-plan-budget-ms``, the default Skrull policy), conversion to Python lists and
+  the flat plan arrays ``schedule()`` asks for included;
 * ``schedule()``: the whole call (input checks, cost arrays, core, ``Plan`` building,
   ``Plan.validate()``, prediction and lower bound);
 * ``python``: the same ``schedule()`` on the pure-Python reference (small K only);
@@ -34,7 +34,9 @@ from skrull_ext.scheduler import _OBJECTIVE_CODES, SchedulerConfig, schedule
 from skrull_ext.scheduler.refine import budget_work
 
 DP, CP = 4, 8
-DEFAULT_CASES = ("256:26000", "4096:26000", "65536:26000", "16384:6000", "65536:6000")
+# The last two: a tight bucket, over a thousand micro-batches per DP rank.
+DEFAULT_CASES = ("256:26000", "4096:26000", "65536:26000", "16384:6000", "65536:6000",
+                 "16384:2000", "65536:2000")
 
 
 def long_tail_lengths(k: int, seed: int, max_len: int = 100_000) -> np.ndarray:
@@ -93,7 +95,7 @@ def bench_case(k: int, bucket: int, args) -> dict:
     core = lambda: ext.portfolio_schedule(  # noqa: E731
         lengths, costs, comm, latency, DP, CP, bucket, 2, cost_model.micro_batch_overhead, 3,
         shares, objective=_OBJECTIVE_CODES[cost_model.objective],
-        budget=budget_work(cfg.plan_budget_ms))
+        budget=budget_work(cfg.plan_budget_ms), flat=True)
     full = lambda: schedule(lengths, cfg, cost_model, backend="cpp")  # noqa: E731
     row["core_ms"] = median_ms(core, runs)
     row["schedule_ms"] = median_ms(full, runs)

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cmath>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -98,18 +99,33 @@ skrull::Variant to_variant(int code) {
   return static_cast<skrull::Variant>(code);
 }
 
-py::list int_list(const std::vector<Index>& v) {
-  PyObject* list = PyList_New(static_cast<Py_ssize_t>(v.size()));
-  if (!list) throw py::error_already_set();
-  for (size_t j = 0; j < v.size(); ++j) {
-    PyObject* item = PyLong_FromLongLong(v[j]);
+// A new Python list (kTuple: tuple) of the ids.
+template <bool kTuple>
+PyObject* int_seq(const std::vector<Index>& v) {
+  const auto n = static_cast<Py_ssize_t>(v.size());
+  PyObject* seq = kTuple ? PyTuple_New(n) : PyList_New(n);
+  if (!seq) throw py::error_already_set();
+  for (Py_ssize_t j = 0; j < n; ++j) {
+    PyObject* item = PyLong_FromLongLong(v[static_cast<size_t>(j)]);
     if (!item) {
-      Py_DECREF(list);
+      Py_DECREF(seq);
       throw py::error_already_set();
     }
-    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(j), item);
+    if constexpr (kTuple) {
+      PyTuple_SET_ITEM(seq, j, item);
+    } else {
+      PyList_SET_ITEM(seq, j, item);
+    }
   }
-  return py::reinterpret_steal<py::list>(list);
+  return seq;
+}
+
+py::list int_list(const std::vector<Index>& v) {
+  return py::reinterpret_steal<py::list>(int_seq<false>(v));
+}
+
+py::tuple int_tuple(const std::vector<Index>& v) {
+  return py::reinterpret_steal<py::tuple>(int_seq<true>(v));
 }
 
 // Pauses Python's cyclic GC while building a large result: the many fresh lists would
@@ -127,6 +143,13 @@ class GcPause {
   bool was_enabled_;
 };
 
+// (distributed, local) as tuples of ints: MicroBatch's own field types.
+py::tuple placement_tuple(const skrull::Placement& p) {
+  py::tuple local(p.local.size());
+  for (size_t r = 0; r < p.local.size(); ++r) local[r] = int_tuple(p.local[r]);
+  return py::make_tuple(int_tuple(p.distributed), local);
+}
+
 py::list nested_list(const std::vector<std::vector<Index>>& v) {
   py::list out(v.size());
   for (size_t j = 0; j < v.size(); ++j) out[j] = int_list(v[j]);
@@ -138,12 +161,15 @@ py::object placement_obj(const std::optional<skrull::Placement>& p) {
   return py::make_tuple(int_list(p->distributed), nested_list(p->local));
 }
 
-// A plan as list[DP] of list[micro-batch] of (distributed, local).
-py::list splits_list(const std::vector<skrull::RankSplit>& splits) {
+// A plan as list[DP] of list[micro-batch] of (distributed, local): lists of ints, or with
+// `tuples` tuples (placement_tuple).
+py::list splits_list(const std::vector<skrull::RankSplit>& splits, bool tuples = false) {
   py::list out(splits.size());
   for (size_t d = 0; d < splits.size(); ++d) {
     py::list rank(splits[d].size());
-    for (size_t m = 0; m < splits[d].size(); ++m) rank[m] = placement_obj(splits[d][m]);
+    for (size_t m = 0; m < splits[d].size(); ++m) {
+      rank[m] = tuples ? placement_tuple(splits[d][m]) : placement_obj(splits[d][m]);
+    }
     out[d] = rank;
   }
   return out;
@@ -191,12 +217,52 @@ std::vector<skrull::RankSplit> gds_only(const skrull::Batch& batch, double laten
   return skrull::gds_schedule(batch, latency, dp, cp, bucket, policy, overhead, variant);
 }
 
+py::array_t<int64_t> int_array(const std::vector<int64_t>& v) {
+  py::array_t<int64_t> out(static_cast<py::ssize_t>(v.size()));
+  std::copy(v.begin(), v.end(), out.mutable_data());
+  return out;
+}
+
+// The plan as flat [P] / [Q] int64 arrays (scheduler.plan.FlatPlan's dist_ids, dist_mb,
+// local_ids, local_slot): micro-batch g counts over DP ranks, then micro-batches; CP rank r
+// of it is slot g * cp_size + r; ids in placement order), then [G] predicted seconds of
+// each micro-batch (overhead included, 0 when empty).  Saves schedule() a Python walk
+// over every sample.
+py::tuple flat_arrays(const std::vector<skrull::RankSplit>& splits, int cp_size,
+                      const skrull::Batch& batch, double latency, double overhead) {
+  std::vector<int64_t> dist_ids, dist_mb, local_ids, local_slot;
+  py::array_t<double> times(static_cast<py::ssize_t>(
+      std::accumulate(splits.begin(), splits.end(), size_t{0},
+                      [](size_t a, const skrull::RankSplit& s) { return a + s.size(); })));
+  double* t = times.mutable_data();
+  int64_t g = 0;
+  for (const auto& split : splits) {
+    for (const auto& p : split) {
+      // The same float operations as scheduler._micro_batch_times (bit-identical).
+      t[g] = p.empty() ? 0.0 : skrull::micro_batch_time(p, batch, latency, cp_size) + overhead;
+      for (Index i : p.distributed) {
+        dist_ids.push_back(i);
+        dist_mb.push_back(g);
+      }
+      for (size_t r = 0; r < p.local.size(); ++r) {
+        for (Index i : p.local[r]) {
+          local_ids.push_back(i);
+          local_slot.push_back(g * cp_size + static_cast<int64_t>(r));
+        }
+      }
+      ++g;
+    }
+  }
+  return py::make_tuple(g, int_array(dist_ids), int_array(dist_mb), int_array(local_ids),
+                        int_array(local_slot), times);
+}
+
 // Checks the arguments, runs `fn` (gds_schedule or portfolio_schedule) without the GIL and
-// converts the plan to lists.
-py::list run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Array comm,
+// converts the plan to lists; with `flat` returns (lists of tuple placements, flat_arrays).
+py::object run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Array comm,
                        double latency, int dp_size, int cp_size, int64_t bucket_size,
                        int rollback, double overhead, int variant, py::object shares,
-                       int objective, int64_t budget = 0) {
+                       int objective, int64_t budget = 0, bool flat = false) {
   BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
   args.view.objective = to_objective(objective);
   check_positive(dp_size, "dp_size");
@@ -214,24 +280,29 @@ py::list run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Array 
     splits = fn(args.view, latency, dp_size, cp_size, bucket_size, policy, overhead, var, budget);
   }
   GcPause pause;
-  return splits_list(splits);
+  py::list out = splits_list(splits, /*tuples=*/flat);
+  if (flat) {
+    return py::make_tuple(out, flat_arrays(splits, cp_size, args.view, latency, overhead));
+  }
+  return std::move(out);
 }
 
-py::list gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
-                      int dp_size, int cp_size, int64_t bucket_size, int rollback,
-                      double overhead, int variant, py::object shares, int objective) {
+py::object gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
+                        int dp_size, int cp_size, int64_t bucket_size, int rollback,
+                        double overhead, int variant, py::object shares, int objective,
+                        bool flat) {
   return run_scheduler(&gds_only, std::move(lengths), std::move(costs),
                        std::move(comm), latency, dp_size, cp_size, bucket_size, rollback,
-                       overhead, variant, std::move(shares), objective);
+                       overhead, variant, std::move(shares), objective, 0, flat);
 }
 
-py::list portfolio_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
-                            int dp_size, int cp_size, int64_t bucket_size, int rollback,
-                            double overhead, int variant, py::object shares, int objective,
-                            int64_t budget) {
+py::object portfolio_schedule(I64Array lengths, F64Array costs, F64Array comm,
+                              double latency, int dp_size, int cp_size, int64_t bucket_size,
+                              int rollback, double overhead, int variant, py::object shares,
+                              int objective, int64_t budget, bool flat) {
   return run_scheduler(&skrull::portfolio_schedule, std::move(lengths), std::move(costs),
                        std::move(comm), latency, dp_size, cp_size, bucket_size, rollback,
-                       overhead, variant, std::move(shares), objective, budget);
+                       overhead, variant, std::move(shares), objective, budget, flat);
 }
 
 // (ours) The portfolio's pack candidate alone (reference pack.pack_schedule), for tests.
@@ -352,15 +423,17 @@ PYBIND11_MODULE(_C, mod) {
   mod.def("gds_schedule", &gds_schedule, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
           py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"),
           py::arg("rollback"), py::arg("overhead") = 0.0, py::arg("variant") = 3,
-          py::arg("shares") = py::none(), py::arg("objective") = 0,
-          "GDS over a global batch: list[DP] of list[micro-batch] of (distributed, local).");
+          py::arg("shares") = py::none(), py::arg("objective") = 0, py::arg("flat") = false,
+          "GDS over a global batch: list[DP] of list[micro-batch] of (distributed, local); "
+          "flat=True: (that with (distributed, local) as tuples, (count, dist_ids, dist_mb, "
+          "local_ids, local_slot, micro_batch_seconds)).");
   mod.def("portfolio_schedule", &portfolio_schedule, py::arg("lengths"), py::arg("costs"),
           py::arg("comm"), py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"),
           py::arg("bucket_size"), py::arg("rollback"), py::arg("overhead") = 0.0,
           py::arg("variant") = 3, py::arg("shares") = py::none(), py::arg("objective") = 0,
-          py::arg("budget") = 0,
+          py::arg("budget") = 0, py::arg("flat") = false,
           "GDS and the baselines' groupings under DACP; the fastest predicted plan, refined "
-          "by local search within `budget` work units (0: none).");
+          "by local search within `budget` work units (0: none); flat as gds_schedule.");
   mod.def("baseline_groups", &baseline_groups, py::arg("lengths"), py::arg("costs"),
           py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"), py::arg("name"),
           "A baseline's samples per DP rank and micro-batch (scheduler.baselines.GROUPINGS).");

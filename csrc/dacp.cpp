@@ -82,12 +82,6 @@ bool Placement::empty() const {
   return true;
 }
 
-int64_t shard_tokens(int64_t length, int64_t n) {
-  if (n <= 1) return length;
-  const int64_t m = 2 * n;
-  return (length + m - 1) / m * m / n;  // lengths are >= 0, so this is the ceiling
-}
-
 namespace {
 
 // Step d (reference _roll_back): demotes a local sequence of the fullest rank to
@@ -117,18 +111,18 @@ bool roll_back(std::vector<std::vector<Index>>& local, std::vector<int64_t>& rem
 }
 
 // max_j rank_time(local_j, t_comm, t_dist), with `extra` added to rank r (reference
-// _objective).
+// _objective).  rank_time is non-decreasing in the load (float max and + are monotone),
+// so this is rank_time of the largest load: one evaluation instead of n, same value.
 double objective(const std::vector<double>& local_load, double t_comm, double t_dist,
                  Objective obj, int r = -1, double extra = 0.0) {
-  double worst = 0.0;
   const int n = static_cast<int>(local_load.size());
+  double x_max = 0.0;
   for (int j = 0; j < n; ++j) {
     double x = local_load[j];
     if (j == r) x = x + extra;
-    const double t = rank_time(x, t_comm, t_dist, n, obj);
-    if (t > worst) worst = t;
+    x_max = std::max(x_max, x);
   }
-  return worst;
+  return n ? std::max(0.0, rank_time(x_max, t_comm, t_dist, n, obj)) : 0.0;
 }
 
 // Reference dacp_place (balanced: the objective test of step a, which reads batch.comm).
@@ -200,13 +194,6 @@ std::optional<Placement> dacp_place(const Batch& batch, std::vector<Index> idx, 
                /*latency=*/0.0, &chose_victim);
 }
 
-double rank_time(double x, double t_comm, double t_dist, int n, Objective objective) {
-  if (objective == Objective::kPaper || n < 2) return std::max(t_comm, x) + t_dist;
-  const double b = t_dist / n;
-  const double c = t_comm / (n - 1);
-  return std::max(x + b, c) + b + static_cast<double>(n - 2) * std::max(b, c);
-}
-
 double micro_batch_time(const Placement& placement, const Batch& batch, double latency,
                         int cp_size) {
   double t_comm = 0.0;
@@ -216,94 +203,141 @@ double micro_batch_time(const Placement& placement, const Batch& batch, double l
     t_dist += batch.share(i, cp_size);
   }
   if (!placement.distributed.empty()) t_comm += latency;
-  double worst = 0.0;
+  // The slowest rank is the one with the most local work (see objective()).
+  double x_max = 0.0;
   for (const auto& rank : placement.local) {
     double t_local = 0.0;
     for (Index i : rank) t_local += batch.costs[i];
-    const double t = rank_time(t_local, t_comm, t_dist, cp_size, batch.objective);
-    if (t > worst) worst = t;
+    x_max = std::max(x_max, t_local);
   }
-  return worst;
+  if (placement.local.empty()) return 0.0;
+  return std::max(0.0, rank_time(x_max, t_comm, t_dist, cp_size, batch.objective));
 }
 
 namespace {
 
-// Each of rest (in order) to the least-loaded rank with room (reference _lpt_local);
-// *time gets the micro-batch time from the loads summed here.  Gives up (false) when a
-// rank has no room, or, with `best_t`, as soon as a rank's time reaches *best_t: loads only
-// grow, so the candidate could not win.
-bool lpt_local(const Batch& batch, const std::vector<Index>& rest, size_t first, int n,
-               int64_t cap, std::vector<std::vector<Index>>* local, double t_comm,
-               double t_dist, const double* best_t, double* time) {
-  std::vector<int64_t> rem(n, cap);
-  std::vector<double> load(n, 0.0);
-  local->assign(n, {});
-  for (size_t p = first; p < rest.size(); ++p) {
-    const Index i = rest[p];
+// Each of order[first..] to the least-loaded rank with room (reference _lpt_local), its
+// rank written to (*rank_of)[p - first]; *time gets the micro-batch time from the loads
+// summed here.  Gives up (false) when a rank has no room, or, with `best_t`, as soon as a
+// rank's time reaches *best_t: loads only grow, so the candidate could not win.  `rem` and
+// `load` are scratch space (resized here).
+bool lpt_local(const Batch& batch, const std::vector<Index>& order, size_t first, int n,
+               int64_t cap, double t_comm, double t_dist, const double* best_t,
+               std::vector<int>* rank_of, std::vector<int64_t>* rem, std::vector<double>* load,
+               double* time) {
+  rem->assign(n, cap);
+  load->assign(n, 0.0);
+  int64_t* rm = rem->data();
+  double* ld = load->data();
+  rank_of->resize(order.size() - first);
+  for (size_t p = first; p < order.size(); ++p) {
+    const Index i = order[p];
     const int64_t s = batch.lengths[i];
     int r = -1;
     for (int j = 0; j < n; ++j) {
-      if (rem[j] >= s && (r < 0 || load[j] < load[r])) r = j;
+      if (rm[j] >= s && (r < 0 || ld[j] < ld[r])) r = j;
     }
     if (r < 0) return false;
-    (*local)[r].push_back(i);
-    rem[r] -= s;
-    load[r] += batch.costs[i];
-    if (best_t && rank_time(load[r], t_comm, t_dist, n, batch.objective) >= *best_t) {
-      return false;
-    }
+    (*rank_of)[p - first] = r;
+    rm[r] -= s;
+    ld[r] += batch.costs[i];
+    if (best_t && rank_time(ld[r], t_comm, t_dist, n, batch.objective) >= *best_t) return false;
   }
-  double worst = 0.0;
-  for (double x : load) worst = std::max(worst, rank_time(x, t_comm, t_dist, n, batch.objective));
-  *time = worst;
+  double x_max = 0.0;  // the slowest rank has the most local work (see objective())
+  for (int j = 0; j < n; ++j) x_max = std::max(x_max, ld[j]);
+  *time = std::max(0.0, rank_time(x_max, t_comm, t_dist, n, batch.objective));
   return true;
 }
 
-}  // namespace
+// One feasible count k of dacp_place_lpt with its lower bound (reference _lpt_bounds).
+struct LptCount {
+  double bound;
+  size_t k;
+  int64_t shard_sum;
+  double t_comm, t_dist;
+};
 
-std::optional<Placement> dacp_place_lpt(const Batch& batch, const std::vector<Index>& idx,
-                                        double latency, int cp_size, int64_t bucket_size) {
-  const int n = cp_size;
-  const int64_t* lengths = batch.lengths;
-  std::vector<Index> order(idx);
-  std::sort(order.begin(), order.end(), [lengths](Index a, Index b) {
-    return lengths[a] > lengths[b] || (lengths[a] == lengths[b] && a < b);
-  });
+// Every feasible k with its bound, sorted by (bound, k) (reference _lpt_bounds).
+std::vector<LptCount> lpt_bounds(const Batch& batch, const std::vector<Index>& order,
+                                 double latency, int n, int64_t bucket_size) {
   const size_t count = order.size();
-  std::vector<double> suffix(count + 1, 0.0);
-  for (size_t p = count; p-- > 0;) suffix[p] = suffix[p + 1] + batch.costs[order[p]];
-  std::optional<Placement> best;
-  double best_t = 0.0;
+  std::vector<double> suffix(count + 1, 0.0), top(count + 1, 0.0);
+  for (size_t p = count; p-- > 0;) {
+    const double c = batch.costs[order[p]];
+    suffix[p] = suffix[p + 1] + c;
+    top[p] = std::max(top[p + 1], c);
+  }
+  std::vector<LptCount> rows;
+  rows.reserve(count + 1);
   int64_t shard_sum = 0;
   double comm_sum = 0.0, dist_load = 0.0;
-  Placement cand;
   for (size_t k = 0; k <= count; ++k) {
     if (k) {
       if (n == 1) break;
       const Index i = order[k - 1];
-      shard_sum += shard_tokens(lengths[i], n);
+      shard_sum += shard_tokens(batch.lengths[i], n);
       if (shard_sum > bucket_size) break;
       comm_sum += batch.comm[i];
       dist_load += batch.share(i, n);
     }
     const double t_comm = k ? comm_sum + latency : 0.0;
-    if (best) {
-      // The distributed part alone only grows with k.
-      if (rank_time(0.0, t_comm, dist_load, n, batch.objective) >= best_t) break;
-      if (rank_time(suffix[k] / n, t_comm, dist_load, n, batch.objective) >= best_t) continue;
-    }
+    // Some rank holds q = ceil(rest / n) of the rest: at least the q smallest.
+    const size_t q = (count - k + n - 1) / n;
+    const double x = std::max(std::max(suffix[k] / n, top[k]), suffix[count - q]);
+    rows.push_back({rank_time(x, t_comm, dist_load, n, batch.objective), k, shard_sum, t_comm,
+                    dist_load});
+  }
+  std::sort(rows.begin(), rows.end(), [](const LptCount& a, const LptCount& b) {
+    return a.bound < b.bound || (a.bound == b.bound && a.k < b.k);
+  });
+  return rows;
+}
+
+// dacp_place_lpt's search; `any`: stop at the first feasible count (dacp_feasible).
+std::optional<Placement> lpt_search(const Batch& batch, const std::vector<Index>& idx,
+                                    double latency, int n, int64_t bucket_size,
+                                    const double* limit, bool any) {
+  const int64_t* lengths = batch.lengths;
+  std::vector<Index> order(idx);
+  std::sort(order.begin(), order.end(), [lengths](Index a, Index b) {
+    return lengths[a] > lengths[b] || (lengths[a] == lengths[b] && a < b);
+  });
+  bool found = false;
+  double best_t = limit ? *limit : 0.0;
+  size_t best_k = 0;
+  std::vector<int> rank_of, best_rank_of;
+  std::vector<int64_t> rem;
+  std::vector<double> load;
+  for (const LptCount& c : lpt_bounds(batch, order, latency, n, bucket_size)) {
+    const bool bounded = found || limit;
+    if (bounded && c.bound >= best_t) break;
     double t = 0.0;
-    if (!lpt_local(batch, order, k, n, bucket_size - shard_sum, &cand.local, t_comm, dist_load,
-                   best ? &best_t : nullptr, &t)) {
+    if (!lpt_local(batch, order, c.k, n, bucket_size - c.shard_sum, c.t_comm, c.t_dist,
+                   bounded ? &best_t : nullptr, &rank_of, &rem, &load, &t)) {
       continue;
     }
-    if (!best || t < best_t) {
-      cand.distributed.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
-      best = cand;
-      best_t = t;
-    }
+    found = true;
+    best_t = t;
+    best_k = c.k;
+    best_rank_of.swap(rank_of);
+    if (any) break;
   }
-  return best;
+  if (!found) return std::nullopt;
+  Placement out;
+  out.distributed.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(best_k));
+  out.local.resize(n);
+  for (size_t p = best_k; p < order.size(); ++p) {
+    out.local[best_rank_of[p - best_k]].push_back(order[p]);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<Placement> dacp_place_lpt(const Batch& batch, const std::vector<Index>& idx,
+                                        double latency, int cp_size, int64_t bucket_size,
+                                        const double* limit) {
+  return lpt_search(batch, idx, latency, cp_size, bucket_size, limit, false);
 }
 
 std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>& idx,
@@ -338,9 +372,32 @@ std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>&
     }
   }
   if (variant == Variant::kAuto || variant == Variant::kLpt) {
-    consider(dacp_place_lpt(batch, idx, latency, cp_size, bucket_size));
+    // Only a time below the best so far can win (strict "<"): the search's limit.
+    consider(dacp_place_lpt(batch, idx, latency, cp_size, bucket_size,
+                            best ? &best_t : nullptr));
   }
   return best;
+}
+
+bool dacp_feasible(const Batch& batch, const std::vector<Index>& idx, double latency,
+                   int cp_size, int64_t bucket_size, Rollback policy, Variant variant) {
+  for (Variant var : {Variant::kPaper, Variant::kBalanced}) {
+    if (variant != Variant::kAuto && variant != var) continue;
+    bool chose_victim = false;
+    const Rollback first = policy == Rollback::kBestFit ? Rollback::kBestFit : Rollback::kShortest;
+    if (place(batch, idx, cp_size, bucket_size, first, var == Variant::kBalanced, latency,
+              &chose_victim)) {
+      return true;
+    }
+    // Without a victim choice best-fit fails the very same way.
+    if (policy == Rollback::kAuto && chose_victim &&
+        place(batch, idx, cp_size, bucket_size, Rollback::kBestFit, var == Variant::kBalanced,
+              latency, &chose_victim)) {
+      return true;
+    }
+  }
+  if (variant != Variant::kAuto && variant != Variant::kLpt) return false;
+  return lpt_search(batch, idx, latency, cp_size, bucket_size, nullptr, true).has_value();
 }
 
 }  // namespace skrull

@@ -67,9 +67,11 @@ struct RankSeqs {
 // placements, or none) does not depend on the order, so the cheap token-sum check runs
 // over every group first and DACP then visits the fullest groups first (the likeliest to
 // fail), which makes the m += 1 search cheap for large batches.
+// `check_only` (reference too): only decide feasibility (dacp_feasible); an empty split
+// when feasible.
 std::optional<RankSplit> split_rank(const Batch& batch, const RankSeqs& seqs, int64_t m,
                                     double latency, int cp_size, int64_t bucket_size,
-                                    Rollback policy, Variant variant) {
+                                    Rollback policy, Variant variant, bool check_only = false) {
   const int64_t cap = bucket_size * cp_size;
   const int64_t size = static_cast<int64_t>(seqs.ids.size());
   // With ascending lengths (>= 1) the group holding the last sample has the largest sum:
@@ -91,12 +93,18 @@ std::optional<RankSplit> split_rank(const Batch& batch, const RankSeqs& seqs, in
   std::iota(visit.begin(), visit.end(), 0);
   std::stable_sort(visit.begin(), visit.end(),
                    [&sums](int64_t a, int64_t b) { return sums[a] > sums[b]; });
-  RankSplit out(static_cast<size_t>(m));
+  RankSplit out(check_only ? 0 : static_cast<size_t>(m));
   std::vector<Index> group;
   group.reserve(static_cast<size_t>(size / m + 1));
   for (int64_t j : visit) {
     group.clear();
     for (int64_t p = j; p < size; p += m) group.push_back(seqs.ids[p]);
+    if (check_only) {
+      if (!dacp_feasible(batch, group, latency, cp_size, bucket_size, policy, variant)) {
+        return std::nullopt;
+      }
+      continue;
+    }
     auto placed = dacp_best(batch, group, latency, cp_size, bucket_size, policy, variant);
     if (!placed) return std::nullopt;
     out[j] = std::move(*placed);
@@ -142,10 +150,12 @@ std::optional<RankSplit> fewest_split(const Batch& batch, const RankSeqs& rest, 
                                       const GdsCutoff* cut, double rank_base) {
   const int64_t count = static_cast<int64_t>(rest.ids.size());
   int64_t lo = m - 1, step = 1, tries = 0;
-  std::optional<RankSplit> split;
-  while (true) {
-    split = split_rank(batch, rest, m, latency, cp_size, bucket_size, policy, variant);
-    if (split) break;
+  auto fits = [&](int64_t count_m) {
+    return split_rank(batch, rest, count_m, latency, cp_size, bucket_size, policy, variant,
+                      /*check_only=*/true)
+        .has_value();
+  };
+  while (!fits(m)) {
     if (m >= count) throw std::logic_error("one sample per micro-batch must be feasible");
     if (cut && (rank_base + static_cast<double>(m + 1) * cut->overhead) * (1.0 - 1e-9) >=
                    cut->limit) {
@@ -157,15 +167,14 @@ std::optional<RankSplit> fewest_split(const Batch& batch, const RankSeqs& rest, 
   }
   while (m - lo > 1) {
     const int64_t mid = (lo + m) / 2;
-    auto trial = split_rank(batch, rest, mid, latency, cp_size, bucket_size, policy, variant);
-    if (!trial) {
-      lo = mid;
-    } else {
+    if (fits(mid)) {
       m = mid;
-      split = std::move(trial);
+    } else {
+      lo = mid;
     }
   }
-  return split;
+  // The search decided feasibility only; place every micro-batch of the chosen count.
+  return split_rank(batch, rest, m, latency, cp_size, bucket_size, policy, variant);
 }
 
 // (ours) Splits off the samples that fit no micro-batch with any other sample of the

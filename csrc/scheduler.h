@@ -7,6 +7,7 @@
 // No Python headers here; csrc/bindings.cpp exposes it as skrull_ext._C.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -58,7 +59,12 @@ struct Placement {
 using RankSplit = std::vector<Placement>;  // the micro-batches of one DP rank
 
 // Tokens each of n ranks holds of a sample zigzag-sharded over them: pad(S, 2n) / n.
-int64_t shard_tokens(int64_t length, int64_t n);
+// Inline: the placement loops call it once per sample.
+inline int64_t shard_tokens(int64_t length, int64_t n) {
+  if (n <= 1) return length;
+  const int64_t m = 2 * n;
+  return (length + m - 1) / m * m / n;  // lengths are >= 0, so this is the ceiling
+}
 
 // DACP for one micro-batch with one victim policy (kShortest or kBestFit; kAuto acts as
 // kBestFit, like the reference's dacp_place).  nullopt when the micro-batch is infeasible.
@@ -66,9 +72,11 @@ std::optional<Placement> dacp_place(const Batch& batch, std::vector<Index> idx, 
                                     int64_t bucket_size, Rollback policy);
 
 // (ours) Distribute the k longest sequences, pack the rest local by LPT, keep the best k
-// (reference dacp_place_lpt); needs batch.comm.
+// (reference dacp_place_lpt); needs batch.comm.  With `limit` only a time below *limit
+// counts (nullopt when none is).
 std::optional<Placement> dacp_place_lpt(const Batch& batch, const std::vector<Index>& idx,
-                                        double latency, int cp_size, int64_t bucket_size);
+                                        double latency, int cp_size, int64_t bucket_size,
+                                        const double* limit = nullptr);
 
 // DACP with the chosen policy and variant; kAuto tries each and keeps the fastest
 // (candidates paper/shortest, paper/best-fit, balanced/shortest, balanced/best-fit, lpt).
@@ -76,9 +84,20 @@ std::optional<Placement> dacp_best(const Batch& batch, const std::vector<Index>&
                                    double latency, int cp_size, int64_t bucket_size,
                                    Rollback policy, Variant variant = Variant::kPaper);
 
+// Whether dacp_best places idx (reference dacp_feasible): some candidate does, the
+// cheapest tried first.
+bool dacp_feasible(const Batch& batch, const std::vector<Index>& idx, double latency,
+                   int cp_size, int64_t bucket_size, Rollback policy, Variant variant);
+
 // Seconds of one CP rank: local compute x, ring t_comm, per-rank distributed compute
 // t_dist, n CP ranks (reference rank_time).
-double rank_time(double x, double t_comm, double t_dist, int n, Objective objective);
+// Inline: the placement loops call it once per sample.
+inline double rank_time(double x, double t_comm, double t_dist, int n, Objective objective) {
+  if (objective == Objective::kPaper || n < 2) return std::max(t_comm, x) + t_dist;
+  const double b = t_dist / n;
+  const double c = t_comm / (n - 1);
+  return std::max(x + b, c) + b + static_cast<double>(n - 2) * std::max(b, c);
+}
 
 // Predicted seconds of one placed micro-batch (no fixed overhead).
 double micro_batch_time(const Placement& placement, const Batch& batch, double latency,

@@ -86,3 +86,24 @@ def test_validate_still_names_the_first_violation():
     tight = dataclasses.replace(plan, bucket_size=300)
     with pytest.raises(PlanError, match="dp 0 mb 0: CP rank 1 holds 400 tokens > bucket size 300"):
         tight.validate()
+
+
+@pytest.mark.skipif(__import__("skrull_ext")._backend.CPP is None, reason="needs skrull_ext._C")
+@pytest.mark.parametrize("portfolio", [True, False])
+def test_core_flat_arrays_match_the_plan_walk(portfolio):
+    """schedule() takes Plan.flat from the C++ core's flat arrays: they must be exactly what
+    walking the returned placements gives (same order, same micro-batch numbering)."""
+    from skrull_ext.scheduler.plan import flatten_placements
+
+    rng = np.random.default_rng(9)
+    for cp in (1, 4):
+        lengths = np.minimum((rng.pareto(1.1, 400) + 1) * 150, 20_000).astype(np.int64)
+        bucket = max(max(shard_tokens(int(s), cp) for s in lengths), 2 * cp) + 1500
+        plan = schedule(lengths, SchedulerConfig(dp_size=3, cp_size=cp, bucket_size=bucket,
+                                                 portfolio=portfolio), backend="cpp")
+        want = flatten_placements(plan.dp_ranks, cp)
+        got = plan.flat
+        assert got.count == want.count == 3 * plan.num_micro_batches
+        for name in ("dist_ids", "dist_mb", "local_ids", "local_slot"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+            assert getattr(got, name).dtype == np.int64

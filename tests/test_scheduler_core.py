@@ -321,3 +321,61 @@ def test_gds_count_search_gallops_to_a_locally_fewest_count():
     assert reference._split_rank(ctx, seqs, m - 1) is None
     placed = sorted(i for dist, local in split for i in dist + [j for r in local for j in r])
     assert placed == seqs
+
+
+def _lpt_times_by_k(lengths, costs, comm, lat, idx, cp, bucket, objective):
+    """Every feasible k of dacp_place_lpt packed without pruning: {k: micro-batch time}."""
+    order = sorted(idx, key=lambda i: (-int(lengths[i]), i))
+    out, shards = {}, 0
+    for k in range(len(order) + 1):
+        if k:
+            shards += shard_tokens(int(lengths[order[k - 1]]), cp)
+            if cp == 1 or shards > bucket:
+                break
+        t_comm = sum(comm[i] for i in order[:k]) + lat if k else 0.0
+        t_dist = sum(costs[i] / cp for i in order[:k])
+        packed = reference._lpt_local(order[k:], lengths, costs, cp, bucket - shards, t_comm,
+                                      t_dist, objective)
+        if packed is not None:
+            out[k] = reference.micro_batch_time((order[:k], packed[0]), costs, comm, lat, cp,
+                                                objective=objective)
+    return out
+
+
+@pytest.mark.parametrize("objective", ["paper", "ring"])
+def test_lpt_search_in_bound_order_finds_the_best_count(objective):
+    """The bound-ordered k search (with its pruning and an outside limit) returns the k an
+    exhaustive search would, and nothing when no k beats the limit; dacp_feasible agrees
+    with dacp_best on whether a micro-batch can be placed."""
+    rng = np.random.default_rng(11)
+    checked = 0
+    for _ in range(60):
+        count, cp = int(rng.integers(1, 40)), int(rng.choice((1, 2, 4, 8)))
+        lengths = np.minimum((rng.pareto(1.1, count) + 1) * 200, 40_000).astype(np.int64)
+        if rng.random() < 0.3:  # near-equal samples: the q-smallest bound decides
+            lengths = rng.integers(200, 212, count)
+        costs = lengths * (1.0 + lengths / 8000.0)
+        comm = lengths * 2e-4
+        bucket = max(shard_tokens(int(s), cp) for s in lengths) + int(rng.integers(0, 30_000))
+        idx = list(range(count))
+        times = _lpt_times_by_k(lengths, costs, comm, 0.05, idx, cp, bucket, objective)
+        got = reference.dacp_place_lpt(lengths, costs, comm, 0.05, idx, cp, bucket,
+                                       objective=objective)
+        assert (got is None) == (not times)
+        for var in ("paper", "lpt", "auto"):
+            best = reference.dacp_best(lengths, costs, comm, 0.05, idx, cp, bucket, "auto", var,
+                                       objective=objective)
+            assert reference.dacp_feasible(lengths, costs, comm, 0.05, idx, cp, bucket, "auto",
+                                           var, objective=objective) == (best is not None)
+        if got is None:
+            continue
+        t = reference.micro_batch_time(got, costs, comm, 0.05, cp, objective=objective)
+        assert t == pytest.approx(min(times.values()), rel=1e-12)
+        limit = min(times.values()) * (1.0 + 1e-6)
+        assert reference.dacp_place_lpt(lengths, costs, comm, 0.05, idx, cp, bucket,
+                                        objective=objective, limit=limit) is not None
+        assert reference.dacp_place_lpt(lengths, costs, comm, 0.05, idx, cp, bucket,
+                                        objective=objective,
+                                        limit=min(times.values()) * (1 - 1e-6)) is None
+        checked += 1
+    assert checked > 30

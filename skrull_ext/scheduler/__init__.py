@@ -128,18 +128,17 @@ def check_lengths(lengths: Sequence[int], cp_size: int, bucket_size: int) -> np.
     return arr
 
 
-def _to_micro_batch(placement, cp_size: int, exact_ints: bool = False) -> MicroBatch:
-    """``(distributed, local)`` lists -> :class:`MicroBatch`; ``exact_ints``: the ids are
-    already Python ints (the C++ binding's lists), so no per-id conversion."""
+def _to_micro_batch(placement, cp_size: int) -> MicroBatch:
+    """``(distributed, local)`` lists -> :class:`MicroBatch`."""
     dist, local = placement
-    if exact_ints:
-        return MicroBatch(distributed=tuple(dist), local=tuple(map(tuple, local)))
     return MicroBatch(distributed=tuple(map(int, dist)),
                       local=tuple(tuple(map(int, r)) for r in local))
 
 
 def _skrull(lengths, costs, shares, comm, latency, cfg: SchedulerConfig, overhead: float,
             backend: str, objective: str):
+    """The Skrull policy's placements; the C++ backend returns ``(placements, flat)`` with
+    ``flat = (count, dist_ids, dist_mb, local_ids, local_slot)`` (:class:`FlatPlan`)."""
     args = (lengths, costs, comm)
     work = budget_work(cfg.plan_budget_ms)
     if backend == "cpp":
@@ -148,8 +147,8 @@ def _skrull(lengths, costs, shares, comm, latency, cfg: SchedulerConfig, overhea
                  _ROLLBACK_CODES[cfg.rollback], float(overhead), _VARIANT_CODES[cfg.dacp], shares)
         if cfg.portfolio:
             return cpp.portfolio_schedule(*args, objective=_OBJECTIVE_CODES[objective],
-                                          budget=work)
-        return cpp.gds_schedule(*args, objective=_OBJECTIVE_CODES[objective])
+                                          budget=work, flat=True)
+        return cpp.gds_schedule(*args, objective=_OBJECTIVE_CODES[objective], flat=True)
     args += (latency, cfg.dp_size, cfg.cp_size, cfg.bucket_size, cfg.rollback, overhead,
              cfg.dacp, shares, objective)
     if cfg.portfolio:
@@ -182,22 +181,35 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
         raise ImportError("backend='cpp' but skrull_ext._C is not built")
     shares = np.ascontiguousarray(cost_model.share_seconds(arr, config.cp_size),
                                   dtype=np.float64)
+    flat = times = None
     if config.policy == "skrull":
         placements = _skrull(arr, costs, shares, comm, cost_model.comm_latency(config.cp_size),
                              config, cost_model.micro_batch_overhead, backend,
                              cost_model.objective)
-        exact = backend == "cpp"
-        ranks = [[_to_micro_batch(p, config.cp_size, exact) for p in mbs] for mbs in placements]
+        if backend == "cpp":  # tuples, and flat arrays sparing validate() a walk per sample
+            placements, (count, *arrays, times) = placements
+            flat = FlatPlan(count, *arrays, [])
+            trusted = MicroBatch.trusted
+            ranks = [[trusted(*p) for p in mbs] for mbs in placements]
+        else:
+            ranks = [[_to_micro_batch(p, config.cp_size) for p in mbs] for mbs in placements]
     else:
         ranks = BASELINES[config.policy](arr, costs, config.dp_size, config.cp_size,
                                          config.bucket_size)
     m = max(1, max(len(r) for r in ranks))
+    if flat is not None and any(len(r) != m for r in ranks):
+        flat = times = None  # padding below renumbers the micro-batches
     ranks = [list(r) + [MicroBatch.empty(config.cp_size)] * (m - len(r)) for r in ranks]
     plan = Plan(lengths=arr, dp_size=config.dp_size, cp_size=config.cp_size,
                 bucket_size=config.bucket_size, policy=config.policy,
                 dp_ranks=tuple(tuple(r) for r in ranks))
+    if flat is not None:
+        plan.__dict__["flat"] = flat  # Plan.flat's cached_property slot
     plan.validate()
-    return dataclasses.replace(plan, predicted=_predict(plan, cost_model, costs, comm, shares))
+    out = dataclasses.replace(plan, predicted=_predict(plan, cost_model, costs, comm, shares,
+                                                       times))
+    out.__dict__["flat"] = plan.flat
+    return out
 
 
 def _add_grouped(grouped, t_dist, t_comm, lengths, costs, cost_model: CostModel) -> None:
@@ -289,14 +301,18 @@ def predict(plan: Plan, cost_model: CostModel) -> dict:
                     cost_model.share_seconds(plan.lengths, plan.cp_size))
 
 
-def _predict(plan: Plan, cost_model: CostModel, costs, comm, shares) -> dict:
-    """:func:`predict` with the plan's ``[K]`` cost arrays already computed (by schedule)."""
+def _predict(plan: Plan, cost_model: CostModel, costs, comm, shares, times=None) -> dict:
+    """:func:`predict` with the plan's ``[K]`` cost arrays already computed (by schedule);
+    ``times``: the C++ core's ``[G]`` micro-batch seconds under this cost model (overhead
+    included, 0 when empty; the same float operations as :func:`_micro_batch_times`)."""
     flat = plan.flat
     if flat is None or flat.count == 0:
         mb_times = [[micro_batch_seconds(mb, plan.lengths, costs, comm, cost_model, shares)
                      for mb in mbs] for mbs in plan.dp_ranks]
     else:
-        flat_times = _micro_batch_times(plan, flat, costs, comm, cost_model, shares).tolist()
+        flat_times = (times if times is not None
+                      else _micro_batch_times(plan, flat, costs, comm, cost_model, shares))
+        flat_times = flat_times.tolist()
         ends = np.cumsum([len(mbs) for mbs in plan.dp_ranks]).tolist()
         mb_times = [flat_times[end - len(mbs):end] for mbs, end in zip(plan.dp_ranks, ends)]
     rank_times = [float(sum(t)) for t in mb_times]

@@ -281,30 +281,24 @@ def _lpt_local(rest: Sequence[int], lengths, costs, n: int, cap: int, t_comm: fl
     return local, worst
 
 
-def dacp_place_lpt(lengths, costs, comm, latency: float, idx: Sequence[int], cp_size: int,
-                   bucket_size: int, shares=None, objective: str = "paper"
-                   ) -> Optional[Placement]:
-    """(ours) Distribute the ``k`` longest sequences, pack the rest local by LPT; best ``k``.
+def _lpt_bounds(order, lengths, costs, comm, latency: float, n: int, bucket_size: int,
+                shares, objective: str) -> list[tuple[float, int, int, float, float]]:
+    """Every feasible ``k`` of :func:`dacp_place_lpt` with its lower bound, best bound first.
 
-    The paper's step a (and the balanced variant) place sequences shortest first, one at a
-    time, so local sequences cannot be balanced against each other: the balanced variant
-    then distributes short sequences merely to even out the ranks.  Here, for
-    ``k = 0, 1, ...`` the ``k`` longest sequences (ties: lower index first) are distributed
-    and the others go longest first to the least-loaded rank with room (ties: lowest
-    rank); the ``k`` with the lowest :func:`micro_batch_time` wins (ties: smaller ``k``).
-    The search stops once the distributed part alone, ``rank_time(0, T_comm, T_dist)``,
-    reaches the best time (it only grows with ``k``) or the shards overflow the bucket, and
-    skips a ``k`` whose bound ``rank_time(rest / N, T_comm, T_dist)`` cannot beat the best.
-    ``None`` when no ``k`` is feasible.
+    Returns ``(bound, k, shard_sum, t_comm, t_dist)`` rows sorted by ``(bound, k)``, ``k``
+    up to the last count whose shards fit the bucket.  ``bound`` is ``rank_time(x, T_comm,
+    T_dist)`` with ``x`` the most of three loads the slowest rank holds at least: the mean
+    of the local rest, its largest sample, and its ``q = ceil(rest count / N)`` smallest
+    samples (some rank holds ``q`` of them), which is exact for equal samples.
     """
-    n = cp_size
-    order = sorted(idx, key=lambda i: (-int(lengths[i]), i))
-    suffix = [0.0] * (len(order) + 1)
-    for p in range(len(order) - 1, -1, -1):
+    count = len(order)
+    suffix, top = [0.0] * (count + 1), [0.0] * (count + 1)
+    for p in range(count - 1, -1, -1):
         suffix[p] = suffix[p + 1] + costs[order[p]]
-    best, best_t = None, 0.0
+        top[p] = max(top[p + 1], costs[order[p]])
+    rows = []
     shard_sum, comm_sum, dist_load = 0, 0.0, 0.0
-    for k in range(len(order) + 1):
+    for k in range(count + 1):
         if k:
             if n == 1:
                 break
@@ -315,19 +309,53 @@ def dacp_place_lpt(lengths, costs, comm, latency: float, idx: Sequence[int], cp_
             comm_sum += comm[i]
             dist_load += _share(costs, shares, i, n)
         t_comm = comm_sum + latency if k else 0.0
-        if best is not None:
-            if rank_time(0.0, t_comm, dist_load, n, objective) >= best_t:
-                break
-            if rank_time(suffix[k] / n, t_comm, dist_load, n, objective) >= best_t:
-                continue
+        q = -(-(count - k) // n)
+        x = max(suffix[k] / n, top[k], suffix[count - q])
+        bound = rank_time(x, t_comm, dist_load, n, objective)
+        rows.append((bound, k, shard_sum, t_comm, dist_load))
+    rows.sort(key=lambda row: (row[0], row[1]))
+    return rows
+
+
+def dacp_place_lpt(lengths, costs, comm, latency: float, idx: Sequence[int], cp_size: int,
+                   bucket_size: int, shares=None, objective: str = "paper",
+                   limit: Optional[float] = None) -> Optional[Placement]:
+    """(ours) Distribute the ``k`` longest sequences, pack the rest local by LPT; best ``k``.
+
+    The paper's step a (and the balanced variant) place sequences shortest first, one at a
+    time, so local sequences cannot be balanced against each other: the balanced variant
+    then distributes short sequences merely to even out the ranks.  Here the ``k`` longest
+    sequences (ties: lower index first) are distributed and the others go longest first to
+    the least-loaded rank with room (ties: lowest rank); the ``k`` with the lowest
+    :func:`micro_batch_time` wins.
+
+    The counts are tried in ascending order of a lower bound (:func:`_lpt_bounds`, ties:
+    smaller ``k``) and the search stops at the first count whose bound reaches the best
+    time so far: with many short sequences the packed time sits just above the bound, so
+    the best count comes early and few others are packed (trying ``k = 0, 1, ...`` in turn
+    packed nearly every count; same plans up to exact ties between counts, which keep the
+    one tried first).  With ``limit`` only a time strictly below it counts (the caller's
+    best other candidate); ``None`` when no count is feasible and below ``limit``.
+    """
+    n = cp_size
+    order = sorted(idx, key=lambda i: (-int(lengths[i]), i))
+    best, best_t = None, limit
+    for bound, k, shard_sum, t_comm, t_dist in _lpt_bounds(order, lengths, costs, comm, latency,
+                                                           n, bucket_size, shares, objective):
+        if best_t is not None and bound >= best_t:
+            break
         packed = _lpt_local(order[k:], lengths, costs, n, int(bucket_size) - shard_sum, t_comm,
-                            dist_load, objective, None if best is None else best_t)
-        if packed is None:
-            continue
-        local, t = packed
-        if best is None or t < best_t:
-            best, best_t = (list(order[:k]), local), t
+                            t_dist, objective, best_t)
+        if packed is not None:
+            best, best_t = (list(order[:k]), packed[0]), packed[1]
     return best
+
+
+def _candidates(rollback: str, variant: str) -> list[tuple[str, str]]:
+    """``dacp_best``'s ``(variant, roll-back)`` candidates in order (lpt has no roll-back)."""
+    rollbacks = ("shortest", "best-fit") if rollback == "auto" else (rollback,)
+    variants = ("paper", "balanced", "lpt") if variant == "auto" else (variant,)
+    return [(var, rb) for var in variants for rb in (rollbacks if var != "lpt" else ("none",))]
 
 
 def dacp_best(lengths, costs, comm, latency, idx, cp_size, bucket_size, rollback,
@@ -336,28 +364,43 @@ def dacp_best(lengths, costs, comm, latency, idx, cp_size, bucket_size, rollback
 
     Candidates in order (ties keep the earlier): paper/shortest, paper/best-fit,
     balanced/shortest, balanced/best-fit, lpt (no roll-back), restricted to the requested
-    settings.
+    settings.  lpt, the costliest, runs last with the best time so far as its limit.
     """
-    rollbacks = ("shortest", "best-fit") if rollback == "auto" else (rollback,)
-    variants = ("paper", "balanced", "lpt") if variant == "auto" else (variant,)
     best, best_t = None, 0.0
-    for var in variants:
-        for rb in rollbacks if var != "lpt" else ("none",):
-            if var == "paper":
-                cand = dacp_place(lengths, costs, idx, cp_size, bucket_size, rb, shares)
-            elif var == "lpt":
-                cand = dacp_place_lpt(lengths, costs, comm, latency, idx, cp_size, bucket_size,
-                                      shares, objective)
-            else:
-                cand = dacp_place(lengths, costs, idx, cp_size, bucket_size, rb, shares,
-                                  balanced=True, comm=comm, latency=latency,
-                                  objective=objective)
-            if cand is None:
-                continue
-            t = micro_batch_time(cand, costs, comm, latency, cp_size, shares, objective)
-            if best is None or t < best_t:
-                best, best_t = cand, t
+    for var, rb in _candidates(rollback, variant):
+        if var == "paper":
+            cand = dacp_place(lengths, costs, idx, cp_size, bucket_size, rb, shares)
+        elif var == "lpt":
+            cand = dacp_place_lpt(lengths, costs, comm, latency, idx, cp_size, bucket_size,
+                                  shares, objective, None if best is None else best_t)
+        else:
+            cand = dacp_place(lengths, costs, idx, cp_size, bucket_size, rb, shares,
+                              balanced=True, comm=comm, latency=latency, objective=objective)
+        if cand is None:
+            continue
+        t = micro_batch_time(cand, costs, comm, latency, cp_size, shares, objective)
+        if best is None or t < best_t:
+            best, best_t = cand, t
     return best
+
+
+def dacp_feasible(lengths, costs, comm, latency, idx, cp_size, bucket_size, rollback,
+                  variant: str = "paper", shares=None, objective: str = "paper") -> bool:
+    """Whether :func:`dacp_best` places ``idx``: some candidate does (cheapest first).
+
+    The micro-batch count search only needs this answer for every count but the last.
+    """
+    for var, rb in _candidates(rollback, variant):
+        if var == "lpt":
+            cand = dacp_place_lpt(lengths, costs, comm, latency, idx, cp_size, bucket_size,
+                                  shares, objective)
+        else:
+            cand = dacp_place(lengths, costs, idx, cp_size, bucket_size, rb, shares,
+                              balanced=var == "balanced", comm=comm, latency=latency,
+                              objective=objective)
+        if cand is not None:
+            return True
+    return False
 
 
 def lpt_partition(costs, idx: Sequence[int], bins: int) -> list[list[int]]:
@@ -400,6 +443,11 @@ class GdsContext(NamedTuple):
                          self.bucket_size, self.rollback, self.variant, self.shares,
                          self.objective)
 
+    def feasible(self, idx) -> bool:
+        return dacp_feasible(self.lengths, self.costs, self.comm, self.latency, idx,
+                             self.cp_size, self.bucket_size, self.rollback, self.variant,
+                             self.shares, self.objective)
+
     def split_time(self, split, overhead: float) -> float:
         """Predicted seconds of one DP rank's micro-batches (empty ones cost nothing)."""
         t = 0.0
@@ -410,13 +458,22 @@ class GdsContext(NamedTuple):
         return t
 
 
-def _split_rank(ctx: GdsContext, seqs, m: int) -> Optional[list[Placement]]:
-    """Interleave into ``m`` micro-batches and place each; ``None`` if any is infeasible."""
+def _split_rank(ctx: GdsContext, seqs, m: int, check_only: bool = False
+                ) -> Optional[list[Placement]]:
+    """Interleave into ``m`` micro-batches and place each; ``None`` if any is infeasible.
+
+    ``check_only``: only decide feasibility (:func:`dacp_feasible`, cheapest variant
+    first); ``[]`` when feasible.
+    """
     cap = ctx.bucket_size * ctx.cp_size
     out = []
     for g in interleave(seqs, m):
         if sum(int(ctx.lengths[i]) for i in g) > cap:
             return None
+        if check_only:
+            if not ctx.feasible(g):
+                return None
+            continue
         placed = ctx.place(g)
         if placed is None:
             return None
@@ -480,13 +537,11 @@ def _fewest_split(ctx: GdsContext, rest, m: int) -> list[Placement]:
     feasible) to the first feasible count and a binary search between it and the last
     infeasible one: ``O(log M)`` DACP passes where a tight bucket needs thousands of
     micro-batches.  The result is feasible at ``m`` and infeasible at ``m - 1`` (or ``m``
-    is the token bound).
+    is the token bound).  The search only decides feasibility; the micro-batches are
+    placed (every candidate, the fastest kept) once, at the count it found.
     """
     lo, step, tries = m - 1, 1, 0
-    while True:
-        split = _split_rank(ctx, rest, m)
-        if split is not None:
-            break
+    while _split_rank(ctx, rest, m, check_only=True) is None:
         if m >= len(rest):
             raise AssertionError("one sample per micro-batch must be feasible")
         tries += 1
@@ -495,12 +550,11 @@ def _fewest_split(ctx: GdsContext, rest, m: int) -> list[Placement]:
         lo, m = m, min(m + step, len(rest))
     while m - lo > 1:
         mid = (lo + m) // 2
-        trial = _split_rank(ctx, rest, mid)
-        if trial is None:
+        if _split_rank(ctx, rest, mid, check_only=True) is None:
             lo = mid
         else:
-            m, split = mid, trial
-    return split
+            m = mid
+    return _split_rank(ctx, rest, m)
 
 
 def gds_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: int,
