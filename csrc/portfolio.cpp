@@ -1,7 +1,7 @@
 // (ours) The baselines' groupings and Skrull's portfolio over them.
 // Mirrors per_seq_cp_groups / all_cp_groups / sorted_groups / karmarkar_karp / kk_groups /
 // hybrid_cp_size / hybrid_cp_groups of skrull_ext/scheduler/baselines.py and
-// grouping_work / all_distributed / place_group / place_groups / iteration_time /
+// grouping_work / all_distributed / place_group / place_groups / dacp_each / iteration_time /
 // portfolio_schedule of skrull_ext/scheduler/portfolio.py; see scheduler.h.
 #include <algorithm>
 #include <limits>
@@ -115,12 +115,15 @@ std::optional<std::vector<RankSplit>> place_groups(const GdsContext& ctx, const 
   return out;
 }
 
-// Each micro-batch re-placed by place_group (samples: distributed, then CP rank by rank)
-// when strictly faster (reference dacp_each).
+// Each micro-batch with a local sample re-placed by place_group (samples: distributed,
+// then CP rank by rank) when strictly faster (reference dacp_each).
 void dacp_each(const GdsContext& ctx, std::vector<RankSplit>& splits) {
   const Batch& b = ctx.batch;
   for (auto& split : splits) {
     for (auto& p : split) {
+      bool has_local = false;
+      for (const auto& r : p.local) has_local = has_local || !r.empty();
+      if (!has_local) continue;  // every sample had to be distributed
       std::vector<Index> group(p.distributed);
       for (const auto& r : p.local) group.insert(group.end(), r.begin(), r.end());
       auto alt = place_group(ctx, group);

@@ -72,8 +72,9 @@ def place_groups(ctx: GdsContext, groups: Sequence[Sequence[Sequence[int]]], ove
 
 
 def dacp_each(ctx: GdsContext, splits) -> list[list[Placement]]:
-    """Each micro-batch of ``splits`` re-placed by :func:`place_group` (its samples:
-    distributed first, then CP rank by rank) when that is strictly faster.
+    """Each micro-batch of ``splits`` that has a local sample re-placed by
+    :func:`place_group` (its samples: distributed first, then CP rank by rank) when that is
+    strictly faster (skipping the others keeps this cheap where most are all long).
 
     The pack candidates leave few local samples in a micro-batch whose shards fill most of
     the bucket, one per CP rank, so the largest sets the micro-batch's time; distributing
@@ -83,6 +84,9 @@ def dacp_each(ctx: GdsContext, splits) -> list[list[Placement]]:
     for split in splits:
         rank = []
         for p in split:
+            if not any(p[1]):  # no local sample: every one had to be distributed
+                rank.append(p)
+                continue
             alt = place_group(ctx, list(p[0]) + [i for r in p[1] for i in r])
             better = alt is not None and placement_time(ctx, alt) < placement_time(ctx, p)
             rank.append(alt if better else p)
