@@ -116,23 +116,36 @@ std::optional<std::vector<RankSplit>> place_groups(const GdsContext& ctx, const 
 }
 
 // Each micro-batch with a local sample re-placed by place_group (samples: distributed,
-// then CP rank by rank) when strictly faster (reference dacp_each).
-void dacp_each(const GdsContext& ctx, std::vector<RankSplit>& splits) {
+// then CP rank by rank) when strictly faster (reference dacp_each).  (C++ only, same
+// plans) Gives up (false) as soon as a DP rank's running split_time reaches best_t: it
+// only grows, and the candidate must be strictly faster to win.
+bool dacp_each(const GdsContext& ctx, std::vector<RankSplit>& splits, double overhead,
+               double best_t) {
   const Batch& b = ctx.batch;
   for (auto& split : splits) {
+    double t = 0.0;  // split_time's sum, in its order
     for (auto& p : split) {
+      if (p.empty()) continue;
+      double own = micro_batch_time(p, b, ctx.latency, ctx.cp_size);
       bool has_local = false;
       for (const auto& r : p.local) has_local = has_local || !r.empty();
-      if (!has_local) continue;  // every sample had to be distributed
-      std::vector<Index> group(p.distributed);
-      for (const auto& r : p.local) group.insert(group.end(), r.begin(), r.end());
-      auto alt = place_group(ctx, group);
-      if (alt && micro_batch_time(*alt, b, ctx.latency, ctx.cp_size) <
-                     micro_batch_time(p, b, ctx.latency, ctx.cp_size)) {
-        p = std::move(*alt);
+      if (has_local) {  // else every sample had to be distributed
+        std::vector<Index> group(p.distributed);
+        for (const auto& r : p.local) group.insert(group.end(), r.begin(), r.end());
+        auto alt = place_group(ctx, group);
+        if (alt) {
+          const double alt_t = micro_batch_time(*alt, b, ctx.latency, ctx.cp_size);
+          if (alt_t < own) {
+            p = std::move(*alt);
+            own = alt_t;
+          }
+        }
       }
+      t += own + overhead;
+      if (t >= best_t) return false;
     }
   }
+  return true;
 }
 
 double iteration_time(const GdsContext& ctx, const std::vector<RankSplit>& splits,
@@ -445,7 +458,7 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
     if (batch.size > kMaxPackSamples) break;
     auto placed = pack_schedule(batch, dp_size, cp_size, bucket_size,
                                 pack_threshold(divisor, bucket_size));
-    dacp_each(ctx, placed);
+    if (!dacp_each(ctx, placed, overhead, best_t)) continue;
     const double t = iteration_time(ctx, placed, overhead);
     if (t < best_t) {
       best = std::move(placed);
