@@ -4,6 +4,7 @@
 // grouping_work / all_distributed / place_group / place_groups / dacp_each / iteration_time /
 // portfolio_schedule of skrull_ext/scheduler/portfolio.py; see scheduler.h.
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <queue>
 #include <utility>
@@ -94,9 +95,11 @@ int64_t grouping_work(const Batch& batch, int dp_size, int cp_size, int64_t buck
 }
 
 // Gives up (nullopt) when a group cannot be placed or a DP rank's running time reaches
-// best_t (reference place_groups).
+// best_t (reference place_groups); with `ties` (C++ only: a candidate that runs after one
+// it precedes in the reference's order, so it wins ties) only once it exceeds best_t.
 std::optional<std::vector<RankSplit>> place_groups(const GdsContext& ctx, const Groups& groups,
-                                                   double overhead, double best_t) {
+                                                   double overhead, double best_t,
+                                                   bool ties = false) {
   std::vector<RankSplit> out;
   out.reserve(groups.size());
   for (const auto& rank : groups) {
@@ -108,7 +111,7 @@ std::optional<std::vector<RankSplit>> place_groups(const GdsContext& ctx, const 
       if (!p) return std::nullopt;
       t += micro_batch_time(*p, ctx.batch, ctx.latency, ctx.cp_size) + overhead;
       placed.push_back(std::move(*p));
-      if (t >= best_t) return std::nullopt;
+      if (t > best_t || (t == best_t && !ties)) return std::nullopt;
     }
     out.push_back(std::move(placed));
   }
@@ -183,6 +186,17 @@ double grouping_bound(const GdsContext& ctx, const Groups& groups, double overhe
     worst = std::max(worst, t);
   }
   return worst;
+}
+
+// (C++ only: which of two equivalent orders runs, same plans) GDS before the sorted
+// grouping when every sample fits half a micro-batch: GDS then needs about the token
+// bound's micro-batch count and usually wins, so the sorted grouping's placement gives up
+// early.  With longer samples GDS may need thousands of micro-batches; the sorted grouping
+// runs first then, and its time stops GDS's count search early (GdsCutoff).
+bool gds_first(const Batch& batch, int cp_size, int64_t bucket_size) {
+  int64_t longest = 0;
+  for (int64_t i = 0; i < batch.size; ++i) longest = std::max(longest, batch.lengths[i]);
+  return 2 * longest <= bucket_size * cp_size;
 }
 
 }  // namespace
@@ -433,7 +447,27 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
   const int pack_divisors[] = {0, 20};
   std::vector<RankSplit> best;
   double best_t = std::numeric_limits<double>::infinity();
-  for (const auto& [grouping, is_costly] : candidates) {
+  size_t first = 0;
+  if (gds_first(batch, cp_size, bucket_size)) {
+    // (C++ only, same plans) GDS without a cutoff, then the sorted grouping, which
+    // precedes GDS in the reference's order and so wins ties: its placement gives up
+    // only once a DP rank exceeds GDS's time.
+    best = *gds_schedule_cut(batch, latency, dp_size, cp_size, bucket_size, policy, overhead,
+                             variant, nullptr);
+    best_t = iteration_time(ctx, best, overhead);
+    const Groups groups = sorted_groups(batch, dp_size, cp_size, bucket_size);
+    if (grouping_bound(ctx, groups, overhead) * (1.0 - 1e-9) < best_t) {
+      auto placed = place_groups(ctx, groups, overhead, best_t, /*ties=*/true);
+      const double t = placed ? iteration_time(ctx, *placed, overhead) : best_t;
+      if (placed && t <= best_t) {
+        best = std::move(*placed);
+        best_t = t;
+      }
+    }
+    first = 2;
+  }
+  for (size_t c = first; c < std::size(candidates); ++c) {
+    const auto& [grouping, is_costly] = candidates[c];
     std::optional<std::vector<RankSplit>> placed;
     if (!grouping) {
       // (C++ only, same plans) GDS stops once its bound shows it cannot beat best_t.

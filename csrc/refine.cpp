@@ -48,16 +48,35 @@ struct Priced {
   double t;
 };
 
-// At most two micro-batches of a DP rank replaced while pricing it (the reference's dict).
+// At most two micro-batches of a DP rank replaced while pricing it (the reference's dict):
+// their times and whether they are empty.
 struct Repl {
   size_t j[2] = {SIZE_MAX, SIZE_MAX};
-  const Priced* p[2] = {nullptr, nullptr};
+  double t[2] = {0.0, 0.0};
+  bool empty[2] = {false, false};
   Repl() = default;
-  Repl(size_t j0, const Priced* p0) : j{j0, SIZE_MAX}, p{p0, nullptr} {}
-  Repl(size_t j0, const Priced* p0, size_t j1, const Priced* p1) : j{j0, j1}, p{p0, p1} {}
-  const Priced* find(size_t at) const {
-    return at == j[0] ? p[0] : at == j[1] ? p[1] : nullptr;
-  }
+  Repl(size_t j0, double t0, bool e0 = false) : j{j0, SIZE_MAX}, t{t0, 0.0}, empty{e0, false} {}
+  Repl(size_t j0, double t0, bool e0, size_t j1, double t1, bool e1)
+      : j{j0, j1}, t{t0, t1}, empty{e0, e1} {}
+  int find(size_t at) const { return at == j[0] ? 0 : at == j[1] ? 1 : -1; }
+};
+
+// (C++ only, same floats) What pricing a placement with one more sample needs, summed in
+// placement order as micro_batch_time and the reference's tokens() sum it: appending a
+// sample adds one term to these sums, so best_insert prices its candidates without
+// building or walking them.
+struct Sums {
+  double comm = 0.0, dist = 0.0;  // distributed samples' ring and per-rank seconds
+  bool has_dist = false;
+  int64_t size = 0;               // samples
+  std::vector<double> load;       // [N] local seconds
+  std::vector<int64_t> tok;       // [N] tokens
+};
+
+// One best_insert outcome: its time and where the sample goes (-1: distributed).
+struct Insert {
+  double t;
+  int where;
 };
 
 class Search {
@@ -89,30 +108,67 @@ class Search {
     double t = 0.0;
     work_ += static_cast<int64_t>(splits_[d].size());
     for (size_t j = 0; j < splits_[d].size(); ++j) {
-      const Placement* p = &splits_[d][j];
-      double mt = mbt_[d][j];
-      if (const Priced* r = repl.find(j)) {
-        p = &r->p;
-        mt = r->t;
-      }
-      if (!p->empty()) t += mt + overhead_;
+      const int r = repl.find(j);
+      const bool empty = r < 0 ? splits_[d][j].empty() : repl.empty[r];
+      const double mt = r < 0 ? mbt_[d][j] : repl.t[r];
+      if (!empty) t += mt + overhead_;
     }
     return t;
   }
 
-  std::vector<int64_t> tokens(const Placement& p) const {
-    int64_t dist = 0;
-    for (Index i : p.distributed) dist += shard_tokens(ctx_.batch.lengths[i], n_);
-    std::vector<int64_t> out;
-    for (const auto& rank : p.local) {
-      int64_t t = dist;
-      for (Index i : rank) t += ctx_.batch.lengths[i];
-      out.push_back(t);
+  // Sums of p without sample `skip` (where it sits: skip_where, -1 distributed), into *out.
+  void sums(const Placement& p, Sums* out, Index skip = -1, int skip_where = -2) const {
+    const Batch& b = ctx_.batch;
+    out->comm = out->dist = 0.0;
+    out->size = 0;
+    int64_t dist_tok = 0;
+    for (Index i : p.distributed) {
+      if (skip_where == -1 && i == skip) continue;
+      out->comm += b.comm[i];
+      out->dist += b.share(i, n_);
+      dist_tok += shard_tokens(b.lengths[i], n_);
+      ++out->size;
     }
+    out->has_dist = out->size > 0;
+    out->load.assign(static_cast<size_t>(n_), 0.0);
+    out->tok.assign(static_cast<size_t>(n_), dist_tok);
+    for (int r = 0; r < n_; ++r) {
+      for (Index i : p.local[static_cast<size_t>(r)]) {
+        if (skip_where == r && i == skip) continue;
+        out->load[r] += b.costs[i];
+        out->tok[r] += b.lengths[i];
+        ++out->size;
+      }
+    }
+  }
+
+  // micro_batch_time of the summed placement plus sample i (where: -1 distributed, else
+  // the CP rank), the same float operations; counts price()'s work.
+  double price_with(const Sums& s, Index i, int where) {
+    const Batch& b = ctx_.batch;
+    work_ += s.size + 1 + n_;
+    double t_comm = s.comm, t_dist = s.dist;
+    if (where < 0) {
+      t_comm += b.comm[i];
+      t_dist += b.share(i, n_);
+    }
+    if (where < 0 || s.has_dist) t_comm += ctx_.latency;
+    double x_max = 0.0;
+    for (int r = 0; r < n_; ++r) {
+      x_max = std::max(x_max, r == where ? s.load[r] + b.costs[i] : s.load[r]);
+    }
+    return std::max(0.0, skrull::rank_time(x_max, t_comm, t_dist, n_, b.objective));
+  }
+
+  // p without `skip` (if given) plus sample i at `where`.
+  Placement with(const Placement& p, Index i, int where, Index skip = -1,
+                 int skip_where = -2) const {
+    Placement out = skip_where >= -1 ? without(p, skip, skip_where) : p;
+    (where < 0 ? out.distributed : out.local[static_cast<size_t>(where)]).push_back(i);
     return out;
   }
 
-  std::optional<Priced> best_insert(const Placement& p, Index i);
+  std::optional<Insert> best_insert(const Sums& s, Index i);
   std::vector<size_t> fastest(size_t d, size_t count, bool nonempty);
   void apply(const std::vector<std::pair<std::pair<size_t, size_t>, Priced>>& changes);
   bool relocate(size_t d, size_t j, Index i, int where, size_t d2);
@@ -128,33 +184,23 @@ class Search {
   std::vector<std::vector<double>> mbt_;
   std::vector<double> rt_;
   std::vector<size_t> fast_d_, fast_d2_, full_d2_;  // step(): refine.py's fast_d, ...
+  Sums sums_a_, sums_b_;  // scratch
 };
 
-std::optional<Priced> Search::best_insert(const Placement& p, Index i) {
+// Reference best_insert on the sums of its placement (same candidates, times and work).
+std::optional<Insert> Search::best_insert(const Sums& sm, Index i) {
   const int64_t s = ctx_.batch.lengths[i], cap = ctx_.bucket_size;
-  const auto tok = tokens(p);
-  std::optional<Priced> best;
-  if (n_ > 1 && *std::max_element(tok.begin(), tok.end()) + shard_tokens(s, n_) <= cap) {
-    Placement cand = p;
-    cand.distributed.push_back(i);
-    const double t = price(cand);
-    best = Priced{std::move(cand), t};
+  std::optional<Insert> best;
+  if (n_ > 1 && *std::max_element(sm.tok.begin(), sm.tok.end()) + shard_tokens(s, n_) <= cap) {
+    best = Insert{price_with(sm, i, -1), -1};
   }
   int r = -1;
-  std::vector<double> loads;
-  for (const auto& rank : p.local) {
-    double x = 0.0;
-    for (Index v : rank) x += ctx_.batch.costs[v];
-    loads.push_back(x);
-  }
   for (int j = 0; j < n_; ++j) {
-    if (tok[j] + s <= cap && (r < 0 || loads[j] < loads[r])) r = j;
+    if (sm.tok[j] + s <= cap && (r < 0 || sm.load[j] < sm.load[r])) r = j;
   }
   if (r >= 0) {
-    Placement cand = p;
-    cand.local[static_cast<size_t>(r)].push_back(i);
-    const double t = price(cand);
-    if (!best || t < best->t) best = Priced{std::move(cand), t};
+    const double t = price_with(sm, i, r);
+    if (!best || t < best->t) best = Insert{t, r};
   }
   return best;
 }
@@ -196,7 +242,7 @@ void Search::apply(const std::vector<std::pair<std::pair<size_t, size_t>, Priced
 }
 
 bool Search::relocate(size_t d, size_t j, Index i, int where, size_t d2) {
-  const Priced src{without(splits_[d][j], i, where), 0.0};
+  const Placement src = without(splits_[d][j], i, where);
   std::vector<std::pair<size_t, size_t>> targets{{d, j}};
   for (size_t k : fast_d2_) targets.emplace_back(d2, k);
   size_t own = 0;
@@ -206,33 +252,33 @@ bool Search::relocate(size_t d, size_t j, Index i, int where, size_t d2) {
       ++own;
     }
   }
-  std::optional<Priced> src_priced;
-  std::optional<double> src_rt;
+  std::optional<double> src_t, src_rt;
+  const bool src_empty = src.empty();
   for (const auto& [e, k] : targets) {
     if (spent()) return false;
     if (e == d && k == j) {
-      auto ins = best_insert(src.p, i);
-      if (ins && rank_time(d, Repl(j, &*ins)) < rt_[d]) {
-        apply({{{d, j}, *ins}});
+      sums(src, &sums_a_);
+      auto ins = best_insert(sums_a_, i);
+      if (ins && rank_time(d, Repl(j, ins->t)) < rt_[d]) {
+        apply({{{d, j}, Priced{with(src, i, ins->where), ins->t}}});
         return true;
       }
       continue;
     }
-    if (!src_priced) {
-      const double t = price(src.p);
-      src_priced = Priced{src.p, t};
-    }
-    auto ins = best_insert(splits_[e][k], i);
+    if (!src_t) src_t = price(src);
+    sums(splits_[e][k], &sums_a_);
+    auto ins = best_insert(sums_a_, i);
     if (!ins) continue;
     double now;
     if (e == d) {
-      now = rank_time(d, Repl(j, &*src_priced, k, &*ins));
+      now = rank_time(d, Repl(j, *src_t, src_empty, k, ins->t, false));
     } else {
-      if (!src_rt) src_rt = rank_time(d, Repl(j, &*src_priced));
-      now = std::max(*src_rt, rank_time(e, Repl(k, &*ins)));
+      if (!src_rt) src_rt = rank_time(d, Repl(j, *src_t, src_empty));
+      now = std::max(*src_rt, rank_time(e, Repl(k, ins->t)));
     }
     if (now < rt_[d]) {
-      apply({{{d, j}, *src_priced}, {{e, k}, *ins}});
+      apply({{{d, j}, Priced{src, *src_t}},
+             {{e, k}, Priced{with(splits_[e][k], i, ins->where), ins->t}}});
       return true;
     }
   }
@@ -241,20 +287,28 @@ bool Search::relocate(size_t d, size_t j, Index i, int where, size_t d2) {
 
 bool Search::swap(size_t d, size_t j, Index i, int where, size_t d2) {
   const double* costs = ctx_.batch.costs;
-  const Placement src = without(splits_[d][j], i, where);
+  const Placement& here = splits_[d][j];
+  bool src_summed = false;
   for (size_t k : full_d2_) {
-    const Placement tgt = splits_[d2][k];
+    const Placement& tgt = splits_[d2][k];
     for (const auto& [b, wb] : samples_of(tgt)) {
       if (!(costs[b] < costs[i])) continue;
       if (spent()) return false;
-      auto new_src = best_insert(src, b);
+      if (!src_summed) {  // the reference's src = without(here, i, where), summed once
+        sums(here, &sums_a_, i, where);
+        src_summed = true;
+      }
+      auto new_src = best_insert(sums_a_, b);
       if (!new_src) continue;
-      auto new_tgt = best_insert(without(tgt, b, wb), i);
+      sums(tgt, &sums_b_, b, wb);
+      auto new_tgt = best_insert(sums_b_, i);
       if (!new_tgt) continue;
-      const double a = rank_time(d, Repl(j, &*new_src));
-      const double now = std::max(a, rank_time(d2, Repl(k, &*new_tgt)));
+      const double a = rank_time(d, Repl(j, new_src->t));
+      const double now = std::max(a, rank_time(d2, Repl(k, new_tgt->t)));
       if (now < rt_[d]) {
-        apply({{{d, j}, *new_src}, {{d2, k}, *new_tgt}});
+        Priced p_src{with(here, b, new_src->where, i, where), new_src->t};
+        Priced p_tgt{with(tgt, i, new_tgt->where, b, wb), new_tgt->t};
+        apply({{{d, j}, std::move(p_src)}, {{d2, k}, std::move(p_tgt)}});
         return true;
       }
     }
@@ -281,9 +335,8 @@ bool Search::merge(size_t d) {
       auto placed = place_group(ctx_, group);
       if (!placed) continue;
       const double t = price(*placed);
-      const Priced merged{std::move(*placed), t}, none{empty_placement(n_), 0.0};
-      if (rank_time(d, Repl(a, &merged, b, &none)) < rt_[d]) {
-        apply({{{d, a}, merged}, {{d, b}, none}});
+      if (rank_time(d, Repl(a, t, placed->empty(), b, 0.0, true)) < rt_[d]) {
+        apply({{{d, a}, Priced{std::move(*placed), t}}, {{d, b}, Priced{empty_placement(n_), 0.0}}});
         return true;
       }
     }
