@@ -226,10 +226,12 @@ py::array_t<int64_t> int_array(const std::vector<int64_t>& v) {
 // The plan as flat [P] / [Q] int64 arrays (scheduler.plan.FlatPlan's dist_ids, dist_mb,
 // local_ids, local_slot): micro-batch g counts over DP ranks, then micro-batches; CP rank r
 // of it is slot g * cp_size + r; ids in placement order), then [G] predicted seconds of
-// each micro-batch (overhead included, 0 when empty).  Saves schedule() a Python walk
-// over every sample.
-py::tuple flat_arrays(const std::vector<skrull::RankSplit>& splits, int cp_size,
-                      const skrull::Batch& batch, double latency, double overhead) {
+// each micro-batch (overhead included, 0 when empty), the plan's lower bound
+// (skrull::plan_lower_bound) and whether it passes skrull::plan_valid.  Saves schedule()
+// a Python walk over every sample.
+py::tuple flat_arrays(const std::vector<skrull::RankSplit>& splits, int dp_size, int cp_size,
+                      int64_t bucket_size, const skrull::Batch& batch, double latency,
+                      double overhead) {
   std::vector<int64_t> dist_ids, dist_mb, local_ids, local_slot;
   py::array_t<double> times(static_cast<py::ssize_t>(
       std::accumulate(splits.begin(), splits.end(), size_t{0},
@@ -254,7 +256,10 @@ py::tuple flat_arrays(const std::vector<skrull::RankSplit>& splits, int cp_size,
     }
   }
   return py::make_tuple(g, int_array(dist_ids), int_array(dist_mb), int_array(local_ids),
-                        int_array(local_slot), times);
+                        int_array(local_slot), times,
+                        skrull::plan_lower_bound(batch, latency, dp_size, cp_size, bucket_size,
+                                                 overhead),
+                        skrull::plan_valid(splits, batch, cp_size, bucket_size));
 }
 
 // Checks the arguments, runs `fn` (gds_schedule or portfolio_schedule) without the GIL and
@@ -282,7 +287,8 @@ py::object run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Arra
   GcPause pause;
   py::list out = splits_list(splits, /*tuples=*/flat);
   if (flat) {
-    return py::make_tuple(out, flat_arrays(splits, cp_size, args.view, latency, overhead));
+    return py::make_tuple(out, flat_arrays(splits, dp_size, cp_size, bucket_size, args.view,
+                                           latency, overhead));
   }
   return std::move(out);
 }
@@ -426,7 +432,7 @@ PYBIND11_MODULE(_C, mod) {
           py::arg("shares") = py::none(), py::arg("objective") = 0, py::arg("flat") = false,
           "GDS over a global batch: list[DP] of list[micro-batch] of (distributed, local); "
           "flat=True: (that with (distributed, local) as tuples, (count, dist_ids, dist_mb, "
-          "local_ids, local_slot, micro_batch_seconds)).");
+          "local_ids, local_slot, micro_batch_seconds, lower_bound, valid)).");
   mod.def("portfolio_schedule", &portfolio_schedule, py::arg("lengths"), py::arg("costs"),
           py::arg("comm"), py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"),
           py::arg("bucket_size"), py::arg("rollback"), py::arg("overhead") = 0.0,

@@ -299,6 +299,23 @@ std::vector<std::vector<Index>> karmarkar_karp_dense(const double* weights,
   return out;
 }
 
+// A stable sort without std::stable_sort's buffer allocation: Karmarkar-Karp sorts
+// thousands of states of at most `parts` parts (usually a handful); large ones take
+// std::stable_sort (same order: both are stable).
+template <typename T, typename Less>
+void insertion_sort(std::vector<T>& v, Less less) {
+  if (v.size() > 32) {
+    std::stable_sort(v.begin(), v.end(), less);
+    return;
+  }
+  for (size_t p = 1; p < v.size(); ++p) {
+    T x = v[p];
+    size_t q = p;
+    for (; q > 0 && less(x, v[q - 1]); --q) v[q] = v[q - 1];
+    v[q] = x;
+  }
+}
+
 // Same answer as karmarkar_karp_dense when every weight is > 0, in time that does not
 // grow with parts x items: a state keeps only its non-empty parts (the dense state's
 // zero-sum parts are all alike and sort last), and a part's samples are a linked list
@@ -329,7 +346,7 @@ std::vector<std::vector<Index>> karmarkar_karp_sparse(const double* weights,
     heap.pop();
     auto b = std::move(states[heap.top().second]);
     heap.pop();
-    std::stable_sort(b.begin(), b.end(), [](const Part& x, const Part& y) { return x.sum < y.sum; });
+    insertion_sort(b, [](const Part& x, const Part& y) { return x.sum < y.sum; });
     const int64_t p = static_cast<int64_t>(a.size()), q = static_cast<int64_t>(b.size());
     const int64_t off = m - q;  // dense index of b's first non-empty part
     merged.clear();
@@ -344,8 +361,7 @@ std::vector<std::vector<Index>> karmarkar_karp_sparse(const double* weights,
       merged.push_back(part);
     }
     for (int64_t j = std::max(p, off); j < m; ++j) merged.push_back(b[j - off]);
-    std::stable_sort(merged.begin(), merged.end(),
-                     [](const Part& x, const Part& y) { return x.sum > y.sum; });
+    insertion_sort(merged, [](const Part& x, const Part& y) { return x.sum > y.sum; });
     const double low = static_cast<int64_t>(merged.size()) < m ? 0.0 : merged.back().sum;
     heap.emplace(-(merged.front().sum - low), static_cast<int64_t>(states.size()));
     states.push_back(merged);

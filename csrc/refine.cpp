@@ -142,6 +142,37 @@ class Search {
     }
   }
 
+  // sums() of p without sample `skip` at `where`, from full = sums(p): only the list that
+  // held it is summed again (in order, so the floats match a fresh sums()).
+  void sums_without(const Placement& p, const Sums& full, Index skip, int where,
+                    Sums* out) const {
+    const Batch& b = ctx_.batch;
+    out->load.assign(full.load.begin(), full.load.end());
+    out->tok.assign(full.tok.begin(), full.tok.end());
+    out->size = full.size - 1;
+    out->comm = full.comm;
+    out->dist = full.dist;
+    out->has_dist = full.has_dist;
+    if (where < 0) {
+      out->comm = out->dist = 0.0;
+      for (Index i : p.distributed) {
+        if (i == skip) continue;
+        out->comm += b.comm[i];
+        out->dist += b.share(i, n_);
+      }
+      out->has_dist = p.distributed.size() > 1;
+      const int64_t sh = shard_tokens(b.lengths[skip], n_);
+      for (auto& t : out->tok) t -= sh;
+    } else {
+      double load = 0.0;
+      for (Index i : p.local[static_cast<size_t>(where)]) {
+        if (i != skip) load += b.costs[i];
+      }
+      out->load[where] = load;
+      out->tok[where] -= b.lengths[skip];
+    }
+  }
+
   // micro_batch_time of the summed placement plus sample i (where: -1 distributed, else
   // the CP rank), the same float operations; counts price()'s work.
   double price_with(const Sums& s, Index i, int where) {
@@ -184,7 +215,7 @@ class Search {
   std::vector<std::vector<double>> mbt_;
   std::vector<double> rt_;
   std::vector<size_t> fast_d_, fast_d2_, full_d2_;  // step(): refine.py's fast_d, ...
-  Sums sums_a_, sums_b_;  // scratch
+  Sums sums_a_, sums_b_, sums_c_;  // scratch
 };
 
 // Reference best_insert on the sums of its placement (same candidates, times and work).
@@ -291,6 +322,7 @@ bool Search::swap(size_t d, size_t j, Index i, int where, size_t d2) {
   bool src_summed = false;
   for (size_t k : full_d2_) {
     const Placement& tgt = splits_[d2][k];
+    bool tgt_summed = false;
     for (const auto& [b, wb] : samples_of(tgt)) {
       if (!(costs[b] < costs[i])) continue;
       if (spent()) return false;
@@ -300,7 +332,11 @@ bool Search::swap(size_t d, size_t j, Index i, int where, size_t d2) {
       }
       auto new_src = best_insert(sums_a_, b);
       if (!new_src) continue;
-      sums(tgt, &sums_b_, b, wb);
+      if (!tgt_summed) {
+        sums(tgt, &sums_c_);
+        tgt_summed = true;
+      }
+      sums_without(tgt, sums_c_, b, wb, &sums_b_);
       auto new_tgt = best_insert(sums_b_, i);
       if (!new_tgt) continue;
       const double a = rank_time(d, Repl(j, new_src->t));

@@ -190,4 +190,14 @@ std::vector<RankSplit> pack_schedule(const Batch& batch, int dp_size, int cp_siz
 std::vector<RankSplit> refine(const GdsContext& ctx, std::vector<RankSplit> splits,
                               double overhead, int64_t budget);
 
+// ---- bound.cpp: (C++ only) what schedule() checks and reports, without per-sample Python.
+// reference bound.lower_bound with subgroups=False, before the iteration overhead and
+// its 1e-12 slack (sums in another order than numpy's: equal up to rounding).
+double plan_lower_bound(const Batch& batch, double latency, int dp_size, int cp_size,
+                        int64_t bucket_size, double overhead);
+// Every sample exactly once, N local lists per micro-batch, no CP rank over the bucket
+// (what plan._placements_valid checks).
+bool plan_valid(const std::vector<RankSplit>& splits, const Batch& batch, int cp_size,
+                int64_t bucket_size);
+
 }  // namespace skrull

@@ -22,7 +22,7 @@ from skrull_ext.scheduler.plan import FlatPlan, MicroBatch, Plan
 from skrull_ext.sharding import padded_length, shard_tokens
 from skrull_ext.scheduler import portfolio, reference
 from skrull_ext.scheduler.baselines import BASELINES
-from skrull_ext.scheduler.bound import lower_bound
+from skrull_ext.scheduler.bound import finish_bound, lower_bound
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_work
 
 POLICIES = ("skrull",) + tuple(BASELINES)
@@ -174,21 +174,18 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
     """
     cost_model = cost_model or default_cost_model()
     arr = check_lengths(lengths, config.cp_size, config.bucket_size)
-    costs = np.ascontiguousarray(cost_model.compute_seconds(arr), dtype=np.float64)
-    comm = np.ascontiguousarray(cost_model.comm_seconds(arr, config.cp_size), dtype=np.float64)
+    costs, comm, shares = cost_model.schedule_arrays(arr, config.cp_size)
     backend = backend or _backend.BACKEND
     if backend == "cpp" and _backend.CPP is None:
         raise ImportError("backend='cpp' but skrull_ext._C is not built")
-    shares = np.ascontiguousarray(cost_model.share_seconds(arr, config.cp_size),
-                                  dtype=np.float64)
-    flat = times = None
+    flat = times = bound = None
     if config.policy == "skrull":
         placements = _skrull(arr, costs, shares, comm, cost_model.comm_latency(config.cp_size),
                              config, cost_model.micro_batch_overhead, backend,
                              cost_model.objective)
         if backend == "cpp":  # tuples, and flat arrays sparing validate() a walk per sample
-            placements, (count, *arrays, times) = placements
-            flat = FlatPlan(count, *arrays, [])
+            placements, (count, *arrays, times, bound, valid) = placements
+            flat = FlatPlan(count, *arrays, [], verified=valid)
             trusted = MicroBatch.trusted
             ranks = [[trusted(*p) for p in mbs] for mbs in placements]
         else:
@@ -197,9 +194,9 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
         ranks = BASELINES[config.policy](arr, costs, config.dp_size, config.cp_size,
                                          config.bucket_size)
     m = max(1, max(len(r) for r in ranks))
-    if flat is not None and any(len(r) != m for r in ranks):
-        flat = times = None  # padding below renumbers the micro-batches
-    ranks = [list(r) + [MicroBatch.empty(config.cp_size)] * (m - len(r)) for r in ranks]
+    if any(len(r) != m for r in ranks):
+        flat = times = None  # padding renumbers the micro-batches
+        ranks = [list(r) + [MicroBatch.empty(config.cp_size)] * (m - len(r)) for r in ranks]
     plan = Plan(lengths=arr, dp_size=config.dp_size, cp_size=config.cp_size,
                 bucket_size=config.bucket_size, policy=config.policy,
                 dp_ranks=tuple(tuple(r) for r in ranks))
@@ -207,7 +204,7 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
         plan.__dict__["flat"] = flat  # Plan.flat's cached_property slot
     plan.validate()
     out = dataclasses.replace(plan, predicted=_predict(plan, cost_model, costs, comm, shares,
-                                                       times))
+                                                       times, bound))
     out.__dict__["flat"] = plan.flat
     return out
 
@@ -301,10 +298,13 @@ def predict(plan: Plan, cost_model: CostModel) -> dict:
                     cost_model.share_seconds(plan.lengths, plan.cp_size))
 
 
-def _predict(plan: Plan, cost_model: CostModel, costs, comm, shares, times=None) -> dict:
+def _predict(plan: Plan, cost_model: CostModel, costs, comm, shares, times=None,
+             bound=None) -> dict:
     """:func:`predict` with the plan's ``[K]`` cost arrays already computed (by schedule);
     ``times``: the C++ core's ``[G]`` micro-batch seconds under this cost model (overhead
-    included, 0 when empty; the same float operations as :func:`_micro_batch_times`)."""
+    included, 0 when empty; the same float operations as :func:`_micro_batch_times`);
+    ``bound``: the core's :func:`~skrull_ext.scheduler.bound.lower_bound` before the
+    iteration overhead (see :func:`~skrull_ext.scheduler.bound.finish_bound`)."""
     flat = plan.flat
     if flat is None or flat.count == 0:
         mb_times = [[micro_batch_seconds(mb, plan.lengths, costs, comm, cost_model, shares)
@@ -321,9 +321,10 @@ def _predict(plan: Plan, cost_model: CostModel, costs, comm, shares, times=None)
         "iteration_time": max(rank_times) + fixed,
         "dp_rank_times": rank_times,
         "micro_batch_times": mb_times,
-        "lower_bound": lower_bound(plan.lengths, cost_model, plan.dp_size, plan.cp_size,
-                                   plan.bucket_size, arrays=(costs, shares, comm),
-                                   subgroups=flat is None or bool(flat.grouped)),
+        "lower_bound": (finish_bound(bound, cost_model) if bound is not None else
+                        lower_bound(plan.lengths, cost_model, plan.dp_size, plan.cp_size,
+                                    plan.bucket_size, arrays=(costs, shares, comm),
+                                    subgroups=flat is None or bool(flat.grouped))),
     }
 
 

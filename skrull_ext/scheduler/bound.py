@@ -106,8 +106,14 @@ def lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_size: in
     j = np.arange(1, (s.size - 1) // d + 1)
     top = j * d + 1  # some DP rank holds j + 1 of the top j*D + 1 samples
     best_group = float((prefix[top] - prefix[top - j - 1]).max()) if j.size else 0.0
-    # Less a relative 1e-12: the plans' predictions add the same terms in other orders.
-    return (max(average, single, best_group + ovh) + fixed) * (1.0 - 1e-12)
+    return finish_bound(max(average, single, best_group + ovh), cost_model)
 
 
-__all__ = ["lower_bound", "sample_bounds"]
+def finish_bound(core: float, cost_model) -> float:
+    """The bound from its largest term ``core`` (the C++ core computes that one too,
+    ``skrull::plan_lower_bound``): plus the iteration overhead, less a relative 1e-12
+    (the plans' predictions add the same terms in other orders)."""
+    return (core + cost_model.time.iteration_overhead) * (1.0 - 1e-12)
+
+
+__all__ = ["finish_bound", "lower_bound", "sample_bounds"]

@@ -114,6 +114,8 @@ class FlatPlan:
         dist_ids: ``[P]`` distributed sample ids; ``dist_mb``: ``[P]`` their micro-batch.
         local_ids: ``[Q]`` local sample ids; ``local_slot``: ``[Q]`` their slot.
         grouped: ``(g, sample, first_rank, n_ranks)`` rows of grouped placements.
+        verified: The C++ core already checked these placements (``skrull::plan_valid``:
+            every sample once, no CP rank over the bucket; :func:`_placements_valid`).
     """
 
     count: int
@@ -122,6 +124,7 @@ class FlatPlan:
     local_ids: np.ndarray
     local_slot: np.ndarray
     grouped: list
+    verified: bool = False
 
 
 def _int_array(values: list) -> Optional[np.ndarray]:
@@ -181,6 +184,8 @@ def _placements_valid(plan: "Plan") -> bool:
     flat = plan.flat
     if flat is None:
         return False
+    if flat.verified:
+        return True
     if any(size < 1 or first < 0 or first + size > n for _, _, first, size in flat.grouped):
         return False
     ids = np.concatenate([flat.dist_ids, flat.local_ids,
