@@ -219,29 +219,39 @@ namespace {
 // Each of order[first..] to the least-loaded rank with room (reference _lpt_local), its
 // rank written to (*rank_of)[p - first]; *time gets the micro-batch time from the loads
 // summed here.  Gives up (false) when a rank has no room, or, with `best_t`, as soon as a
-// rank's time reaches *best_t: loads only grow, so the candidate could not win.  `rem` and
-// `load` are scratch space (resized here).
-bool lpt_local(const Batch& batch, const std::vector<Index>& order, size_t first, int n,
-               int64_t cap, double t_comm, double t_dist, const double* best_t,
-               std::vector<int>* rank_of, std::vector<int64_t>* rem, std::vector<double>* load,
-               double* time) {
+// rank's time reaches *best_t: loads only grow, so the candidate could not win.  `len` and
+// `cost` are order's lengths and costs, gathered once per search (every count packs the
+// same suffix of them; contiguous reads).  `rem` and `load` are scratch space.
+bool lpt_local(const Batch& batch, const int64_t* len, const double* cost, size_t count,
+               size_t first, int n, int64_t cap, double t_comm, double t_dist,
+               const double* best_t, std::vector<int>* rank_of, std::vector<int64_t>* rem,
+               std::vector<double>* load, double* time) {
   rem->assign(n, cap);
   load->assign(n, 0.0);
   int64_t* rm = rem->data();
   double* ld = load->data();
-  rank_of->resize(order.size() - first);
-  for (size_t p = first; p < order.size(); ++p) {
-    const Index i = order[p];
-    const int64_t s = batch.lengths[i];
+  rank_of->resize(count - first);
+  int* out = rank_of->data() - first;
+  // rank_time's terms that do not depend on the load, computed as rank_time does.
+  const bool paper = batch.objective == Objective::kPaper || n < 2;
+  const double b = t_dist / n, c = paper ? 0.0 : t_comm / (n - 1);
+  const double tail = static_cast<double>(n - 2) * std::max(b, c);
+  const double limit = best_t ? *best_t : 0.0;
+  for (size_t p = first; p < count; ++p) {
+    const int64_t s = len[p];
     int r = -1;
     for (int j = 0; j < n; ++j) {
       if (rm[j] >= s && (r < 0 || ld[j] < ld[r])) r = j;
     }
     if (r < 0) return false;
-    (*rank_of)[p - first] = r;
+    out[p] = r;
     rm[r] -= s;
-    ld[r] += batch.costs[i];
-    if (best_t && rank_time(ld[r], t_comm, t_dist, n, batch.objective) >= *best_t) return false;
+    const double x = ld[r] + cost[p];
+    ld[r] = x;
+    if (best_t) {  // rank_time(x, t_comm, t_dist, n, objective) >= *best_t
+      const double t = paper ? std::max(t_comm, x) + t_dist : std::max(x + b, c) + b + tail;
+      if (t >= limit) return false;
+    }
   }
   double x_max = 0.0;  // the slowest rank has the most local work (see objective())
   for (int j = 0; j < n; ++j) x_max = std::max(x_max, ld[j]);
@@ -302,6 +312,12 @@ std::optional<Placement> lpt_search(const Batch& batch, const std::vector<Index>
   std::sort(order.begin(), order.end(), [lengths](Index a, Index b) {
     return lengths[a] > lengths[b] || (lengths[a] == lengths[b] && a < b);
   });
+  std::vector<int64_t> len(order.size());
+  std::vector<double> cost(order.size());
+  for (size_t p = 0; p < order.size(); ++p) {
+    len[p] = lengths[order[p]];
+    cost[p] = batch.costs[order[p]];
+  }
   bool found = false;
   double best_t = limit ? *limit : 0.0;
   size_t best_k = 0;
@@ -312,7 +328,8 @@ std::optional<Placement> lpt_search(const Batch& batch, const std::vector<Index>
     const bool bounded = found || limit;
     if (bounded && c.bound >= best_t) break;
     double t = 0.0;
-    if (!lpt_local(batch, order, c.k, n, bucket_size - c.shard_sum, c.t_comm, c.t_dist,
+    if (!lpt_local(batch, len.data(), cost.data(), order.size(), c.k, n,
+                   bucket_size - c.shard_sum, c.t_comm, c.t_dist,
                    bounded ? &best_t : nullptr, &rank_of, &rem, &load, &t)) {
       continue;
     }

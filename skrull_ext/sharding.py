@@ -38,4 +38,4 @@ def shard_tokens_array(lengths, n: int) -> np.ndarray:
     if n <= 1:
         return arr.copy()
     m = 2 * n
-    return (arr + (m - 1)) // m * m // n
+    return (arr + (m - 1)) // m * 2  # pad(S, n) / n = ceil(S / 2n) * 2n / n, one division

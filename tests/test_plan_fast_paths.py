@@ -107,3 +107,44 @@ def test_core_flat_arrays_match_the_plan_walk(portfolio):
         for name in ("dist_ids", "dist_mb", "local_ids", "local_slot"):
             np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
             assert getattr(got, name).dtype == np.int64
+
+
+@pytest.mark.skipif(__import__("skrull_ext")._backend.CPP is None, reason="needs skrull_ext._C")
+@pytest.mark.parametrize("objective", ["paper", "ring"])
+def test_core_bound_and_placement_check_match_the_python_ones(objective):
+    """The C++ path takes the lower bound and the placement check from the core
+    (skrull::plan_lower_bound / plan_valid): the Python bound up to float summation order,
+    and a plan that Plan's own vectorised check accepts."""
+    from skrull_ext.scheduler.bound import lower_bound
+    from skrull_ext.scheduler.plan import _placements_valid
+
+    cost_model = dataclasses.replace(default_cost_model(), objective=objective)
+    rng = np.random.default_rng(11)
+    for cp, dp, k in ((1, 2, 40), (3, 3, 300), (8, 4, 256), (16, 1, 64)):
+        lengths = np.minimum((rng.pareto(1.1, k) + 1) * 150, 30_000).astype(np.int64)
+        bucket = max(max(shard_tokens(int(s), cp) for s in lengths), 2 * cp) + 2000
+        cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket)
+        plan = schedule(lengths, cfg, cost_model, backend="cpp")
+        assert plan.flat.verified
+        walked = dataclasses.replace(plan)  # no cached flat: the Python check runs
+        assert walked.flat is not None and not walked.flat.verified
+        assert _placements_valid(walked)
+        want = lower_bound(lengths, cost_model, dp, cp, bucket, subgroups=False)
+        assert plan.predicted["lower_bound"] == pytest.approx(want, rel=1e-13, abs=0)
+        assert plan.predicted["iteration_time"] >= plan.predicted["lower_bound"]
+
+
+@pytest.mark.parametrize("hardware", ["h100", "cpu"])
+def test_schedule_arrays_equal_the_three_cost_methods(hardware):
+    """CostModel.schedule_arrays shares the FLOP terms of compute/comm/share_seconds: the
+    same float operations, so bit-identical arrays (the plans depend on them)."""
+    from skrull_ext.costmodel.hardware import get_hardware
+
+    # The cpu preset has attention inefficiency and call overheads, the h100 one neither.
+    cost_model = get_hardware(hardware).cost_model(default_cost_model().model, cp_size=8)
+    lengths = np.array([1, 2, 17, 255, 256, 1000, 4097, 65_537], dtype=np.int64)
+    for cp in (1, 2, 3, 8):
+        costs, comm, shares = cost_model.schedule_arrays(lengths, cp)
+        assert np.array_equal(costs, cost_model.compute_seconds(lengths))
+        assert np.array_equal(comm, cost_model.comm_seconds(lengths, cp))
+        assert np.array_equal(shares, cost_model.share_seconds(lengths, cp))

@@ -110,12 +110,13 @@ def check_lengths(lengths: Sequence[int], cp_size: int, bucket_size: int) -> np.
                        if not (isinstance(x, (int, float)) and float(x).is_integer()))
             raise ScheduleInputError(f"sample {bad} has non-integer length {arr.tolist()[bad]!r}")
     arr = arr.astype(np.int64)
-    low = np.flatnonzero(arr < 1)
-    if low.size:
-        i = int(low[0])
+    if arr.min() < 1:
+        i = int(np.flatnonzero(arr < 1)[0])
         raise ScheduleInputError(
             f"sample {i} has length {int(arr[i])} (< 1): remove zero-length samples from the data")
     limit = bucket_size * cp_size
+    if arr.max() <= limit - 2 * cp_size + 1:  # every sample fits distributed (the usual case)
+        return arr
     for i in np.flatnonzero(arr > limit - 2 * cp_size + 1).tolist():
         if shard_tokens(int(arr[i]), cp_size) > bucket_size:
             s = int(arr[i])
@@ -203,10 +204,9 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
     if flat is not None:
         plan.__dict__["flat"] = flat  # Plan.flat's cached_property slot
     plan.validate()
-    out = dataclasses.replace(plan, predicted=_predict(plan, cost_model, costs, comm, shares,
-                                                       times, bound))
-    out.__dict__["flat"] = plan.flat
-    return out
+    # Filled in place: the plan is new and unshared (a replace() would drop Plan.flat).
+    plan.predicted.update(_predict(plan, cost_model, costs, comm, shares, times, bound))
+    return plan
 
 
 def _add_grouped(grouped, t_dist, t_comm, lengths, costs, cost_model: CostModel) -> None:
