@@ -193,6 +193,78 @@ double grouping_bound(const GdsContext& ctx, const Groups& groups, double overhe
 // bound's micro-batch count and usually wins, so the sorted grouping's placement gives up
 // early.  With longer samples GDS may need thousands of micro-batches; the sorted grouping
 // runs first then, and its time stops GDS's count search early (GdsCutoff).
+// (C++ only, exact pruning) fl(alone_i + overhead) per sample, alone_i its least time in a
+// micro-batch (whole on one rank if it fits, rank_time(0, comm_i + latency, share_i)
+// distributed), or {} when some input is negative.  With non-negative inputs every float
+// operation of a prediction is monotone (sums of non-negative terms, max, rank_time), so
+// any plan's time, and the time of any DP rank holding sample i, is >= this value,
+// bit for bit: once the best candidate's time is at most its maximum, no later candidate
+// can be strictly faster.
+std::vector<double> alone_times(const GdsContext& ctx, double overhead) {
+  const Batch& b = ctx.batch;
+  const int n = ctx.cp_size;
+  if (ctx.latency < 0.0 || overhead < 0.0) return {};
+  std::vector<double> out(static_cast<size_t>(b.size));
+  for (int64_t i = 0; i < b.size; ++i) {
+    const double sh = b.share(i, n);
+    if (b.costs[i] < 0.0 || b.comm[i] < 0.0 || sh < 0.0) return {};
+    double a = std::numeric_limits<double>::infinity();
+    if (b.lengths[i] <= ctx.bucket_size) a = b.costs[i];
+    if (n > 1) a = std::min(a, rank_time(0.0, b.comm[i] + ctx.latency, sh, n, b.objective));
+    out[static_cast<size_t>(i)] = a + overhead;
+  }
+  return out;
+}
+
+// Search::result() of a refinement that accepts no move: each DP rank's non-empty
+// micro-batches in order, padded with empty ones to equal counts (at least one).
+std::vector<RankSplit> unrefined(std::vector<RankSplit> splits, int cp_size) {
+  size_t m = 1;
+  for (auto& split : splits) {
+    split.erase(std::remove_if(split.begin(), split.end(),
+                               [](const Placement& p) { return p.empty(); }),
+                split.end());
+    m = std::max(m, split.size());
+  }
+  for (auto& split : splits) {
+    while (split.size() < m) {
+      Placement empty;
+      empty.local.resize(static_cast<size_t>(cp_size));
+      split.push_back(std::move(empty));
+    }
+  }
+  return splits;
+}
+
+// Whether refine() would accept no move: its first step works on the slowest DP rank
+// (ties: the lowest), and when that rank holds a sample whose alone time (alone_times)
+// reaches the rank's time, every move keeps that sample on a rank it touches, so no
+// touched rank can fall strictly below (see alone_times).
+bool refine_is_futile(const GdsContext& ctx, const std::vector<RankSplit>& splits,
+                      double overhead, const std::vector<double>& alone) {
+  if (alone.empty() || splits.empty()) return false;
+  size_t d = 0;
+  double worst = ctx.split_time(splits[0], overhead);
+  for (size_t x = 1; x < splits.size(); ++x) {
+    const double t = ctx.split_time(splits[x], overhead);
+    if (t > worst) {
+      worst = t;
+      d = x;
+    }
+  }
+  for (const auto& p : splits[d]) {
+    for (Index i : p.distributed) {
+      if (alone[i] >= worst) return true;
+    }
+    for (const auto& rank : p.local) {
+      for (Index i : rank) {
+        if (alone[i] >= worst) return true;
+      }
+    }
+  }
+  return false;
+}
+
 bool gds_first(const Batch& batch, int cp_size, int64_t bucket_size) {
   int64_t longest = 0;
   for (int64_t i = 0; i < batch.size; ++i) longest = std::max(longest, batch.lengths[i]);
@@ -482,8 +554,14 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
     }
     first = 2;
   }
+  const std::vector<double> alone = alone_times(ctx, overhead);
+  const double floor_t =
+      alone.empty() ? -1.0 : *std::max_element(alone.begin(), alone.end());
   for (size_t c = first; c < std::size(candidates); ++c) {
     const auto& [grouping, is_costly] = candidates[c];
+    // Only a strictly faster candidate wins, and none is below floor_t (alone_times).
+    // (The sorted grouping, first in the reference's order, never needs to be faster.)
+    if (c > 0 && best_t <= floor_t) break;
     std::optional<std::vector<RankSplit>> placed;
     if (!grouping) {
       // (C++ only, same plans) GDS stops once its bound shows it cannot beat best_t.
@@ -505,7 +583,7 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
     }
   }
   for (int divisor : pack_divisors) {
-    if (batch.size > kMaxPackSamples) break;
+    if (batch.size > kMaxPackSamples || best_t <= floor_t) break;
     auto placed = pack_schedule(batch, dp_size, cp_size, bucket_size,
                                 pack_threshold(divisor, bucket_size));
     if (!dacp_each(ctx, placed, overhead, best_t)) continue;
@@ -515,7 +593,11 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
       best_t = t;
     }
   }
-  best = refine(ctx, std::move(best), overhead, budget);
+  if (budget > 0 && best_t <= floor_t && refine_is_futile(ctx, best, overhead, alone)) {
+    best = unrefined(std::move(best), cp_size);
+  } else {
+    best = refine(ctx, std::move(best), overhead, budget);
+  }
   size_t m = 0;
   for (const auto& split : best) m = std::max(m, split.size());
   for (auto& split : best) {

@@ -56,6 +56,27 @@ def test_refine_parity_random_batches_and_budgets():
 
 
 @pytest.mark.parametrize("objective", ["paper", "ring"])
+def test_parity_when_one_sample_sets_the_iteration_time(objective):
+    """One sample far longer than the rest: the plan's time is that sample's least time
+    alone, where C++ stops trying candidates and skips the refinement (portfolio.cpp,
+    alone_times); the plans must still be the reference's, for every budget."""
+    rng = np.random.default_rng(8)
+    for trial in range(12):
+        cp, dp = (2, 4, 8)[trial % 3], (1, 2, 4)[trial % 3]
+        lengths = rng.integers(50, 2_000, 16 * dp)
+        lengths[rng.integers(lengths.size)] = 60_000
+        bucket = 60_000 // cp + 4_000
+        _, costs, comm, shares, lat = _arrays(lengths, cp, objective)
+        args = (lengths, costs, comm, lat, dp, cp, bucket)
+        for budget in (0, 200, 150_000):
+            want = portfolio.portfolio_schedule(*args, "auto", 2e-3, "auto", shares, objective,
+                                                budget=budget)
+            got = _C.portfolio_schedule(*args, 2, 2e-3, 3, shares,
+                                        objective=OBJECTIVES[objective], budget=budget)
+            assert got == want, (trial, budget)
+
+
+@pytest.mark.parametrize("objective", ["paper", "ring"])
 def test_refined_plan_valid_and_never_slower(objective):
     """schedule() with refinement: a valid plan (validate() ran), predicted time <= the
     portfolio's pick (budget 0), and the same plan on both backends."""
