@@ -59,6 +59,7 @@ struct HybridMicroBatch {
   std::vector<int64_t> rem;
   std::vector<double> load;
   std::vector<Index> items;
+  std::vector<Index> firsts;  // first CP rank of each item's block
 };
 
 bool hybrid_place(HybridMicroBatch& mb, const Batch& batch, Index i, int n, int cp_size) {
@@ -83,6 +84,7 @@ bool hybrid_place(HybridMicroBatch& mb, const Batch& batch, Index i, int n, int 
     mb.load[r] += batch.costs[i] / n;
   }
   mb.items.push_back(i);
+  mb.firsts.push_back(best_first);
   return true;
 }
 
@@ -393,8 +395,12 @@ int64_t hybrid_cp_size(int64_t length, int cp_size, int64_t bucket_size) {
   return std::min<int64_t>(n, cp_size);
 }
 
-Groups hybrid_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
-  Groups out;
+namespace {
+
+// Each DP rank's hybrid-CP micro-batches (reference baselines._hybrid_micro_batches).
+std::vector<std::vector<HybridMicroBatch>> hybrid_micro_batches(const Batch& batch, int dp_size,
+                                                                int cp_size, int64_t bucket_size) {
+  std::vector<std::vector<HybridMicroBatch>> out;
   const double* costs = batch.costs;
   for (auto slice : array_split(batch.size, dp_size)) {
     std::stable_sort(slice.begin(), slice.end(),
@@ -408,15 +414,34 @@ Groups hybrid_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bu
       }
       if (!placed) {
         mbs.push_back({std::vector<int64_t>(cp_size, bucket_size),
-                       std::vector<double>(cp_size, 0.0), {}});
+                       std::vector<double>(cp_size, 0.0), {}, {}});
         hybrid_place(mbs.back(), batch, i, n, cp_size);
       }
     }
+    out.push_back(std::move(mbs));
+  }
+  return out;
+}
+
+Groups hybrid_field(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size,
+                    std::vector<Index> HybridMicroBatch::*field) {
+  Groups out;
+  for (auto& mbs : hybrid_micro_batches(batch, dp_size, cp_size, bucket_size)) {
     std::vector<std::vector<Index>> groups;
-    for (auto& mb : mbs) groups.push_back(std::move(mb.items));
+    for (auto& mb : mbs) groups.push_back(std::move(mb.*field));
     out.push_back(std::move(groups));
   }
   return out;
+}
+
+}  // namespace
+
+Groups hybrid_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
+  return hybrid_field(batch, dp_size, cp_size, bucket_size, &HybridMicroBatch::items);
+}
+
+Groups hybrid_cp_firsts(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
+  return hybrid_field(batch, dp_size, cp_size, bucket_size, &HybridMicroBatch::firsts);
 }
 
 std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, int dp_size,

@@ -224,15 +224,22 @@ class _Context:
         return self.layers * (per_layer[0] + per_layer[1]), total_comm
 
     def grouped(self, mb: MicroBatch, att_dist: np.ndarray, exposed: np.ndarray) -> float:
-        """Adds hybrid-CP sub-group rings (in place); returns their unoverlapped comm."""
+        """Adds hybrid-CP sub-group rings (in place); returns their unoverlapped comm.
+
+        One ring per sub-group ``(first, size)`` carrying all its samples' blocks and K/V
+        in one message per step, as the DACP attention runs them (after the full ring).
+        """
         total = 0.0
         call = self.hw.attention_call_overhead_s * self.layers
+        rings: dict[tuple[int, int], list] = {}
         for i, first, size in mb.grouped:
             s = int(self.lengths[i])
             sh = float(shard_tokens(s, size))
-            work = (float(self.model.attention_flops([padded_length(s, size)])[0]) / size
-                    / float(self.hw.attention_rate(sh)) + size * call)
-            msg = 2.0 * sh * self.model.kv_hidden_size * self.hw.activation_bytes
+            ring = rings.setdefault((int(first), int(size)), [0.0, 0.0])
+            ring[0] += (float(self.model.attention_flops([padded_length(s, size)])[0]) / size
+                        / float(self.hw.attention_rate(sh)) + size * call)
+            ring[1] += 2.0 * sh * self.model.kv_hidden_size * self.hw.activation_bytes
+        for (first, size), (work, msg) in sorted(rings.items()):
             t, comm = self.ring(np.zeros(size), work / size, msg, size, self.hw.ring_comm(size))
             att_dist[first:first + size] += work
             exposed[first:first + size] += t - work
