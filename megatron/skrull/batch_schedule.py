@@ -78,16 +78,17 @@ def build_cost_model(cfg: RunConfig, vocab_size: int) -> CostModel:
     """Cost model for ``--skrull-hardware`` and ``--skrull-cost-model-config``.
 
     The preset's :meth:`~skrull_ext.costmodel.hardware.Hardware.cost_model` for the run's model, CP
-    and DP sizes; on the ``cpu`` preset messages carry fp32 (``--fp64``: float64) activations.
+    and DP sizes, per TP group (:meth:`~skrull_ext.costmodel.hardware.Hardware.with_tensor_parallel`); on the ``cpu`` preset messages carry fp32 (``--fp64``: float64) activations.
 
     Raises:
         ValueError: The config file has unknown keys or invalid values.
     """
     hardware = cfg.skrull.hardware or ("h100" if resolve_device(cfg.device).type == "cuda"
                                        else "cpu")
-    cost = get_hardware(hardware).cost_model(model_spec(cfg, vocab_size),
-                                             cfg.parallel.context_parallel_size,
-                                             cfg.parallel.dp_size)
+    # Per rank of the plan, a TP group: TP-split compute, ring messages and gradients.
+    hw = get_hardware(hardware).with_tensor_parallel(cfg.parallel.tensor_model_parallel_size)
+    cost = hw.cost_model(model_spec(cfg, vocab_size), cfg.parallel.context_parallel_size,
+                         cfg.parallel.dp_size)
     if hardware == "cpu":
         cost = dataclasses.replace(cost, bytes_per_element=8 if cfg.fp64 else 4)
     if cfg.skrull.cost_model_config:

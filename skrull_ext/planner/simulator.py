@@ -4,7 +4,9 @@ More detailed than the scheduler's :class:`~skrull_ext.costmodel.model.CostModel
 use).  For every micro-batch and CP rank ``r`` (times are forward + backward, all layers):
 
 * **linear**: ``linear FLOPs(T_r) / linear_rate(T_r)``; ``T_r`` the tokens the rank holds,
-  zigzag padding included; the rate falls for small ``T_r`` (see :class:`Hardware`).
+  zigzag padding included; the rate falls for small ``T_r`` (see :class:`Hardware`).  With
+  tensor parallelism (:meth:`Hardware.with_tensor_parallel`) a "rank" is a TP group and
+  this also holds its activation collectives (:meth:`Hardware.tp_comm_seconds`).
 * **local attention**: per local sequence ``attention FLOPs(S) / attention_rate(S)``.
 * **distributed attention**: every distributed sequence is padded to ``pad(S)`` and split
   zigzag, so each of the ``N`` ring steps computes ``1/N^2`` of its causal FLOPs on every
@@ -205,8 +207,10 @@ class _Context:
         self.fixed = hw.micro_batch_fixed_seconds(model)
 
     def linear(self, tokens: np.ndarray) -> np.ndarray:
+        """Matmul seconds per rank, and the TP collectives of its tokens (with TP)."""
         rate = self.hw.linear_rate(np.maximum(tokens, 1.0))
-        return np.where(tokens > 0, self.lin_per_token * tokens / rate, 0.0)
+        lin = self.lin_per_token * tokens / rate + self.hw.tp_comm_seconds(self.model, tokens)
+        return np.where(tokens > 0, lin, 0.0)
 
     def ring(self, local: np.ndarray, block: float, msg: float, n: int, comm) -> tuple:
         """``(attention + exposed comm [N], unoverlapped comm seconds)`` over all layers."""
@@ -287,6 +291,7 @@ def lower_bound(lengths, model: ModelSpec, hardware: Hardware, dp_size: int, cp_
     """
     s = np.asarray(lengths, dtype=np.float64)
     lin = float(model.linear_flops(s).sum()) / (hardware.peak_flops * hardware.linear_efficiency)
+    lin += float(hardware.tp_comm_seconds(model, s.sum()))
     att = float((model.attention_flops(s) / hardware.attention_rate(s)).sum())
     att += hardware.attention_call_overhead_s * model.num_layers * s.size
     ranks = dp_size * cp_size
