@@ -215,9 +215,10 @@ def dacp_attention(q, k, v, layout, cp_group=None, *, softmax_scale=None, backen
     """Causal attention of a CP rank's packed mixed micro-batch (Skrull DACP).
 
     Local sequences are attended per document without communication, overlapping the
-    first K/V exchange of the zigzag ring that attends the distributed sequences.  Every
-    rank of the CP group must call this collectively with its own layout of the same
-    micro-batch.  Attention never crosses documents.
+    first K/V exchange of the zigzag ring that attends the distributed sequences; grouped
+    (hybrid-CP) sequences then get one zigzag ring per CP sub-group, over the sub-group's
+    ranks only.  Every rank of the CP group must call this collectively with its own
+    layout of the same micro-batch.  Attention never crosses documents.
 
     Args:
         q: ``[T, H, D]`` queries in the layout's stream order (``T = layout.num_tokens``).
@@ -231,8 +232,9 @@ def dacp_attention(q, k, v, layout, cp_group=None, *, softmax_scale=None, backen
             ``flash_attn`` are accepted aliases), None for ``$SKRULL_ATTENTION_KERNEL``
             (default ``auto``), or a kernel instance.
         comm: Ring communicator to use instead of ``RingComm(cp_group)`` (e.g. one with a
-            separate backward group, or a recording wrapper in tests); not with ``te``,
-            which runs Transformer Engine's own ring over ``cp_group``.
+            separate backward group, or a recording wrapper in tests); its ``subgroup(first,
+            n)`` gives the sub-group rings (else ``RingComm(cp_group)``'s); not with
+            ``te``, which runs Transformer Engine's own ring over ``cp_group``.
 
     Returns:
         ``[T, H, D]`` attention output (padding rows hold finite values to be ignored).
