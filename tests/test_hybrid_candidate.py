@@ -53,6 +53,23 @@ def test_no_candidate_without_sub_groups():
     assert not any(mb.grouped for mbs in plan.dp_ranks for mb in mbs)
 
 
+def test_candidate_off_where_the_attention_cannot_run_sub_groups(monkeypatch):
+    """``subgroups=False`` (the launcher's choice for Transformer Engine without
+    flash-attn) keeps Skrull's own plan; ``runs_subgroups`` decides it per kernel."""
+    from skrull_ext.attention import choice
+
+    plan = schedule(_lengths(1), dataclasses.replace(CFG, subgroups=False), default_cost_model())
+    assert "candidate" not in plan.predicted
+    assert not any(mb.grouped for mbs in plan.dp_ranks for mb in mbs)
+    cuda, cpu = choice.torch.device("cuda"), choice.torch.device("cpu")
+    for te, flash, want in ((True, False, False), (True, True, True), (False, True, True)):
+        monkeypatch.setattr(choice, "te_available", lambda te=te: te)
+        monkeypatch.setattr(choice, "flash_attn_available", lambda flash=flash: flash)
+        assert choice.runs_subgroups("auto", cuda) is want
+        assert choice.runs_subgroups("te", cuda) is flash
+        assert choice.runs_subgroups("flash", cuda) and choice.runs_subgroups("auto", cpu)
+
+
 @pytest.mark.parametrize("cp, bucket", [(4, 1024), (8, 512), (16, 256)])
 def test_hybrid_bound_never_exceeds_hybrid_cps_prediction(cp, bucket):
     cost = default_cost_model()

@@ -27,6 +27,7 @@ import numpy as np
 from skrull_ext.costmodel.model import CommModel, CostModel, ModelSpec
 from skrull_ext.costmodel.hardware import get_hardware
 from skrull_ext.scheduler.plan import Plan
+from skrull_ext.attention.choice import runs_subgroups
 from skrull_ext.costmodel.online import FEATURES, OnlineRefit
 from skrull_ext.scheduler import SchedulerConfig, predict, schedule
 
@@ -153,7 +154,9 @@ def make_batch_scheduler(cfg: RunConfig, vocab_size: int,
     config = SchedulerConfig(dp_size=cfg.parallel.dp_size,
                              cp_size=cfg.parallel.context_parallel_size,
                              bucket_size=cfg.skrull.bucket_size, policy=cfg.skrull.scheduler,
-                             plan_budget_ms=cfg.skrull.plan_budget_ms)
+                             plan_budget_ms=cfg.skrull.plan_budget_ms,
+                             subgroups=runs_subgroups(cfg.skrull.attention_kernel,
+                                                      resolve_device(cfg.device)))
     cost = cost_model or build_cost_model(cfg, vocab_size)
     return BatchScheduler(config, cost, online=cfg.skrull.online_cost_model,
                           pipeline=cfg.parallel.pipeline_model_parallel_size > 1)

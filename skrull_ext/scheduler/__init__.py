@@ -55,6 +55,9 @@ class SchedulerConfig:
         plan_budget_ms: (ours) Local-search refinement budget of the portfolio's plan
             (``--skrull-plan-budget-ms``; :mod:`skrull_ext.scheduler.refine`), converted to
             a deterministic work count (the same plan on every rank); 0 disables it.
+        subgroups: (ours) Let Skrull keep hybrid CP's plan, CP sub-group rings included,
+            when predicted faster (:func:`_hybrid_candidate`); off where the attention
+            cannot run sub-group rings (Transformer Engine without flash-attn).
     """
 
     dp_size: int
@@ -65,6 +68,7 @@ class SchedulerConfig:
     dacp: str = "auto"
     portfolio: bool = True
     plan_budget_ms: float = DEFAULT_BUDGET_MS
+    subgroups: bool = True
 
     def __post_init__(self):
         for name, flag in (("dp_size", "--dp-size"), ("cp_size", "--cp-size / --context-parallel-size"),
@@ -231,7 +235,7 @@ def _hybrid_candidate(plan: Plan, config: SchedulerConfig, cost_model: CostModel
         arrays: The batch's ``(costs, shares, comm)`` (as ``schedule`` computed them).
     """
     arr, n, c = plan.lengths, config.cp_size, config.bucket_size
-    if n < 4 or not np.any((arr > c) & (shard_tokens_array(arr, n // 2) <= c)):
+    if not config.subgroups or n < 4 or not np.any((arr > c) & (shard_tokens_array(arr, n // 2) <= c)):
         return plan
     # Hybrid CP's first-fit grouping is O(K x micro-batches): the portfolio's size rule.
     if arr.size * max(1, -(-int(arr.sum()) // (c * n * config.dp_size))) > \
