@@ -226,9 +226,11 @@ def _hybrid_candidate(plan: Plan, config: SchedulerConfig, cost_model: CostModel
     all N ranks (the DACP attention runs those rings, docs/attention.md): smaller rings
     run larger, more efficient blocks.  Built only when it can matter: CP >= 4, some
     sample fits such a sub-group, and Skrull's prediction is above
-    :func:`_hybrid_bound`; skipped above the portfolio's ``MAX_GROUPING_WORK`` (where
-    the portfolio skips the hybrid-CP grouping too; a size rule, same plan every run).  Kept (policy still ``skrull``, ``predicted["candidate"] =
-    "hybrid-cp"``) only when predicted strictly faster.
+    :func:`_hybrid_bound`.  No size rule (unlike the portfolio's groupings): with ~1,000
+    micro-batches per DP rank (K = 65,536, bucket 2K, CP 8) hybrid CP's plan is 26% faster
+    than Skrull's own, and the core's indexed first fit builds it in tens of ms.  Kept
+    (policy still ``skrull``, ``predicted["candidate"] = "hybrid-cp"``) only when
+    predicted strictly faster.
 
     Args:
         plan: Skrull's validated, predicted plan.
@@ -236,10 +238,6 @@ def _hybrid_candidate(plan: Plan, config: SchedulerConfig, cost_model: CostModel
     """
     arr, n, c = plan.lengths, config.cp_size, config.bucket_size
     if not config.subgroups or n < 4 or not np.any((arr > c) & (shard_tokens_array(arr, n // 2) <= c)):
-        return plan
-    # Hybrid CP's first-fit grouping is O(K x micro-batches): the portfolio's size rule.
-    if arr.size * max(1, -(-int(arr.sum()) // (c * n * config.dp_size))) > \
-            portfolio.MAX_GROUPING_WORK:
         return plan
     best = plan.predicted["iteration_time"]
     if best <= _hybrid_bound(arr, config, cost_model, arrays):
