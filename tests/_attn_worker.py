@@ -58,7 +58,25 @@ def placement(kind, world):
         return [6, 4, 1], [], [[0, 1, 2]] + rest
     if kind == "single_short":  # one distributed sequence shorter than the CP group
         return [1, 3], [0], [[1]] + rest
+    if kind == "grouped":  # local + distributed + two sub-groups (world 4) + a one-rank one
+        lengths = [13, 5, 22, 9, 3, 7, 2, 11, 6]
+        local = [[1, 3], [], [4], [5]] if world == 4 else [[1, 3, 4], [5]]
+        return lengths, [2, 0], local
+    if kind == "grouped_partial":  # no full ring; world 4: ranks 0 and 1 in no sub-group
+        lengths = [9, 4, 15, 1, 6]
+        return lengths, [], [[1], [3]] + ([[], []] if world == 4 else [])
     raise KeyError(kind)
+
+
+def grouped_placement(kind, world):
+    """``MicroBatch.grouped`` of a named micro-batch: ``(sample, first_rank, n_ranks)``."""
+    if kind == "grouped":  # samples 6 and 8 share the sub-group {0, 1}: one ring
+        if world == 4:
+            return [(6, 0, 2), (7, 2, 2), (8, 0, 2)]
+        return [(6, 0, 2), (7, 1, 1), (8, 0, 2)]
+    if kind == "grouped_partial":
+        return [(0, world - 2, 2), (2, world - 2, 2), (4, world - 1, 1)]
+    return []
 
 
 # name -> (placement, heads, kv_heads, head_dim, dtype, backend, scale, atol)
@@ -84,9 +102,15 @@ CASES = {
     "all_dist_fake_te": ("all_distributed", 2, 1, 8, torch.float64, "fake_te:2.9", 0.3, 1e-10),
     "single_short_fake_te_1.13": ("single_short", 2, 2, 4, torch.float64, "fake_te:1.13", None,
                                   1e-10),
+    # Hybrid-CP sub-group rings (grouped placements) after the full ring:
+    "grouped": ("grouped", 4, 2, 8, torch.float64, "reference", None, 1e-10),
+    "grouped_partial_cpu_flash": ("grouped_partial", 2, 1, 8, torch.float64, "cpu_flash", 0.3,
+                                  1e-10),
+    "grouped_fake_te_flash": ("grouped", 4, 2, 8, torch.float64, "fake_te+flash:2.9", None,
+                              1e-10),
 }
 EXTRA = ("overlap_order", "grad_through_layout", "bwd_group", "stream_order_flash",
-         "stream_order_te", "no_host_sync")
+         "stream_order_te", "no_host_sync", "grouped_order")
 ALL_CASES = tuple(CASES) + EXTRA
 
 
@@ -114,7 +138,8 @@ def _reference(qs, ks, vs, dos, samples, scale):
 def run_case(name, rank, world, comm_factory=None, kernel=None, log=None):
     place, h, hk, d, dtype, backend, scale, atol = CASES[name]
     lengths, distributed, local = placement(place, world)
-    layout = build_rank_layout(lengths, distributed, local, rank, world)
+    layout = build_rank_layout(lengths, distributed, local, rank, world,
+                               grouped_placement(place, world))
     qs, ks, vs, dos = _inputs(lengths, h, hk, d, seed=1234)
     sc = scale if scale is not None else 1.0 / math.sqrt(d)
     ref_out, ref_grads = _reference(qs, ks, vs, dos, layout.samples, sc)
@@ -146,7 +171,12 @@ def fake_backend(backend, log=None):
         yield backend
         return
     kind, version = backend[len("fake_"):].split(":")
-    mods = fakes.install_in_process(kind, version, log)
+    if kind == "te+flash":  # TE for the full ring, flash-attn for the sub-group rings
+        mods = {**fakes.install_in_process("flash", "2.8.3", log),
+                **fakes.install_in_process("te", version, log)}
+        kind = "te"
+    else:
+        mods = fakes.install_in_process(kind, version, log)
     try:
         yield kind
     finally:
@@ -168,12 +198,20 @@ class RecordingComm:
         self.rank, self.size = inner.rank, inner.size
 
     def send_recv_async(self, send, *, channel="fwd_kv"):
-        self.rec.events.append(("post", channel))
+        self.rec.events.append(("post", self.prefix + channel))
         return self.inner.send_recv_async(send, channel=channel)
 
     def wait(self, channel="fwd_kv"):
-        self.rec.events.append(("wait", channel))
+        self.rec.events.append(("wait", self.prefix + channel))
         self.inner.wait(channel)
+
+    def subgroup(self, first, size):
+        """A recording sub-group ring; its channels are logged as ``"first+size:channel"``."""
+        sub = RecordingComm(self.inner.subgroup(first, size), self.rec)
+        sub.prefix = f"{first}+{size}:"
+        return sub
+
+    prefix = ""
 
 
 class RecordingKernel(AttentionKernel):
@@ -210,6 +248,34 @@ def check_overlap_order(rank, world):
     # dK/dV accumulators make N - 1 hops (the owner keeps its step-0 gradients).
     assert bwd.count(("post", "bwd_dkv")) == world - 1
     assert bwd.count(("wait", "bwd_dkv")) == world - 1
+
+
+def check_grouped_order(rank, world):
+    """Sub-group rings run after the full ring and the local part, one after another in
+    the layout's order, forward and backward (as the cost model charges them)."""
+    rec = _Recorder()
+    kernel = RecordingKernel(get_kernel("reference", torch.device("cpu"), torch.float64), rec)
+    layout = run_case("grouped", rank, world, kernel=kernel,
+                      comm_factory=lambda: RecordingComm(RingComm(dist.group.WORLD), rec))
+    ev = rec.events
+    split = ev.index(("post", "bwd_kv"))
+    names = [f"{g.first_rank}+{g.size}:" for g in layout.groups if g.size > 1]
+    for phase, chan in ((ev[:split], "fwd_kv"), (ev[split:], "bwd_kv")):
+        last_full = max(i for i, e in enumerate(phase) if e[0] in ("post", "wait")
+                        and ":" not in e[1])
+        at = last_full
+        for name in names:  # each sub-group ring starts after the previous one ended
+            mine = [i for i, e in enumerate(phase) if e[0] in ("post", "wait")
+                    and e[1].startswith(name)]
+            assert mine and min(mine) > at, (name, phase)
+            assert sum(phase[i] == ("post", name + chan) for i in mine) == \
+                int(name.split("+")[1][:-1]) - 1
+            at = max(mine)
+    assert len(names) == 1, names  # world 4: {0,1} or {2,3}; world 2: {0,1}
+    nl = layout.num_local_tokens
+    for kind, chan in (("fwd", "fwd_kv"), ("bwd", "bwd_kv")):
+        if nl:  # the local part ran before any sub-group message
+            assert ev.index((kind, nl, True)) < ev.index(("post", names[0] + chan))
 
 
 def check_grad_through_layout(rank, world):
@@ -393,6 +459,8 @@ def worker(rank, world, store, out_dir, names):
                 check_grad_through_layout(rank, world)
             elif name == "bwd_group":
                 check_bwd_group(rank, world)
+            elif name == "grouped_order":
+                check_grouped_order(rank, world)
             elif name in FAKE_CHECKS:
                 FAKE_CHECKS[name](rank, world)
             else:

@@ -132,6 +132,28 @@ def test_te_kernel_refuses_a_custom_comm(monkeypatch):
         dacp_attention(q, q, q, lay, None, backend="te", comm=object())
 
 
+def test_te_kernel_sub_group_rings_need_flash_attn(monkeypatch):
+    """A grouped placement next to TE runs our ring with flash-attn's kernel; without
+    flash-attn one clear error names the fix (a one-rank sub-group: no CP group needed)."""
+    fakes.install(monkeypatch, "te", "2.9")
+    monkeypatch.setitem(__import__("sys").modules, "flash_attn", None)  # not importable
+    lay = build_rank_layout([3, 5], [], [[0]], 0, 1, grouped=[(1, 0, 1)])
+    q = rand(8, 2, 4)
+    with pytest.raises(RuntimeError, match="sub-group placements.*install flash-attn"):
+        dacp_attention(q, q, q, lay, None, backend="te")
+    fakes.install(monkeypatch, "flash", "2.8.3")
+    q, k, v = (rand(8, 2, 4, seed=s).requires_grad_() for s in (1, 2, 3))
+    out = dacp_attention(q, k, v, lay, None, backend="te")
+    out.sum().backward()
+    for s, (a, b) in ((0, (0, 3)), (1, (3, 8))):  # both samples attended whole, causally
+        qs, ks, vs = (t.detach()[a:b].clone().requires_grad_() for t in (q, k, v))
+        ref = reference_attention(qs, ks, vs, 1 / math.sqrt(4))
+        torch.testing.assert_close(out[a:b], ref)
+        grads = torch.autograd.grad(ref.sum(), (qs, ks, vs))
+        for got, want in zip((q.grad[a:b], k.grad[a:b], v.grad[a:b]), grads):
+            torch.testing.assert_close(got, want)
+
+
 def test_fakes_do_not_leak():
     import sys
 

@@ -46,18 +46,23 @@ def test_bench_e2e_cpu_runs_and_splits_time(tmp_path):
     assert hybrid["local"] == 1.0 and hybrid["split"]["attn_ring"] == 0
 
 
-def test_passes_rotate_every_policy_through_every_position():
-    """Each pass shifts the rotation: over len(policies) passes, every (iteration, policy)
-    runs once at every position of its iteration's block (no policy always first)."""
+def test_passes_run_each_policy_in_training_order_and_rotate_the_blocks():
+    """Within a pass every policy runs its iterations in order (a case follows the same
+    policy's previous iteration), and over len(policies) passes each policy's block runs
+    once at every position of the pass."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from bench_e2e_cpu import schedule_cases
 
     policies = ("skrull", "all-cp", "kk")
     batches = [None] * 4
-    seen = {}
+    first = {}
     for shift in range(len(policies)):
-        order = schedule_cases(batches, 1, policies, shift=shift)
-        assert sorted(order) == sorted((i, p) for i in range(1, 4) for p in policies)
-        for j, case in enumerate(order):
-            seen.setdefault(case, set()).add(j % len(policies))
-    assert all(positions == {0, 1, 2} for positions in seen.values())
+        order = schedule_cases(batches, 0, policies, shift=shift)
+        assert sorted(order) == sorted((i, p) for i in range(4) for p in policies)
+        for prev, case in zip(order, order[1:]):
+            if case[0] > 0:  # measured iterations: the same policy ran the one before
+                assert prev == (case[0] - 1, case[1]), (prev, case)
+        blocks = [p for i, p in order if i == 0]
+        for pos, p in enumerate(blocks):
+            first.setdefault(p, set()).add(pos)
+    assert all(positions == {0, 1, 2} for positions in first.values())

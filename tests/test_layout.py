@@ -13,22 +13,27 @@ from skrull_ext.sharding import padded_length
 def micro_batches(draw):
     cp_size = draw(st.integers(1, 4))
     lengths = draw(st.lists(st.integers(1, 40), min_size=1, max_size=9))
-    owner = draw(st.lists(st.integers(-1, cp_size - 1), min_size=len(lengths), max_size=len(lengths)))
+    # Hybrid-CP sub-groups: every aligned power-of-two block of ranks (sizes 2 .. N/2).
+    subs = [(f, n) for n in (2, 4) if n < cp_size for f in range(0, cp_size - n + 1, n)]
+    owner = draw(st.lists(st.integers(-1 - len(subs), cp_size - 1), min_size=len(lengths),
+                          max_size=len(lengths)))
     distributed = [i for i, o in enumerate(owner) if o == -1]
     local = [[i for i, o in enumerate(owner) if o == r] for r in range(cp_size)]
-    return lengths, distributed, local, cp_size
+    grouped = [(i, *subs[-2 - o]) for i, o in enumerate(owner) if o < -1]
+    return lengths, distributed, local, cp_size, grouped
 
 
-def layouts(lengths, distributed, local, cp_size):
-    return [build_rank_layout(lengths, distributed, local, r, cp_size) for r in range(cp_size)]
+def layouts(lengths, distributed, local, cp_size, grouped=()):
+    return [build_rank_layout(lengths, distributed, local, r, cp_size, grouped)
+            for r in range(cp_size)]
 
 
 @settings(max_examples=60, deadline=None)
 @given(micro_batches())
 def test_every_token_exactly_once_and_positions(mb):
-    lengths, distributed, local, n = mb
+    lengths, distributed, local, n, grouped = mb
     seen = {s: torch.zeros(ln, dtype=torch.long) for s, ln in enumerate(lengths)}
-    lays = layouts(lengths, distributed, local, n)
+    lays = layouts(lengths, distributed, local, n, grouped)
     for lay in lays:
         real = ~lay.is_padding
         for s, t in zip(lay.sample_ids[real].tolist(), lay.token_index[real].tolist()):
@@ -39,14 +44,26 @@ def test_every_token_exactly_once_and_positions(mb):
         assert (lay.token_index[lay.is_padding] == -1).all()
         assert lay.num_tokens == lay.position_ids.numel() == lay.is_padding.numel()
         # Token count agrees with the plan's accounting.
-        assert lay.num_tokens == MicroBatch(distributed=tuple(distributed),
-                                            local=tuple(map(tuple, local))).rank_tokens(lengths)[lay.cp_rank]
-    for s in distributed + [i for r in local for i in r]:
+        assert lay.num_tokens == MicroBatch(
+            distributed=tuple(distributed), local=tuple(map(tuple, local)),
+            grouped=tuple(grouped)).rank_tokens(lengths)[lay.cp_rank]
+    for s in distributed + [i for r in local for i in r] + [g[0] for g in grouped]:
         assert (seen[s] == 1).all(), f"sample {s} coverage {seen[s].tolist()}"
-    # The distributed part has the same shape on every rank (fixed-size ring messages).
+    # The distributed part has the same shape on every rank (fixed-size ring messages),
+    # and so has each sub-group's part on the ranks of that sub-group.
     assert len({lay.dist_cu_seqlens for lay in lays}) == 1
+    parts = {}
+    for lay in lays:
+        assert [(g.first_rank, g.size) for g in lay.groups] == sorted(
+            {(f, k) for _, f, k in grouped if f <= lay.cp_rank < f + k})
+        for g in lay.groups:
+            parts.setdefault((g.first_rank, g.size), set()).add(g.cu_seqlens)
+            assert g.offset == lay.num_local_tokens + lay.num_distributed_tokens + sum(
+                h.num_tokens for h in lay.groups[:lay.groups.index(g)])
+    assert all(len(v) == 1 for v in parts.values())
     pads = sum(int(lay.is_padding.sum()) for lay in lays)
-    assert pads == sum(padded_length(lengths[s], n) - lengths[s] for s in distributed)
+    assert pads == (sum(padded_length(lengths[s], n) - lengths[s] for s in distributed)
+                    + sum(padded_length(lengths[s], k) - lengths[s] for s, _, k in grouped))
 
 
 def test_zigzag_chunks_and_stream_order():
@@ -124,8 +141,30 @@ def test_layout_for_micro_batch_matches():
     a = layout_for_micro_batch(mb, lengths, 1)
     b = build_rank_layout(lengths, [2], [[0], [1, 3]], 1, 2)
     assert torch.equal(a.position_ids, b.position_ids) and a.segments == b.segments
-    with pytest.raises(ValueError, match="grouped"):
-        layout_for_micro_batch(MicroBatch(distributed=(), local=((), ()), grouped=((0, 0, 2),)), lengths, 0)
+
+
+
+def test_grouped_shards_follow_the_distributed_part():
+    """A grouped sample is zigzag-sharded over its sub-group only, after the full ring's
+    part; a rank outside every sub-group holds none of it."""
+    lengths = [4, 13, 9, 6]
+    mb = MicroBatch(distributed=(2,), local=((0,), (), (), ()), grouped=((1, 2, 2), (3, 2, 2)))
+    r3 = layout_for_micro_batch(mb, lengths, 3)
+    # sample 2 over 4 ranks: padded 16, chunks of 2 (rank 3: chunks 3, 4); then the
+    # sub-group {2, 3}: sample 1 padded 16, chunks of 4 (rank 1 of 2: chunks 1, 2), and
+    # sample 3 padded 8, chunks of 2 (chunks 1, 2).
+    assert r3.samples == (2, 1, 3) and r3.num_tokens == 4 + 8 + 4 == mb.rank_tokens(lengths)[3]
+    (part,) = r3.groups
+    assert (part.first_rank, part.size, part.offset, part.cu_seqlens) == (2, 2, 4, (0, 8, 12))
+    assert r3.position_ids[4:].tolist() == [4, 5, 6, 7, 8, 9, 10, 11, 2, 3, 4, 5]
+    assert r3.is_padding[4:].tolist() == [False] * 8 + [False, False, False, False]
+    r0 = layout_for_micro_batch(mb, lengths, 0)
+    assert r0.groups == () and r0.samples == (0, 2)
+    r2 = layout_for_micro_batch(mb, lengths, 2)
+    assert r2.position_ids[4:].tolist() == [0, 1, 2, 3, 12, 13, 14, 15, 0, 1, 6, 7]
+    assert r2.is_padding[4:].tolist() == [False] * 5 + [True] * 3 + [False, False, True, True]
+    with pytest.raises(ValueError, match="outside the CP group"):
+        build_rank_layout(lengths, [], [[], []], 0, 2, grouped=[(1, 1, 2)])
 
 
 def test_empty_rank():

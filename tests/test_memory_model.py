@@ -55,7 +55,8 @@ def test_planner_at_the_papers_settings(tmp_path, model, low, high):
     mem = json.loads(js.read_text())["memory"]
     assert low < mem["recommended_bucket"] < high
     assert mem["training"] == {"precision": "bf16", "distributed_optimizer": True,
-                               "recompute": "selective"}
+                               "recompute": "selective", "tp_size": 1,
+                               "sequence_parallel": False}
 
 
 def _measure(rank, world, tmp):

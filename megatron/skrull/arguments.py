@@ -428,12 +428,6 @@ def cross_problems(cfg: RunConfig) -> list[str]:
                  f"sample needs {shard_tokens(cfg.seq_length, cp)} tokens per rank > "
                  f"--skrull-bucket-size {cfg.skrull.bucket_size} (about bucket x CP = "
                  f"{cfg.skrull.bucket_size * cp}); lower --seq-length or raise the bucket or CP")
-    if cfg.skrull.scheduler == "hybrid-cp" and cp > 2:
-        # With CP <= 2 every hybrid-CP group is one rank (local) or the whole CP group
-        # (distributed); larger CP adds sub-group rings, which the DACP ring does not run.
-        p.append(f"--skrull-scheduler hybrid-cp with --context-parallel-size {cp} places samples "
-                 f"on CP sub-groups, which training does not run (the simulator does: python -m "
-                 f"skrull_ext.plan); use --context-parallel-size 2 or another scheduler")
     if m.max_position_embeddings < cfg.seq_length:
         p.append(f"--max-position-embeddings {m.max_position_embeddings} < --seq-length "
                  f"{cfg.seq_length}; raise it to at least {cfg.seq_length}")

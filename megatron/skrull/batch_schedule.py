@@ -27,6 +27,7 @@ import numpy as np
 from skrull_ext.costmodel.model import CommModel, CostModel, ModelSpec
 from skrull_ext.costmodel.hardware import get_hardware
 from skrull_ext.scheduler.plan import Plan
+from skrull_ext.attention.choice import runs_subgroups
 from skrull_ext.costmodel.online import FEATURES, OnlineRefit
 from skrull_ext.scheduler import SchedulerConfig, predict, schedule
 
@@ -78,16 +79,17 @@ def build_cost_model(cfg: RunConfig, vocab_size: int) -> CostModel:
     """Cost model for ``--skrull-hardware`` and ``--skrull-cost-model-config``.
 
     The preset's :meth:`~skrull_ext.costmodel.hardware.Hardware.cost_model` for the run's model, CP
-    and DP sizes; on the ``cpu`` preset messages carry fp32 (``--fp64``: float64) activations.
+    and DP sizes, per TP group (:meth:`~skrull_ext.costmodel.hardware.Hardware.with_tensor_parallel`); on the ``cpu`` preset messages carry fp32 (``--fp64``: float64) activations.
 
     Raises:
         ValueError: The config file has unknown keys or invalid values.
     """
     hardware = cfg.skrull.hardware or ("h100" if resolve_device(cfg.device).type == "cuda"
                                        else "cpu")
-    cost = get_hardware(hardware).cost_model(model_spec(cfg, vocab_size),
-                                             cfg.parallel.context_parallel_size,
-                                             cfg.parallel.dp_size)
+    # Per rank of the plan, a TP group: TP-split compute, ring messages and gradients.
+    hw = get_hardware(hardware).with_tensor_parallel(cfg.parallel.tensor_model_parallel_size)
+    cost = hw.cost_model(model_spec(cfg, vocab_size), cfg.parallel.context_parallel_size,
+                         cfg.parallel.dp_size)
     if hardware == "cpu":
         cost = dataclasses.replace(cost, bytes_per_element=8 if cfg.fp64 else 4)
     if cfg.skrull.cost_model_config:
@@ -152,7 +154,9 @@ def make_batch_scheduler(cfg: RunConfig, vocab_size: int,
     config = SchedulerConfig(dp_size=cfg.parallel.dp_size,
                              cp_size=cfg.parallel.context_parallel_size,
                              bucket_size=cfg.skrull.bucket_size, policy=cfg.skrull.scheduler,
-                             plan_budget_ms=cfg.skrull.plan_budget_ms)
+                             plan_budget_ms=cfg.skrull.plan_budget_ms,
+                             subgroups=runs_subgroups(cfg.skrull.attention_kernel,
+                                                      resolve_device(cfg.device)))
     cost = cost_model or build_cost_model(cfg, vocab_size)
     return BatchScheduler(config, cost, online=cfg.skrull.online_cost_model,
                           pipeline=cfg.parallel.pipeline_model_parallel_size > 1)

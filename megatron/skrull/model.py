@@ -60,7 +60,7 @@ class SkrullPackedSeqParams(PackedSeqParams):
 
     ``cu_seqlens_q/kv`` and ``max_seqlen_q/kv`` are filled from ``layout`` when not given:
     the document boundaries of the packed stream (local sequences, then the shards of the
-    distributed ones), as mcore and Transformer Engine define them for ``thd``.
+    distributed ones, then those of the grouped ones), as mcore and Transformer Engine define them for ``thd``.
 
     Attributes:
         layout: :class:`skrull_ext.attention.layout.RankLayout` of this CP rank.
@@ -91,7 +91,8 @@ def stream_cu_seqlens(layout: RankLayout) -> torch.Tensor:
     """``[docs + 1]`` int32 offsets of every document (or shard) in ``layout``'s stream."""
     local = list(layout.local_cu_seqlens)
     dist = [local[-1] + x for x in layout.dist_cu_seqlens[1:]]
-    return torch.tensor(local + dist, dtype=torch.int32)
+    grouped = [g.offset + x for g in layout.groups for x in g.cu_seqlens[1:]]  # hybrid CP
+    return torch.tensor(local + dist + grouped, dtype=torch.int32)
 
 
 # layout -> {(rope id, device): [T, 1, 1, rot_dim] table}; every layer of a micro-batch

@@ -78,6 +78,22 @@ def _auto(device: torch.device) -> str:
         "the float64 reference kernel explicitly (--skrull-attention-kernel reference; slow)")
 
 
+def runs_subgroups(backend, device: torch.device) -> bool:
+    """Whether the attention ``backend`` resolves to can run CP sub-group placements.
+
+    Every kernel can but ``te`` without flash-attn (Transformer Engine's ring spans the
+    whole CP group; the sub-group rings borrow flash-attn's kernel, docs/attention.md).
+    The launcher turns the scheduler's hybrid-CP candidate off when this is False, so a
+    TE-only install never gets a plan it cannot run.
+    """
+    name = kernel_name(backend)
+    if name == "auto":
+        if device.type == "cpu":
+            return True
+        name = "te" if te_available() else "flash"
+    return name != "te" or flash_attn_available()
+
+
 _CACHE: dict = {}
 
 

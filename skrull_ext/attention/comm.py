@@ -25,20 +25,24 @@ class RingComm:
         bwd_group: Optional separate group for the backward channels (e.g. a second
             NCCL communicator so backward traffic runs on its own stream).
         tag_base: Added to the channel tags (to separate several concurrent users).
+        members: Ranks of ``group`` (group order) forming the ring; default all of them.
+            This rank must be one of them.
 
     Attributes:
-        rank: This rank's index in ``group``.
-        size: Group size.
+        rank: This rank's index in the ring (``members``).
+        size: Ring size.
         bytes_sent: Bytes this rank has sent so far (all channels).
         messages_sent: Number of messages sent so far.
     """
 
-    def __init__(self, group, *, bwd_group=None, tag_base: int = 0):
+    def __init__(self, group, *, bwd_group=None, tag_base: int = 0, members=None):
         self.group = group
         self.bwd_group = bwd_group if bwd_group is not None else group
-        self.rank = dist.get_rank(group)
-        self.size = dist.get_world_size(group)
-        if bwd_group is not None and dist.get_world_size(bwd_group) != self.size:
+        group_size = dist.get_world_size(group)
+        self.members = tuple(range(group_size)) if members is None else tuple(members)
+        self.rank = self.members.index(dist.get_rank(group))
+        self.size = len(self.members)
+        if bwd_group is not None and dist.get_world_size(bwd_group) != group_size:
             raise ValueError("bwd_group must contain the same ranks as group")
         self.tag_base = int(tag_base)
         self.bytes_sent = 0
@@ -46,7 +50,18 @@ class RingComm:
         self._pending: dict[str, list] = {}
 
     def _peer(self, group, offset: int) -> int:
-        return dist.get_global_rank(group, (self.rank + offset) % self.size)
+        return dist.get_global_rank(group, self.members[(self.rank + offset) % self.size])
+
+    def subgroup(self, first: int, size: int) -> "RingComm":
+        """The ring of CP ranks ``first .. first + size - 1`` (this rank among them).
+
+        Same process groups, explicit peers; its tags (``tag_base + 3 (1 + first + N
+        size)``) differ from the full ring's and every other sub-group's, so a message
+        can only match its own ring even if rings of one rank were ever in flight together.
+        """
+        tag = self.tag_base + len(CHANNELS) * (1 + first + len(self.members) * size)
+        return RingComm(self.group, bwd_group=self.bwd_group, tag_base=tag,
+                        members=self.members[first:first + size])
 
     def send_recv_async(self, send: torch.Tensor, *, channel: str = "fwd_kv") -> torch.Tensor:
         """Posts sending ``send`` to the next rank and receiving from the previous one.

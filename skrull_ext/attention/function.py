@@ -6,7 +6,11 @@ Forward (backward is symmetric):
 2. while it is in flight, compute the local part's per-document causal attention (on
    CUDA on a side stream, on CPU on the main thread while gloo transfers in the
    background);
-3. run the zigzag ring over the distributed part (:mod:`skrull_ext.attention.ring`).
+3. run the zigzag ring over the distributed part (:mod:`skrull_ext.attention.ring`);
+4. then, one after another, one zigzag ring per CP sub-group holding grouped sequences
+   (hybrid-CP placements; only the sub-groups that contain this rank, in the layout's
+   order, which is the same on every rank), not overlapped with anything: the cost
+   model and the simulator charge sub-group rings after the full ring, unoverlapped.
 
 Without a ring (``cp_size == 1``, no CP group, or no distributed sequence in the
 micro-batch, which every rank of the group knows alike) there is no communication: every
@@ -15,7 +19,9 @@ causally in one varlen call.
 
 With the ``te`` kernel Transformer Engine runs step 3 (its own ring); the local part is
 launched right after TE has posted the ring's exchanges, on the side stream
-(:class:`_TEAttention`).  All offsets and index tensors come from
+(:class:`_TEAttention`).  TE's ring spans the whole CP group, so step 4 runs our ring with
+flash-attn's kernel (TE's public API has no block-level LSE to merge); without flash-attn
+a micro-batch with grouped sequences fails with one error naming the fix.  All offsets and index tensors come from
 :func:`~skrull_ext.attention.meta.layout_meta`, built once per layout.
 """
 from __future__ import annotations
@@ -32,6 +38,47 @@ from skrull_ext.attention.ring import ring_backward, ring_forward
 from skrull_ext.attention.streams import Overlap
 
 
+class _Solo:
+    """The ring of a one-rank sub-group: one causal step, no communication."""
+
+    rank, size = 0, 1
+
+
+def _groups_forward(q, k, v, out, lse, meta, comms, kernel, scale) -> None:
+    """Step 4: each sub-group's ring over its part of the stream (written in place)."""
+    for g, comm in zip(meta.groups, comms):
+        a, b = g.start, g.stop
+        out[a:b], lse[:, a:b] = ring_forward(q[a:b], k[a:b], v[a:b], g.zigzag, comm, kernel,
+                                             scale)
+
+
+def _groups_backward(dout, q, k, v, out, lse, grads, meta, comms, kernel, scale) -> None:
+    """Backward of :func:`_groups_forward`, the sub-groups in the same order."""
+    dq, dk, dv = grads
+    for g, comm in zip(meta.groups, comms):
+        a, b = g.start, g.stop
+        dq[a:b], dk[a:b], dv[a:b] = ring_backward(
+            dout[a:b], q[a:b], k[a:b], v[a:b], out[a:b], lse[:, a:b], g.zigzag, comm, kernel,
+            scale)
+
+
+def _group_comms(meta, comm, cp_group) -> tuple:
+    """Communicator per sub-group of ``meta`` (its CP ranks' ring in the CP group)."""
+    out = []
+    for g in meta.groups:
+        if g.size == 1:
+            out.append(_Solo())
+            continue
+        base = comm if hasattr(comm, "subgroup") else None
+        if base is None:
+            if cp_group is None:
+                raise ValueError("the micro-batch has grouped (CP sub-group) sequences: pass "
+                                 "cp_group, or a comm= with a subgroup() method")
+            base = RingComm(cp_group)
+        out.append(base.subgroup(g.first_rank, g.size))
+    return tuple(out)
+
+
 def _take_local(dsts, srcs) -> None:
     """Writes the joined local results into the outputs (the 'merge' of the local part)."""
     for dst, src in zip(dsts, srcs):
@@ -42,8 +89,8 @@ class _DACPAttention(torch.autograd.Function):
     """Our zigzag ring over an :class:`AttentionKernel`, local part overlapped."""
 
     @staticmethod
-    def forward(ctx, q, k, v, meta, comm, kernel, scale):
-        nl, seg = meta.num_causal, meta.causal
+    def forward(ctx, q, k, v, meta, comm, kernel, scale, gcomms):
+        nl, rs, seg = meta.num_causal, meta.ring_stop, meta.causal
         out = torch.empty_like(q)
         lse = torch.empty((q.shape[1], q.shape[0]), dtype=lse_dtype(q.dtype), device=q.device)
         ov = Overlap(q.device)
@@ -55,23 +102,24 @@ class _DACPAttention(torch.autograd.Function):
                     q[:nl], k[:nl], v[:nl], seg, seg, causal=True, scale=scale))
 
         if meta.use_ring:
-            od, ld = ring_forward(q[nl:], k[nl:], v[nl:], meta.zigzag, comm, kernel, scale,
-                                  during_first_exchange=local)
-            out[nl:], lse[:, nl:] = od, ld
+            od, ld = ring_forward(q[nl:rs], k[nl:rs], v[nl:rs], meta.zigzag, comm, kernel,
+                                  scale, during_first_exchange=local)
+            out[nl:rs], lse[:, nl:rs] = od, ld
         else:
             local()
         if nl:
             ov.join(res["o"], res["l"])
             _take_local((out[:nl], lse[:, :nl]), (res["o"], res["l"]))
+        _groups_forward(q, k, v, out, lse, meta, gcomms, kernel, scale)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.meta, ctx.comm, ctx.kernel, ctx.scale = meta, comm, kernel, scale
+        ctx.meta, ctx.comm, ctx.kernel, ctx.scale, ctx.gcomms = meta, comm, kernel, scale, gcomms
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         meta, comm, kernel, scale = ctx.meta, ctx.comm, ctx.kernel, ctx.scale
-        nl, seg = meta.num_causal, meta.causal
+        nl, rs, seg = meta.num_causal, meta.ring_stop, meta.causal
         dout = dout.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         ov = Overlap(q.device)
@@ -84,15 +132,16 @@ class _DACPAttention(torch.autograd.Function):
                     causal=True, scale=scale))
 
         if meta.use_ring:
-            dq[nl:], dk[nl:], dv[nl:] = ring_backward(
-                dout[nl:], q[nl:], k[nl:], v[nl:], out[nl:], lse[:, nl:], meta.zigzag, comm,
-                kernel, scale, during_first_exchange=local)
+            dq[nl:rs], dk[nl:rs], dv[nl:rs] = ring_backward(
+                dout[nl:rs], q[nl:rs], k[nl:rs], v[nl:rs], out[nl:rs], lse[:, nl:rs],
+                meta.zigzag, comm, kernel, scale, during_first_exchange=local)
         else:
             local()
         if nl:
             ov.join(*res["g"])
             _take_local((dq[:nl], dk[:nl], dv[:nl]), res["g"])
-        return dq, dk, dv, None, None, None, None
+        _groups_backward(dout, q, k, v, out, lse, (dq, dk, dv), meta, ctx.gcomms, kernel, scale)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def _leaves(*tensors):
@@ -109,29 +158,35 @@ class _TEAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, meta, te, cp_group, scale):
-        nl = meta.num_causal
+    def forward(ctx, q, k, v, meta, te, cp_group, scale, groups):
+        nl, rs = meta.num_causal, meta.ring_stop
         ov = Overlap(q.device)
         out = torch.empty_like(q)
         dist_part = local_part = None
         with torch.enable_grad():
             if meta.use_ring:
-                leaves = _leaves(q[nl:], k[nl:], v[nl:])
+                leaves = _leaves(q[nl:rs], k[nl:rs], v[nl:rs])
                 dist_part = (leaves, te.distributed(*leaves, meta.distributed, cp_group, scale))
             if nl:
                 leaves = _leaves(q[:nl], k[:nl], v[:nl])
                 local_part = (leaves, ov.run(lambda: te.local(*leaves, meta.causal, scale)))
         if dist_part is not None:
-            out[nl:] = dist_part[1].detach()
+            out[nl:rs] = dist_part[1].detach()
         if local_part is not None:
             ov.join(local_part[1])
             _take_local((out[:nl],), (local_part[1].detach(),))
-        ctx.parts, ctx.nl, ctx.kv_shape = (dist_part, local_part), nl, k.shape
+        if meta.groups:  # step 4 with our ring and flash-attn's kernel (module docstring)
+            gcomms, kernel = groups
+            lse = torch.empty((q.shape[1], q.shape[0]), dtype=lse_dtype(q.dtype), device=q.device)
+            _groups_forward(q, k, v, out, lse, meta, gcomms, kernel, scale)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.meta, ctx.groups, ctx.scale = meta, groups, scale
+        ctx.parts, ctx.nl, ctx.rs, ctx.kv_shape = (dist_part, local_part), nl, rs, k.shape
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        (dist_part, local_part), nl = ctx.parts, ctx.nl
+        (dist_part, local_part), nl, rs = ctx.parts, ctx.nl, ctx.rs
         del ctx.parts  # frees TE's graphs with this backward
         dq = torch.empty_like(dout)
         dk = dout.new_empty(ctx.kv_shape)
@@ -139,15 +194,20 @@ class _TEAttention(torch.autograd.Function):
         ov = Overlap(dout.device)
         gd = gl = None
         if dist_part is not None:  # TE's ring backward posts its first exchange here
-            gd = torch.autograd.grad(dist_part[1], dist_part[0], dout[nl:])
+            gd = torch.autograd.grad(dist_part[1], dist_part[0], dout[nl:rs])
         if local_part is not None:
             gl = ov.run(lambda: torch.autograd.grad(local_part[1], local_part[0], dout[:nl]))
         if gd is not None:
-            dq[nl:], dk[nl:], dv[nl:] = gd
+            dq[nl:rs], dk[nl:rs], dv[nl:rs] = gd
         if gl is not None:
             ov.join(*gl)
             _take_local((dq[:nl], dk[:nl], dv[:nl]), gl)
-        return dq, dk, dv, None, None, None, None
+        if getattr(ctx, "groups", None):
+            q, k, v, out, lse = ctx.saved_tensors
+            gcomms, kernel = ctx.groups
+            _groups_backward(dout.contiguous(), q, k, v, out, lse, (dq, dk, dv), ctx.meta,
+                             gcomms, kernel, ctx.scale)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def dacp_attention(q, k, v, layout, cp_group=None, *, softmax_scale=None, backend=None,
@@ -155,9 +215,10 @@ def dacp_attention(q, k, v, layout, cp_group=None, *, softmax_scale=None, backen
     """Causal attention of a CP rank's packed mixed micro-batch (Skrull DACP).
 
     Local sequences are attended per document without communication, overlapping the
-    first K/V exchange of the zigzag ring that attends the distributed sequences.  Every
-    rank of the CP group must call this collectively with its own layout of the same
-    micro-batch.  Attention never crosses documents.
+    first K/V exchange of the zigzag ring that attends the distributed sequences; grouped
+    (hybrid-CP) sequences then get one zigzag ring per CP sub-group, over the sub-group's
+    ranks only.  Every rank of the CP group must call this collectively with its own
+    layout of the same micro-batch.  Attention never crosses documents.
 
     Args:
         q: ``[T, H, D]`` queries in the layout's stream order (``T = layout.num_tokens``).
@@ -171,8 +232,9 @@ def dacp_attention(q, k, v, layout, cp_group=None, *, softmax_scale=None, backen
             ``flash_attn`` are accepted aliases), None for ``$SKRULL_ATTENTION_KERNEL``
             (default ``auto``), or a kernel instance.
         comm: Ring communicator to use instead of ``RingComm(cp_group)`` (e.g. one with a
-            separate backward group, or a recording wrapper in tests); not with ``te``,
-            which runs Transformer Engine's own ring over ``cp_group``.
+            separate backward group, or a recording wrapper in tests); its ``subgroup(first,
+            n)`` gives the sub-group rings (else ``RingComm(cp_group)``'s); not with
+            ``te``, which runs Transformer Engine's own ring over ``cp_group``.
 
     Returns:
         ``[T, H, D]`` attention output (padding rows hold finite values to be ignored).
@@ -192,13 +254,28 @@ def dacp_attention(q, k, v, layout, cp_group=None, *, softmax_scale=None, backen
         group = cp_group if cp_group is not None and _size(cp_group) > 1 else None
         _check_group(layout, 1 if group is None else _size(group),
                      None if group is None else torch.distributed.get_rank(group))
-        return _TEAttention.apply(q, k, v, meta, kernel, group, scale)
+        groups = ((_group_comms(meta, None, group), _group_kernel(q)) if meta.groups
+                  else None)
+        return _TEAttention.apply(q, k, v, meta, kernel, group, scale, groups)
     if comm is None and cp_group is not None and _size(cp_group) > 1:
         comm = RingComm(cp_group)
     if comm is not None and comm.size == 1:
         comm = None
     _check_group(layout, 1 if comm is None else comm.size, None if comm is None else comm.rank)
-    return _DACPAttention.apply(q, k, v, meta, comm, kernel, scale)
+    return _DACPAttention.apply(q, k, v, meta, comm, kernel, scale,
+                                _group_comms(meta, comm, cp_group))
+
+
+def _group_kernel(q):
+    """flash-attn's block kernel for the sub-group rings next to Transformer Engine."""
+    try:
+        return get_kernel("flash", q.device, q.dtype)
+    except RuntimeError as exc:
+        raise RuntimeError(
+            "this micro-batch has hybrid-CP sub-group placements: Transformer Engine's ring "
+            "spans the whole CP group, so their rings run our zigzag ring with flash-attn's "
+            "kernel, which does not import; install flash-attn (pip install flash-attn "
+            "--no-build-isolation) or use --skrull-attention-kernel flash") from exc
 
 
 def _size(group) -> int:

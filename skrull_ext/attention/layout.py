@@ -66,12 +66,39 @@ class Segment:
     position: int  # global position of the run's first token
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SubGroupPart:
+    """This rank's shards of the grouped sequences of one CP sub-group (one ring).
+
+    Attributes:
+        first_rank: First CP rank of the sub-group.
+        size: Ranks in the sub-group ``n`` (the ring runs over CP ranks
+            ``first_rank .. first_rank + n - 1``).
+        offset: Start of the part in the packed stream.
+        docs: :class:`DistributedDoc` per sequence (this rank's zigzag shard, as rank
+            ``cp_rank - first_rank`` of ``n``), in placement order.
+        cu_seqlens: ``[len(docs) + 1]`` shard offsets relative to :attr:`offset`; the
+            same on every rank of the sub-group (fixed-shape ring messages).
+    """
+
+    first_rank: int
+    size: int
+    offset: int
+    docs: tuple[DistributedDoc, ...]
+    cu_seqlens: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.cu_seqlens[-1]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class RankLayout:
     """One CP rank's packed stream of a micro-batch.
 
     Stream order: local sequences of this rank (in ``local[cp_rank]`` order), then the
-    shards of the distributed sequences (in ``distributed`` order).
+    shards of the distributed sequences (in ``distributed`` order), then one part per CP
+    sub-group this rank belongs to (:attr:`groups`).
 
     Attributes:
         cp_rank: This rank in the CP group.
@@ -88,6 +115,8 @@ class RankLayout:
         is_padding: ``[T]`` bool, True on zigzag padding tokens.
         sample_ids: ``[T]`` int64 source sample id, -1 on padding.
         token_index: ``[T]`` int64 index of the token within its sample, -1 on padding.
+        groups: :class:`SubGroupPart` per CP sub-group holding this rank (hybrid-CP
+            grouped placements), ordered by ``(first_rank, size)``; empty without them.
     """
 
     cp_rank: int
@@ -102,6 +131,7 @@ class RankLayout:
     is_padding: torch.Tensor
     sample_ids: torch.Tensor
     token_index: torch.Tensor
+    groups: tuple[SubGroupPart, ...] = ()
 
     @property
     def num_local_tokens(self) -> int:
@@ -114,16 +144,22 @@ class RankLayout:
         return self.dist_cu_seqlens[-1]
 
     @property
+    def grouped_docs(self) -> tuple[DistributedDoc, ...]:
+        """This rank's grouped shards, in stream order (every sub-group part)."""
+        return tuple(d for part in self.groups for d in part.docs)
+
+    @property
     def samples(self) -> tuple[int, ...]:
         """Every sample this rank holds tokens of, in stream order."""
-        return self.local_samples + tuple(d.sample for d in self.distributed)
+        return (self.local_samples + tuple(d.sample for d in self.distributed)
+                + tuple(d.sample for d in self.grouped_docs))
 
     @functools.cached_property
     def _sample_lengths(self) -> dict[int, int]:
         out = {}
         for s, ln in zip(self.local_samples, _diffs(self.local_cu_seqlens)):
             out[s] = ln
-        for d in self.distributed:
+        for d in self.distributed + self.grouped_docs:
             out[d.sample] = d.length
         return out
 
@@ -220,6 +256,7 @@ def build_rank_layout(
     local: Sequence[Sequence[int]],
     cp_rank: int,
     cp_size: int,
+    grouped: Sequence[tuple[int, int, int]] = (),
 ) -> RankLayout:
     """Builds what CP rank ``cp_rank`` holds of one micro-batch.
 
@@ -229,15 +266,18 @@ def build_rank_layout(
         local: ``cp_size`` sequences; ``local[r]`` are the sample ids held whole by rank r.
         cp_rank: This rank, ``0 <= cp_rank < cp_size``.
         cp_size: CP group size ``N >= 1``.
+        grouped: ``(sample, first_rank, n_ranks)`` placements on CP sub-groups
+            (:attr:`MicroBatch.grouped <skrull_ext.scheduler.plan.MicroBatch.grouped>`).
 
     Returns:
-        The :class:`RankLayout` (local sequences first, then the distributed shards).
+        The :class:`RankLayout` (local sequences, the distributed shards, then the
+        grouped shards of this rank's sub-groups).
 
     Raises:
-        ValueError: On an out-of-range rank or sample, a sample placed twice, a
-            non-positive length, or ``len(local) != cp_size``.
+        ValueError: On an out-of-range rank, sample or sub-group, a sample placed twice,
+            a non-positive length, or ``len(local) != cp_size``.
     """
-    _validate(lengths, distributed, local, cp_rank, cp_size)
+    _validate(lengths, distributed, local, cp_rank, cp_size, grouped)
     segments: list[Segment] = []
     local_samples = tuple(int(s) for s in local[cp_rank])
     local_cu = [0]
@@ -252,34 +292,46 @@ def build_rank_layout(
         docs.append(doc)
         segments.extend(segs)
         dist_cu.append(dist_cu[-1] + doc.shard_length)
+    groups = _group_parts(lengths, grouped, cp_rank, local_cu[-1] + dist_cu[-1], segments)
     per_token = _per_token(segments)
     return RankLayout(
         cp_rank=cp_rank,
         cp_size=cp_size,
-        num_tokens=local_cu[-1] + dist_cu[-1],
+        num_tokens=local_cu[-1] + dist_cu[-1] + sum(g.num_tokens for g in groups),
         local_samples=local_samples,
         local_cu_seqlens=tuple(local_cu),
         distributed=tuple(docs),
         dist_cu_seqlens=tuple(dist_cu),
         segments=tuple(segments),
+        groups=groups,
         **per_token,
     )
 
 
-def layout_for_micro_batch(mb: MicroBatch, lengths: Sequence[int], cp_rank: int) -> RankLayout:
-    """:func:`build_rank_layout` for a :class:`~skrull_ext.scheduler.plan.MicroBatch`.
+def _group_parts(lengths, grouped, cp_rank, offset, segments) -> tuple[SubGroupPart, ...]:
+    """This rank's :class:`SubGroupPart` s (appending their segments to ``segments``)."""
+    members: dict[tuple[int, int], list[int]] = {}
+    for s, first, n in grouped:
+        if first <= cp_rank < first + n:
+            members.setdefault((int(first), int(n)), []).append(int(s))
+    parts = []
+    for (first, n), samples in sorted(members.items()):
+        docs, cu = [], [0]
+        for s in samples:
+            doc, segs = _shard(s, int(lengths[s]), cp_rank - first, n, offset + cu[-1])
+            docs.append(doc)
+            segments.extend(segs)
+            cu.append(cu[-1] + doc.shard_length)
+        parts.append(SubGroupPart(first_rank=first, size=n, offset=offset, docs=tuple(docs),
+                                  cu_seqlens=tuple(cu)))
+        offset += cu[-1]
+    return tuple(parts)
 
-    Raises:
-        ValueError: If the micro-batch has ``grouped`` placements (the hybrid-CP
-            baseline's with CP > 2, simulation only: the attention runs local and
-            distributed samples; with CP <= 2 hybrid CP emits only those).
-    """
-    if mb.grouped:
-        raise ValueError(
-            "micro-batch has grouped (sub-group CP) placements, which only the simulator "
-            "supports; schedule with a policy that emits local/distributed placements"
-        )
-    return build_rank_layout(lengths, mb.distributed, mb.local, cp_rank, mb.cp_size)
+
+def layout_for_micro_batch(mb: MicroBatch, lengths: Sequence[int], cp_rank: int) -> RankLayout:
+    """:func:`build_rank_layout` for a :class:`~skrull_ext.scheduler.plan.MicroBatch`
+    (grouped placements included)."""
+    return build_rank_layout(lengths, mb.distributed, mb.local, cp_rank, mb.cp_size, mb.grouped)
 
 
 def pack_samples(
@@ -356,7 +408,7 @@ def _per_token(segments):
                 sample_ids=torch.cat(sid), token_index=torch.cat(tidx))
 
 
-def _validate(lengths, distributed, local, cp_rank, cp_size):
+def _validate(lengths, distributed, local, cp_rank, cp_size, grouped=()):
     if cp_size < 1:
         raise ValueError(f"cp_size must be >= 1, got {cp_size}")
     if not 0 <= cp_rank < cp_size:
@@ -364,8 +416,12 @@ def _validate(lengths, distributed, local, cp_rank, cp_size):
     if len(local) != cp_size:
         raise ValueError(f"local has {len(local)} rank lists but cp_size is {cp_size}; "
                          "pass one (possibly empty) list per CP rank")
+    for s, first, n in grouped:
+        if n < 1 or first < 0 or first + n > cp_size:
+            raise ValueError(f"sample {s} is grouped on CP ranks {first}..{first + n - 1}, "
+                             f"outside the CP group of size {cp_size}")
     seen = set()
-    for s in list(distributed) + [s for rank in local for s in rank]:
+    for s in list(distributed) + [s for rank in local for s in rank] + [g[0] for g in grouped]:
         s = int(s)
         if not 0 <= s < len(lengths):
             raise ValueError(f"sample id {s} out of range [0, {len(lengths)})")

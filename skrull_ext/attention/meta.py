@@ -17,7 +17,7 @@ import torch
 
 from skrull_ext.attention.kernels import Segments, segments
 from skrull_ext.attention.layout import on_device
-from skrull_ext.attention.ring import ZigzagBlocks, zigzag_blocks
+from skrull_ext.attention.ring import ZigzagBlocks, blocks_of, zigzag_blocks
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -44,6 +44,24 @@ class DistributedMeta:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class GroupMeta:
+    """One CP sub-group's ring (hybrid-CP grouped sequences) on this rank.
+
+    Attributes:
+        first_rank: First CP rank of the sub-group.
+        size: Its ranks ``n``; this rank is ``cp_rank - first_rank`` in its ring.
+        start: Stream offset of the part; stop: its end.
+        zigzag: Ring blocks of the part (its own ``n``-rank zigzag shards).
+    """
+
+    first_rank: int
+    size: int
+    start: int
+    stop: int
+    zigzag: ZigzagBlocks
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class LayoutMeta:
     """Device metadata of one rank's layout.
 
@@ -55,6 +73,10 @@ class LayoutMeta:
         causal: Their per-document :class:`Segments`.
         zigzag: Ring blocks of the distributed part (None without a ring).
         distributed: Global metadata for Transformer Engine's ring (None without one).
+        ring_stop: End of the distributed part in the stream (the full ring attends
+            ``[num_causal, ring_stop)``; equals ``num_causal`` without a ring).
+        groups: :class:`GroupMeta` per CP sub-group of this rank, in the layout's
+            order (the same order on every rank); their parts follow ``ring_stop``.
     """
 
     use_ring: bool
@@ -62,6 +84,8 @@ class LayoutMeta:
     causal: Segments
     zigzag: Optional[ZigzagBlocks]
     distributed: Optional[DistributedMeta]
+    ring_stop: int
+    groups: tuple[GroupMeta, ...] = ()
 
 
 def layout_meta(layout, device) -> LayoutMeta:
@@ -72,17 +96,23 @@ def layout_meta(layout, device) -> LayoutMeta:
 def _build(layout, device) -> LayoutMeta:
     use_ring = layout.cp_size > 1 and layout.num_distributed_tokens > 0
     cu = tuple(layout.local_cu_seqlens)
+    stop = layout.num_local_tokens + layout.num_distributed_tokens
+    groups = tuple(GroupMeta(first_rank=g.first_rank, size=g.size, start=g.offset,
+                             stop=g.offset + g.num_tokens,
+                             zigzag=blocks_of(g.docs, g.cu_seqlens, device))
+                   for g in layout.groups)
     if not use_ring:  # distributed shards are whole sequences (or there are none)
         nl = layout.num_local_tokens
         cu = cu + tuple(nl + x for x in layout.dist_cu_seqlens[1:])
         return LayoutMeta(use_ring=False, num_causal=cu[-1], causal=segments(cu, device),
-                          zigzag=None, distributed=None)
+                          zigzag=None, distributed=None, ring_stop=cu[-1], groups=groups)
     real = np.array([0] + [d.length for d in layout.distributed], dtype=np.int64)
     padded = np.array([0] + [d.padded_length for d in layout.distributed], dtype=np.int64)
     dist = DistributedMeta(
         cu_seqlens=torch.from_numpy(np.cumsum(real).astype(np.int32)).to(device),
         cu_seqlens_padded=torch.from_numpy(np.cumsum(padded).astype(np.int32)).to(device),
         max_seqlen=int(padded.max()), pad_between_seqs=bool((real != padded).any()),
-        padding_rows=layout.is_padding[cu[-1]:].to(device)[:, None, None])
+        padding_rows=layout.is_padding[cu[-1]:stop].to(device)[:, None, None])
     return LayoutMeta(use_ring=True, num_causal=cu[-1], causal=segments(cu, device),
-                      zigzag=zigzag_blocks(layout, device), distributed=dist)
+                      zigzag=zigzag_blocks(layout, device), distributed=dist,
+                      ring_stop=stop, groups=groups)

@@ -55,15 +55,21 @@ def zigzag_blocks(layout, device) -> ZigzagBlocks:
 
 
 def _build_blocks(layout, device) -> ZigzagBlocks:
-    c = np.fromiter((doc.chunk_size for doc in layout.distributed), dtype=np.int64,
-                    count=len(layout.distributed))
+    return blocks_of(layout.distributed, layout.dist_cu_seqlens, device)
+
+
+def blocks_of(docs, cu_full, device) -> ZigzagBlocks:
+    """:class:`ZigzagBlocks` of zigzag shards ``docs`` (``DistributedDoc`` s) at offsets
+    ``cu_full`` relative to the part's start (the distributed part, or one CP sub-group's
+    part of the grouped sequences), vectorised over the documents."""
+    c = np.fromiter((doc.chunk_size for doc in docs), dtype=np.int64, count=len(docs))
     cu_half = np.zeros(c.size + 1, dtype=np.int64)
     np.cumsum(c, out=cu_half[1:])
-    starts = np.asarray(layout.dist_cu_seqlens[:-1], dtype=np.int64)
+    starts = np.asarray(cu_full[:-1], dtype=np.int64)
     # Token j of the first chunks belongs to document i with cu_half[i] <= j < cu_half[i+1].
     first = np.repeat(starts - cu_half[:-1], c) + np.arange(cu_half[-1], dtype=np.int64)
     second = first + np.repeat(c, c)
-    cu_full, cu_half = tuple(layout.dist_cu_seqlens), tuple(cu_half.tolist())
+    cu_full, cu_half = tuple(cu_full), tuple(cu_half.tolist())
     return ZigzagBlocks(cu_full=cu_full, cu_half=cu_half,
                         first=torch.from_numpy(first).to(device),
                         second=torch.from_numpy(second).to(device),

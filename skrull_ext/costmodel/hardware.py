@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from skrull_ext.costmodel.model import H100_NVLINK_COMM, CommModel, CostModel, ModelSpec, TimeModel
 
 
@@ -43,6 +45,10 @@ class Hardware:
         activation_bytes: Bytes per activation element (KV messages).
         grad_bytes: Bytes per gradient element reduced.
         overlap: Whether the ring overlaps communication with attention compute.
+        tensor_parallel: Devices of one tensor-parallel group this preset stands for
+            (:meth:`with_tensor_parallel`; 1 = one device).
+        tp_busbw: All-reduce bus bandwidth (bytes/s) of the TP group's activation
+            collectives (0 without TP).
     """
 
     name: str
@@ -65,6 +71,8 @@ class Hardware:
     grad_bytes: int
     overlap: bool = True
     step_overhead_s: float = 0.0
+    tensor_parallel: int = 1
+    tp_busbw: float = 0.0
 
     def __post_init__(self):
         positive = ("peak_flops", "linear_efficiency", "attention_efficiency",
@@ -79,6 +87,57 @@ class Hardware:
                 raise ValueError(f"Hardware.{field} must be >= 0, got {getattr(self, field)}")
         if self.gpus_per_node < 1 or self.activation_bytes < 1 or self.grad_bytes < 1:
             raise ValueError("gpus_per_node, activation_bytes and grad_bytes must be >= 1")
+        if self.tensor_parallel < 1 or (self.tensor_parallel > 1 and not self.tp_busbw > 0):
+            raise ValueError("tensor_parallel must be >= 1, with tp_busbw > 0 when it is > 1")
+
+    def with_tensor_parallel(self, tp_size: int) -> "Hardware":
+        """This preset seen as one tensor-parallel group of ``tp_size`` devices per rank.
+
+        Megatron splits every matmul and the attention heads over the TP ranks, and each
+        TP rank exchanges its own heads' K/V with the matching rank of the next CP rank,
+        over its own link, all at once; the gradients it reduces are its ``1/tp`` of the
+        parameters.  So a TP group computes ``tp`` times the FLOP/s of one device, moves a
+        ring message in the time one device moves ``1/tp`` of it, and reduces gradients
+        ``tp`` times as fast; TP is the innermost group (Megatron's default order), so a
+        node holds ``gpus_per_node / tp`` of them.  What TP adds, the all-reduces (or
+        all-gathers and reduce-scatters with sequence parallelism, the same bytes) of
+        every layer's activations, is :meth:`tp_comm_seconds`, over the gradient
+        all-reduce's intra-node bus bandwidth (TP stays inside a node).
+        """
+        if tp_size < 1:
+            raise ValueError(f"tensor-parallel size must be >= 1, got {tp_size}")
+        if tp_size == 1:
+            return self
+        if tp_size > self.gpus_per_node:
+            raise ValueError(f"tensor-parallel size {tp_size} > {self.gpus_per_node} devices "
+                             f"per node on {self.name}: keep TP inside a node")
+        t = self.tensor_parallel * tp_size
+        scaled = lambda c: CommModel(sizes_bytes=tuple(x * tp_size for x in c.sizes_bytes),  # noqa: E731
+                                     seconds=c.seconds)
+        return dataclasses.replace(
+            self, description=f"{self.description}; TP {t} per rank",
+            peak_flops=self.peak_flops * tp_size,
+            intra_node_comm=scaled(self.intra_node_comm),
+            inter_node_comm=scaled(self.inter_node_comm),
+            gpus_per_node=max(1, self.gpus_per_node // tp_size),
+            grad_busbw_intra=self.grad_busbw_intra * tp_size,
+            grad_busbw_inter=self.grad_busbw_inter * tp_size,
+            tensor_parallel=t, tp_busbw=self.tp_busbw or self.grad_busbw_intra)
+
+    def tp_comm_seconds(self, model: ModelSpec, tokens):
+        """Seconds of the TP collectives of ``tokens`` per rank (array-like), fwd + bwd.
+
+        Per layer two all-reduces of ``tokens x h`` activations forward (after the
+        attention and the MLP) and two backward, each ``2 (t-1)/t`` of its bytes over the
+        bus bandwidth; 0 without TP.  Not overlapped with compute (mcore overlaps them
+        only with Transformer Engine's userbuffers, off by default).
+        """
+        t = self.tensor_parallel
+        if t <= 1:
+            return 0.0 * np.asarray(tokens, dtype=np.float64)
+        per_token = (4 * model.num_layers * 2.0 * (t - 1) / t * model.hidden_size
+                     * self.activation_bytes / self.tp_busbw)
+        return per_token * np.asarray(tokens, dtype=np.float64)
 
     def linear_rate(self, tokens):
         """Matmul FLOP/s at ``tokens`` per rank (array-like)."""
@@ -111,7 +170,9 @@ class Hardware:
         the ``dp_size x cp_size`` ranks.
         """
         grad = self.grad_reduce_seconds(model.param_count(), dp_size * cp_size)
-        time = TimeModel(c_linear=1.0 / (self.peak_flops * self.linear_efficiency),
+        # TP collectives grow with the tokens, as the matmuls do: folded into c_linear.
+        tp = float(self.tp_comm_seconds(model, 1.0)) / float(model.linear_flops([1.0])[0])
+        time = TimeModel(c_linear=1.0 / (self.peak_flops * self.linear_efficiency) + tp,
                          c_attention=1.0 / (self.peak_flops * self.attention_efficiency),
                          micro_batch_overhead=self.micro_batch_fixed_seconds(model),
                          attention_half_tokens=self.attention_half_tokens,

@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cp-size", type=count, default=None,
                    help="--context-parallel-size (default: the smallest power of two that "
                         "fits the longest sequence)")
+    p.add_argument("--tp-size", "--tensor-model-parallel-size", dest="tp_size", type=count,
+                   default=1, help="tensor-parallel size: devices per rank of the plan "
+                                   "(inside a node)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron's sequence parallelism (with --tp-size > 1): layer "
+                        "activations split over the TP ranks")
     p.add_argument("--pp-size", type=count, default=1,
                    help="--pipeline-model-parallel-size: 1F1B stages per DP x CP replica")
     p.add_argument("--pp-order", choices=ORDERS + ("best",), default="best",
@@ -128,6 +134,22 @@ def _model(args) -> ModelSpec:
         raise PlannerError(f"--model-config: {exc}") from None
 
 
+def _hardware(args, model: ModelSpec) -> Hardware:
+    """The ``--hardware`` preset for ``--tp-size`` devices per rank (checked against the
+    model: Megatron splits attention heads and KV groups over the TP ranks)."""
+    tp = args.tp_size
+    if tp > 1 and (model.num_attention_heads % tp or model.num_query_groups % tp):
+        raise PlannerError(f"--tp-size {tp} must divide the model's {model.num_attention_heads} "
+                           f"attention heads and {model.num_query_groups} KV groups")
+    if args.sequence_parallel and tp == 1:
+        raise PlannerError("--sequence-parallel needs --tp-size > 1 (Megatron turns it off at "
+                           "TP 1)")
+    try:
+        return get_hardware(args.hardware).with_tensor_parallel(tp)
+    except ValueError as exc:
+        raise PlannerError(f"--tp-size: {exc}") from None
+
+
 def _check_sizes(args):
     try:
         check_layout(args.dp_size, 1 if args.cp_size is None else args.cp_size)
@@ -153,19 +175,24 @@ def _check_sizes(args):
 
 def training_memory(hw: Hardware, dp_size: int, cp_size: int, *, precision: Optional[str] = None,
                     distributed_optimizer: bool = True,
-                    recompute: Optional[str] = "selective") -> TrainingMemory:
+                    recompute: Optional[str] = "selective",
+                    sequence_parallel: bool = False) -> TrainingMemory:
     """The launcher's memory setup; defaults: the paper's (distributed optimizer, selective
-    recompute) in the preset's precision (h100: bf16, cpu: fp32)."""
+    recompute) in the preset's precision (h100: bf16, cpu: fp32); TP from ``hw``
+    (:meth:`Hardware.with_tensor_parallel`)."""
+    tp = hw.tensor_parallel
     return TrainingMemory(precision=precision or ("bf16" if hw.activation_bytes == 2 else "fp32"),
                           distributed_optimizer=distributed_optimizer,
-                          dp_cp_size=dp_size * cp_size, recompute=recompute)
+                          dp_cp_size=dp_size * cp_size, recompute=recompute, tp_size=tp,
+                          sequence_parallel=sequence_parallel and tp > 1)
 
 
 def _training_from_args(args, hw: Hardware) -> TrainingMemory:
     precision = "bf16" if args.bf16 else "fp16" if args.fp16 else None
     return training_memory(hw, args.dp_size, args.cp_size, precision=precision,
                            distributed_optimizer=args.use_distributed_optimizer,
-                           recompute=args.recompute_granularity)
+                           recompute=args.recompute_granularity,
+                           sequence_parallel=args.sequence_parallel)
 
 
 def memory_bucket(model: ModelSpec, hw: Hardware, dp_size: int, cp_size: int,
@@ -208,7 +235,8 @@ def memory_plan(args, model: ModelSpec, hw: Hardware) -> dict:
     alpha = args.activation_bytes_per_token or training.activation_bytes_per_token(model)
     info = {"device_gib": device_gb, "margin_gib": margin_gb, "static_gib": static / GIB,
             "activation_bytes_per_token": alpha, "recommended_bucket": None,
-            "training": {"precision": training.precision,
+            "training": {"precision": training.precision, "tp_size": training.tp_size,
+                         "sequence_parallel": training.sequence_parallel,
                          "distributed_optimizer": training.distributed_optimizer,
                          "recompute": training.recompute},
             "static_breakdown_gib": {k: v / GIB for k, v in
@@ -311,7 +339,7 @@ def print_report(args, prof, model, hw, summary, out=None):
     w(f"model     {model.name}: {model.param_count() / 1e9:.3f}B parameters, "
       f"{model.num_layers} layers, h={model.hidden_size}, h_kv={model.kv_hidden_size}")
     w(f"hardware  {hw.name}: {hw.description}")
-    w(f"layout    DP={args.dp_size} CP={args.cp_size} PP={args.pp_size}"
+    w(f"layout    TP={args.tp_size} DP={args.dp_size} CP={args.cp_size} PP={args.pp_size}"
       f"{' (smallest power of two that fits; --cp-size to choose)' if args.cp_auto else ''}, "
       f"global batch {args.global_batch_size}, {args.num_batches} sampled batches "
       f"(seed {args.seed})")
@@ -319,7 +347,9 @@ def print_report(args, prof, model, hw, summary, out=None):
     t, parts = mem["training"], mem["static_breakdown_gib"]
     w(f"training  {t['precision']}, distributed optimizer "
       f"{'on (sharded over DP x CP = ' + str(args.dp_size * args.cp_size) + ')' if t['distributed_optimizer'] else 'off'}"
-      f", recompute {t['recompute'] or 'none'}")
+      f", recompute {t['recompute'] or 'none'}"
+      + (f", TP {t['tp_size']}{' with' if t['sequence_parallel'] else ' without'} sequence "
+         "parallelism" if t["tp_size"] > 1 else ""))
     w(f"memory    device {mem['device_gib']:.1f} GiB - static {mem['static_gib']:.2f} GiB "
       f"(params {parts['params']:.2f} + grads {parts['grads']:.2f} + main params "
       f"{parts['main_params']:.2f} + Adam {parts['optimizer_state']:.2f}) - margin "
@@ -360,8 +390,8 @@ def run(args) -> dict:
     policies = _check_sizes(args)
     if not args.scale > 0:
         raise PlannerError(f"--scale must be > 0, got {args.scale}")
-    hw = get_hardware(args.hardware)
     model = _model(args)
+    hw = _hardware(args, model)
     prof = _profile(args)
     args.cp_auto = args.cp_size is None
     if args.cp_auto:

@@ -4,7 +4,9 @@ More detailed than the scheduler's :class:`~skrull_ext.costmodel.model.CostModel
 use).  For every micro-batch and CP rank ``r`` (times are forward + backward, all layers):
 
 * **linear**: ``linear FLOPs(T_r) / linear_rate(T_r)``; ``T_r`` the tokens the rank holds,
-  zigzag padding included; the rate falls for small ``T_r`` (see :class:`Hardware`).
+  zigzag padding included; the rate falls for small ``T_r`` (see :class:`Hardware`).  With
+  tensor parallelism (:meth:`Hardware.with_tensor_parallel`) a "rank" is a TP group and
+  this also holds its activation collectives (:meth:`Hardware.tp_comm_seconds`).
 * **local attention**: per local sequence ``attention FLOPs(S) / attention_rate(S)``.
 * **distributed attention**: every distributed sequence is padded to ``pad(S)`` and split
   zigzag, so each of the ``N`` ring steps computes ``1/N^2`` of its causal FLOPs on every
@@ -205,8 +207,10 @@ class _Context:
         self.fixed = hw.micro_batch_fixed_seconds(model)
 
     def linear(self, tokens: np.ndarray) -> np.ndarray:
+        """Matmul seconds per rank, and the TP collectives of its tokens (with TP)."""
         rate = self.hw.linear_rate(np.maximum(tokens, 1.0))
-        return np.where(tokens > 0, self.lin_per_token * tokens / rate, 0.0)
+        lin = self.lin_per_token * tokens / rate + self.hw.tp_comm_seconds(self.model, tokens)
+        return np.where(tokens > 0, lin, 0.0)
 
     def ring(self, local: np.ndarray, block: float, msg: float, n: int, comm) -> tuple:
         """``(attention + exposed comm [N], unoverlapped comm seconds)`` over all layers."""
@@ -224,15 +228,22 @@ class _Context:
         return self.layers * (per_layer[0] + per_layer[1]), total_comm
 
     def grouped(self, mb: MicroBatch, att_dist: np.ndarray, exposed: np.ndarray) -> float:
-        """Adds hybrid-CP sub-group rings (in place); returns their unoverlapped comm."""
+        """Adds hybrid-CP sub-group rings (in place); returns their unoverlapped comm.
+
+        One ring per sub-group ``(first, size)`` carrying all its samples' blocks and K/V
+        in one message per step, as the DACP attention runs them (after the full ring).
+        """
         total = 0.0
         call = self.hw.attention_call_overhead_s * self.layers
+        rings: dict[tuple[int, int], list] = {}
         for i, first, size in mb.grouped:
             s = int(self.lengths[i])
             sh = float(shard_tokens(s, size))
-            work = (float(self.model.attention_flops([padded_length(s, size)])[0]) / size
-                    / float(self.hw.attention_rate(sh)) + size * call)
-            msg = 2.0 * sh * self.model.kv_hidden_size * self.hw.activation_bytes
+            ring = rings.setdefault((int(first), int(size)), [0.0, 0.0])
+            ring[0] += (float(self.model.attention_flops([padded_length(s, size)])[0]) / size
+                        / float(self.hw.attention_rate(sh)) + size * call)
+            ring[1] += 2.0 * sh * self.model.kv_hidden_size * self.hw.activation_bytes
+        for (first, size), (work, msg) in sorted(rings.items()):
             t, comm = self.ring(np.zeros(size), work / size, msg, size, self.hw.ring_comm(size))
             att_dist[first:first + size] += work
             exposed[first:first + size] += t - work
@@ -280,6 +291,7 @@ def lower_bound(lengths, model: ModelSpec, hardware: Hardware, dp_size: int, cp_
     """
     s = np.asarray(lengths, dtype=np.float64)
     lin = float(model.linear_flops(s).sum()) / (hardware.peak_flops * hardware.linear_efficiency)
+    lin += float(hardware.tp_comm_seconds(model, s.sum()))
     att = float((model.attention_flops(s) / hardware.attention_rate(s)).sum())
     att += hardware.attention_call_overhead_s * model.num_layers * s.size
     ranks = dp_size * cp_size

@@ -12,7 +12,7 @@ import numpy as np
 
 from skrull_ext import _backend
 from skrull_ext.scheduler.plan import MicroBatch
-from skrull_ext.sharding import shard_tokens
+from skrull_ext.sharding import shard_tokens, shard_tokens_array
 from skrull_ext.scheduler.reference import lpt_partition
 
 
@@ -73,6 +73,20 @@ def hybrid_cp_size(length: int, cp_size: int, bucket_size: int) -> int:
     while n < cp_size and shard_tokens(length, n) > bucket_size:
         n *= 2
     return min(n, cp_size)
+
+
+def _hybrid_sizes(lengths, cp_size: int, bucket_size: int) -> list[int]:
+    """:func:`hybrid_cp_size` of every sample at once: ``[K]`` ints."""
+    s = np.asarray(lengths, dtype=np.int64)
+    sizes = np.ones(s.size, dtype=np.int64)
+    n = 1
+    while n < cp_size:
+        grow = (sizes == n) & (shard_tokens_array(s, n) > bucket_size)
+        if not grow.any():
+            break
+        sizes[grow] = 2 * n
+        n *= 2
+    return np.minimum(sizes, cp_size).tolist()
 
 
 def _hybrid_place(mbs, lengths, costs, i, n, cp_size, bucket_size):
@@ -136,9 +150,29 @@ def hybrid_cp(lengths, costs, dp_size, cp_size, bucket_size):
     the first micro-batch with an aligned block of ranks that has room.  Single-rank
     placements become ``local``, full-group ones ``distributed``, the rest ``grouped``.
     """
-    return [[_hybrid_micro_batch(mb["items"], cp_size) for mb in mbs]
-            for mbs in _hybrid_micro_batches(lengths, costs, dp_size, cp_size, bucket_size,
-                                             fast=True)]
+    placed = _cpp_hybrid_items(lengths, costs, dp_size, cp_size, bucket_size)
+    if placed is None:
+        placed = [[mb["items"] for mb in mbs]
+                  for mbs in _hybrid_micro_batches(lengths, costs, dp_size, cp_size,
+                                                   bucket_size, fast=True)]
+    return [[_hybrid_micro_batch(items, cp_size) for items in mbs] for mbs in placed]
+
+
+def _cpp_hybrid_items(lengths, costs, dp_size, cp_size, bucket_size):
+    """``(sample, first_rank, n_ranks)`` of every hybrid-CP placement, per DP rank and
+    micro-batch, from the C++ core (its groups and each block's first rank: no Python
+    replay per sample); ``None`` without a core that has them."""
+    try:
+        groups = _cpp_groups("hybrid-cp", lengths, costs, dp_size, cp_size, bucket_size)
+        firsts = (None if groups is None else
+                  _cpp_groups("hybrid-cp-firsts", lengths, costs, dp_size, cp_size, bucket_size))
+    except ValueError:  # a core built before "hybrid-cp-firsts" existed
+        return None
+    if firsts is None:
+        return None
+    sizes = _hybrid_sizes(lengths, cp_size, bucket_size)
+    return [[[(i, f, sizes[i]) for i, f in zip(g, fs)] for g, fs in zip(gr, fr)]
+            for gr, fr in zip(groups, firsts)]
 
 
 def _hybrid_micro_batch(items, cp_size) -> MicroBatch:

@@ -6,7 +6,7 @@ A :class:`Plan` says, for every data-parallel (DP) rank and micro-batch, which s
 the global batch are *distributed* (zigzag-sharded over all ``cp_size`` CP ranks) and
 which are *local* (held whole by one CP rank).  The Megatron-Core hybrid-CP baseline also
 uses *grouped* placements: a sample sharded over a contiguous, power-of-two sub-group of
-the CP ranks (simulation only; the attention runs local and distributed placements).
+the CP ranks (the DACP attention runs one ring per sub-group after the full ring).
 
 Token accounting (what the bucket bounds): a local sample costs its rank ``S`` tokens; a
 sample sharded over ``n > 1`` ranks is padded to a multiple of ``2n`` (zigzag chunks) and
@@ -32,7 +32,8 @@ class MicroBatch:
         distributed: Sample indices sharded over all CP ranks, in placement order.
         local: ``cp_size`` tuples; ``local[r]`` are the samples held whole by CP rank ``r``.
         grouped: ``(sample, first_rank, n_ranks)`` placements on a contiguous CP
-            sub-group (hybrid-CP baseline only; empty for every other policy).
+            sub-group (hybrid CP's plans, also when Skrull keeps one as its candidate;
+            empty otherwise).
     """
 
     distributed: tuple[int, ...]
