@@ -218,16 +218,9 @@ std::vector<double> alone_times(const GdsContext& ctx, double overhead) {
   return out;
 }
 
-// Search::result() of a refinement that accepts no move: each DP rank's non-empty
-// micro-batches in order, padded with empty ones to equal counts (at least one).
-std::vector<RankSplit> unrefined(std::vector<RankSplit> splits, int cp_size) {
-  size_t m = 1;
-  for (auto& split : splits) {
-    split.erase(std::remove_if(split.begin(), split.end(),
-                               [](const Placement& p) { return p.empty(); }),
-                split.end());
-    m = std::max(m, split.size());
-  }
+// Pads every DP rank with empty micro-batches to the longest rank's count (at least m).
+void pad_equal(std::vector<RankSplit>& splits, int cp_size, size_t m = 0) {
+  for (const auto& split : splits) m = std::max(m, split.size());
   for (auto& split : splits) {
     while (split.size() < m) {
       Placement empty;
@@ -235,6 +228,17 @@ std::vector<RankSplit> unrefined(std::vector<RankSplit> splits, int cp_size) {
       split.push_back(std::move(empty));
     }
   }
+}
+
+// Search::result() of a refinement that accepts no move: each DP rank's non-empty
+// micro-batches in order, padded with empty ones to equal counts (at least one).
+std::vector<RankSplit> unrefined(std::vector<RankSplit> splits, int cp_size) {
+  for (auto& split : splits) {
+    split.erase(std::remove_if(split.begin(), split.end(),
+                               [](const Placement& p) { return p.empty(); }),
+                split.end());
+  }
+  pad_equal(splits, cp_size, 1);
   return splits;
 }
 
@@ -678,15 +682,7 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
   } else {
     best = refine(ctx, std::move(best), overhead, budget);
   }
-  size_t m = 0;
-  for (const auto& split : best) m = std::max(m, split.size());
-  for (auto& split : best) {
-    while (split.size() < m) {
-      Placement empty;
-      empty.local.resize(static_cast<size_t>(cp_size));
-      split.push_back(std::move(empty));
-    }
-  }
+  pad_equal(best, cp_size);
   return best;
 }
 
