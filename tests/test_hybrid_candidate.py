@@ -79,8 +79,9 @@ def test_hybrid_bound_never_exceeds_hybrid_cps_prediction(cp, bucket):
         hybrid = schedule(lengths, cfg, cost)
         arrays = (cost.compute_seconds(lengths), cost.share_seconds(lengths, cp),
                   cost.comm_seconds(lengths, cp))
-        assert sched._hybrid_bound(lengths, cfg, cost, arrays) <= \
-            hybrid.predicted["iteration_time"]
+        bound = sched._hybrid_bound(lengths, cfg, cost, arrays)
+        assert bound <= hybrid.predicted["iteration_time"]
+        assert sched._hybrid_floor(lengths, cfg, cost, arrays[0]) <= bound
 
 
 def test_sub_group_rings_are_charged_after_the_full_ring_unoverlapped():
