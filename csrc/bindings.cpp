@@ -338,7 +338,7 @@ py::list baseline_groups(I64Array lengths, F64Array costs, int dp_size, int cp_s
                 : name == "all-cp"     ? &skrull::all_cp_groups
                 : name == "per-seq-cp" ? &skrull::per_seq_cp_groups
                 : name == "hybrid-cp"  ? &skrull::hybrid_cp_groups
-                : name == "hybrid-cp-firsts" ? &skrull::hybrid_cp_firsts
+                : name == "hybrid-cp-placed" ? &skrull::hybrid_cp_placed
                                        : nullptr;
   if (!fn) throw py::value_error("unknown grouping " + name);
   skrull::Groups groups;

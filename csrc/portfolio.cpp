@@ -601,8 +601,22 @@ Groups hybrid_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bu
   return hybrid_field(batch, dp_size, cp_size, bucket_size, &HybridMicroBatch::items);
 }
 
-Groups hybrid_cp_firsts(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
-  return hybrid_field(batch, dp_size, cp_size, bucket_size, &HybridMicroBatch::firsts);
+Groups hybrid_cp_placed(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
+  Groups out;
+  for (auto& mbs : hybrid_micro_batches(batch, dp_size, cp_size, bucket_size)) {
+    std::vector<std::vector<Index>> groups;
+    for (const auto& mb : mbs) {
+      std::vector<Index> pairs;
+      pairs.reserve(2 * mb.items.size());
+      for (size_t j = 0; j < mb.items.size(); ++j) {
+        pairs.push_back(mb.items[j]);
+        pairs.push_back(mb.firsts[j]);
+      }
+      groups.push_back(std::move(pairs));
+    }
+    out.push_back(std::move(groups));
+  }
+  return out;
 }
 
 std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, int dp_size,

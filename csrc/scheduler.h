@@ -162,8 +162,9 @@ Groups sorted_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucke
 Groups all_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
 Groups per_seq_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
 Groups hybrid_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
-// The first CP rank of each hybrid_cp_groups item's block (same shape).
-Groups hybrid_cp_firsts(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
+// hybrid_cp_groups with each item followed by its block's first CP rank (one grouping
+// run for both: [i0, first0, i1, first1, ...] per micro-batch).
+Groups hybrid_cp_placed(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
 
 // DACP of one micro-batch, or all-distributed in `group` order when strictly faster
 // (reference refine.place_group).

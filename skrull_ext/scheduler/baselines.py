@@ -160,19 +160,17 @@ def hybrid_cp(lengths, costs, dp_size, cp_size, bucket_size):
 
 def _cpp_hybrid_items(lengths, costs, dp_size, cp_size, bucket_size):
     """``(sample, first_rank, n_ranks)`` of every hybrid-CP placement, per DP rank and
-    micro-batch, from the C++ core (its groups and each block's first rank: no Python
-    replay per sample); ``None`` without a core that has them."""
+    micro-batch, from the C++ core (one grouping run returns each sample with its block's
+    first rank: no Python replay per sample); ``None`` without a core that has it."""
     try:
-        groups = _cpp_groups("hybrid-cp", lengths, costs, dp_size, cp_size, bucket_size)
-        firsts = (None if groups is None else
-                  _cpp_groups("hybrid-cp-firsts", lengths, costs, dp_size, cp_size, bucket_size))
-    except ValueError:  # a core built before "hybrid-cp-firsts" existed
+        placed = _cpp_groups("hybrid-cp-placed", lengths, costs, dp_size, cp_size, bucket_size)
+    except ValueError:  # a core built before "hybrid-cp-placed" existed
         return None
-    if firsts is None:
+    if placed is None:
         return None
     sizes = _hybrid_sizes(lengths, cp_size, bucket_size)
-    return [[[(i, f, sizes[i]) for i, f in zip(g, fs)] for g, fs in zip(gr, fr)]
-            for gr, fr in zip(groups, firsts)]
+    return [[[(i, f, sizes[i]) for i, f in zip(g[0::2], g[1::2])] for g in rank]
+            for rank in placed]
 
 
 def _hybrid_micro_batch(items, cp_size) -> MicroBatch:
