@@ -17,7 +17,6 @@
 namespace skrull {
 namespace {
 
-using Keyed = std::pair<uint64_t, Index>;
 
 // Bits of a finite double whose unsigned order is the value's order (-0.0 maps to 0.0).
 uint64_t order_bits(double x) {
@@ -25,35 +24,6 @@ uint64_t order_bits(double x) {
   uint64_t u;
   std::memcpy(&u, &x, sizeof u);
   return (u >> 63) ? ~u : (u | (uint64_t{1} << 63));
-}
-
-// Sorts by (key, position before the sort): a stable sort by key.  LSD radix on bytes
-// (all eight histograms in one pass; bytes shared by every key skipped) for large
-// inputs, where it is about 3x faster than std::sort; a comparison sort for small ones.
-void stable_sort_by_key(std::vector<Keyed>& a) {
-  if (a.size() < 2048) {
-    std::stable_sort(a.begin(), a.end(),
-                     [](const Keyed& x, const Keyed& y) { return x.first < y.first; });
-    return;
-  }
-  std::vector<size_t> count(8 * 256, 0);
-  for (const auto& e : a) {
-    for (int d = 0; d < 8; ++d) ++count[d * 256 + ((e.first >> (8 * d)) & 255)];
-  }
-  std::vector<Keyed> tmp(a.size());
-  for (int d = 0; d < 8; ++d) {
-    size_t* c = &count[d * 256];
-    const int shift = 8 * d;
-    if (c[(a[0].first >> shift) & 255] == a.size()) continue;
-    size_t start = 0;
-    for (int b = 0; b < 256; ++b) {
-      const size_t n = c[b];
-      c[b] = start;
-      start += n;
-    }
-    for (const auto& e : a) tmp[c[(e.first >> shift) & 255]++] = e;
-    a.swap(tmp);
-  }
 }
 
 // One DP rank's samples in ascending (length, index) order, with their lengths.
@@ -94,12 +64,18 @@ std::optional<RankSplit> split_rank(const Batch& batch, const RankSeqs& seqs, in
   std::stable_sort(visit.begin(), visit.end(),
                    [&sums](int64_t a, int64_t b) { return sums[a] > sums[b]; });
   RankSplit out(check_only ? 0 : static_cast<size_t>(m));
+  const bool lpt_allowed = variant == Variant::kAuto || variant == Variant::kLpt;
   std::vector<Index> group;
   group.reserve(static_cast<size_t>(size / m + 1));
   for (int64_t j : visit) {
     group.clear();
     for (int64_t p = j; p < size; p += m) group.push_back(seqs.ids[p]);
     if (check_only) {
+      if (lpt_allowed) {  // (C++ only, exact) all distributed fits: LPT's k = all places it
+        int64_t shards = 0;
+        for (Index i : group) shards += shard_tokens(batch.lengths[i], cp_size);
+        if (shards <= bucket_size) continue;
+      }
       if (!dacp_feasible(batch, group, latency, cp_size, bucket_size, policy, variant)) {
         return std::nullopt;
       }
@@ -155,7 +131,20 @@ std::optional<RankSplit> fewest_split(const Batch& batch, const RankSeqs& rest, 
                       /*check_only=*/true)
         .has_value();
   };
-  while (!fits(m)) {
+  for (;;) {
+    if (m - lo == 1) {
+      // (C++ only, same plans) Counts tried one at a time (and the first) are final once
+      // they fit: place them at once instead of deciding feasibility and then placing the
+      // same count again (split_rank fails exactly when a group has no feasible variant,
+      // dacp_feasible's test; an infeasible count usually fails at its fullest group, which
+      // is tried first, at about a feasibility check's cost).
+      if (auto split = split_rank(batch, rest, m, latency, cp_size, bucket_size, policy,
+                                  variant)) {
+        return split;
+      }
+    } else if (fits(m)) {
+      break;
+    }
     if (m >= count) throw std::logic_error("one sample per micro-batch must be feasible");
     if (cut && (rank_base + static_cast<double>(m + 1) * cut->overhead) * (1.0 - 1e-9) >=
                    cut->limit) {
@@ -261,6 +250,35 @@ void check_fits(const Batch& batch, int cp_size, int64_t bucket_size) {
 }
 
 }  // namespace
+
+// Sorts by (key, position before the sort): a stable sort by key.  LSD radix on bytes
+// (all eight histograms in one pass; bytes shared by every key skipped) for large
+// inputs, where it is about 3x faster than std::sort; a comparison sort for small ones.
+void stable_sort_by_key(std::vector<Keyed>& a) {
+  if (a.size() < 2048) {
+    std::stable_sort(a.begin(), a.end(),
+                     [](const Keyed& x, const Keyed& y) { return x.first < y.first; });
+    return;
+  }
+  std::vector<size_t> count(8 * 256, 0);
+  for (const auto& e : a) {
+    for (int d = 0; d < 8; ++d) ++count[d * 256 + ((e.first >> (8 * d)) & 255)];
+  }
+  std::vector<Keyed> tmp(a.size());
+  for (int d = 0; d < 8; ++d) {
+    size_t* c = &count[d * 256];
+    const int shift = 8 * d;
+    if (c[(a[0].first >> shift) & 255] == a.size()) continue;
+    size_t start = 0;
+    for (int b = 0; b < 256; ++b) {
+      const size_t n = c[b];
+      c[b] = start;
+      start += n;
+    }
+    for (const auto& e : a) tmp[c[(e.first >> shift) & 255]++] = e;
+    a.swap(tmp);
+  }
+}
 
 std::optional<Placement> GdsContext::place(const std::vector<Index>& idx) const {
   return dacp_best(batch, idx, latency, cp_size, bucket_size, rollback, variant);

@@ -321,10 +321,14 @@ Groups all_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucke
 }
 
 Groups sorted_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
-  std::vector<Index> order(static_cast<size_t>(batch.size));
-  for (Index i = 0; i < batch.size; ++i) order[i] = i;
-  const int64_t* len = batch.lengths;
-  std::stable_sort(order.begin(), order.end(), [len](Index a, Index b) { return len[a] < len[b]; });
+  // A stable sort by length (radix when large); the sign-bit flip keeps int64 order.
+  std::vector<Keyed> keyed(static_cast<size_t>(batch.size));
+  for (Index i = 0; i < batch.size; ++i) {
+    keyed[i] = {static_cast<uint64_t>(batch.lengths[i]) ^ (uint64_t{1} << 63), i};
+  }
+  stable_sort_by_key(keyed);
+  std::vector<Index> order(keyed.size());
+  for (size_t p = 0; p < keyed.size(); ++p) order[p] = keyed[p].second;
   Groups out;
   for (int d = 0; d < dp_size; ++d) {
     std::vector<Index> mine;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace skrull {
@@ -104,6 +105,11 @@ double micro_batch_time(const Placement& placement, const Batch& batch, double l
                         int cp_size);
 
 // Longest-processing-time bin packing of `idx` by cost onto `bins` bins.
+// (key, index) pairs sorted by key, ties in their order before the sort (radix for
+// large inputs; gds.cpp).
+using Keyed = std::pair<uint64_t, Index>;
+void stable_sort_by_key(std::vector<Keyed>& a);
+
 std::vector<std::vector<Index>> lpt_partition(const double* costs,
                                               const std::vector<Index>& idx, int bins);
 
