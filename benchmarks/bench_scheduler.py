@@ -15,7 +15,12 @@ samples under 1K tokens, the longest capped at what the bucket holds) it times:
   .get_groups_and_subsamples`` with ``max_seq_len_per_rank`` = the bucket over the D x N
   ranks (skipped when megatron-core is not importable).
 
+``--calibrate`` instead times the C++ refinement alone at two budgets and prints the work
+units it searches per ms (the basis of ``refine.WORK_UNITS_PER_MS``, which converts
+``--skrull-plan-budget-ms`` into a deterministic work budget).
+
     PYTHONPATH=. python benchmarks/bench_scheduler.py [--cases 256:26000 65536:6000] [--json f]
+    PYTHONPATH=. python benchmarks/bench_scheduler.py --calibrate --stat min
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ import numpy as np
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import _OBJECTIVE_CODES, SchedulerConfig, schedule
-from skrull_ext.scheduler.refine import budget_work
+from skrull_ext.scheduler.refine import WORK_UNITS_PER_MS, budget_work
 
 DP, CP = 4, 8
 # The last two: a tight bucket, over a thousand micro-batches per DP rank.
@@ -115,6 +120,56 @@ def bench_case(k: int, bucket: int, args) -> dict:
     return row
 
 
+# --calibrate: (K, bucket) batches and budgets (work units) the refinement is timed on.
+CALIBRATE_CASES = ((1024, 26000), (4096, 26000), (4096, 6000), (16384, 26000), (16384, 6000),
+                   (16384, 2000), (65536, 26000), (65536, 6000), (65536, 2000))
+CALIBRATE_BUDGETS = (150_000, 1_500_000)
+
+
+def calibrate(args, cases) -> list[dict]:
+    """Work units per ms of the C++ refinement (``_C.refine_timing``: the unrefined
+    portfolio plan, then ``refine()`` alone, timed in C++), the basis of
+    ``refine.WORK_UNITS_PER_MS``; ``stat`` over ``args.runs // 10`` runs (at least 3)."""
+    cost_model, rows = default_cost_model(), []
+    stat = min if args.stat == "min" else statistics.median
+    for k, bucket in cases:
+        lengths = long_tail_lengths(k, args.seed, min(100_000, CP * bucket - 2 * CP))
+        costs, comm, shares = cost_model.schedule_arrays(lengths, CP)
+        for budget in CALIBRATE_BUDGETS:
+            timed = [_backend.CPP.refine_timing(
+                lengths, costs, comm, cost_model.comm_latency(CP), DP, CP, bucket,
+                cost_model.micro_batch_overhead, shares, _OBJECTIVE_CODES[cost_model.objective],
+                budget) for _ in range(max(3, args.runs // 10))]
+            ms = 1e3 * stat(t for _, t in timed)
+            work = timed[0][0]
+            rows.append({"K": k, "bucket": bucket, "budget": budget, "work": work, "ms": ms,
+                         "units_per_ms": work / ms if ms > 0 else float("nan")})
+    return rows
+
+
+def print_calibration(rows: list[dict], stat: str) -> None:
+    """Per batch: each budget's units and ms, then the search's own rate (the slope between
+    the two budgets: the units per ms WORK_UNITS_PER_MS stands for) and the fixed set-up
+    (pricing the plan once, not counted as work) that the default budget's run adds."""
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"C++ refine() alone, {stat} of runs, DP={DP} CP={CP}; now WORK_UNITS_PER_MS = "
+          f"{WORK_UNITS_PER_MS:,}; load average {load}")
+    lo, hi = CALIBRATE_BUDGETS
+    print(f"{'K':>6} {'bucket':>7} {'ms @' + format(lo, ','):>12} {'ms @' + format(hi, ','):>14} "
+          f"{'units/ms':>9} {'set-up ms':>9}")
+    slopes = []
+    for a, b in zip(rows[::2], rows[1::2]):
+        slope = (b["work"] - a["work"]) / (b["ms"] - a["ms"]) if b["ms"] > a["ms"] else float("nan")
+        budget_bound = a["work"] >= a["budget"] and b["work"] >= b["budget"]
+        if budget_bound and slope > 0:
+            slopes.append(slope)
+        print(f"{a['K']:>6} {a['bucket']:>7} {a['ms']:>12.3f} {b['ms']:>14.3f} {slope:>9,.0f} "
+              f"{a['ms'] - a['work'] / slope:>9.3f}{'' if budget_bound else ' (converged)'}")
+    if slopes:
+        print(f"units per ms of search (budget-bound batches): median {statistics.median(slopes):,.0f}"
+              f", min {min(slopes):,.0f}, max {max(slopes):,.0f}")
+
+
 def print_table(rows: list[dict], stat: str = "median") -> None:
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"DP={DP} CP={CP}, long-tail lengths, default schedule() (portfolio + refinement, "
@@ -133,8 +188,10 @@ def print_table(rows: list[dict], stat: str = "median") -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES),
-                        help="K:bucket pairs (global batch size : tokens per CP rank)")
+    parser.add_argument("--cases", nargs="+", default=None,
+                        help="K:bucket pairs (global batch size : tokens per CP rank); "
+                        f"default {' '.join(DEFAULT_CASES)} (--calibrate: "
+                        f"{' '.join(f'{k}:{b}' for k, b in CALIBRATE_CASES)})")
     parser.add_argument("--runs", type=int, default=100,
                         help="timed runs for K <= 4096 (larger K: runs/20, at least 3)")
     parser.add_argument("--python-max-k", type=int, default=4096,
@@ -145,9 +202,14 @@ def main(argv=None) -> int:
                         "least contended run; Python reference and Megatron: median)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="instead: time the refinement alone and print work units per ms "
+                        "(the basis of --skrull-plan-budget-ms's conversion)")
     args = parser.parse_args(argv)
     try:
-        cases = [tuple(int(x) for x in c.split(":")) for c in args.cases]
+        cases = ([tuple(int(x) for x in c.split(":")) for c in args.cases] if args.cases
+                 else list(CALIBRATE_CASES) if args.calibrate
+                 else [tuple(int(x) for x in c.split(":")) for c in DEFAULT_CASES])
     except ValueError:
         cases = []
     if not cases or any(len(c) != 2 or min(c) < 2 * CP for c in cases) or args.runs < 1:
@@ -158,8 +220,12 @@ def main(argv=None) -> int:
         print("error: C++ backend unavailable: build it (python setup.py build_ext --inplace) "
               "and unset SKRULL_IMPL=python", file=sys.stderr)
         return 2
-    rows = [bench_case(k, bucket, args) for k, bucket in cases]
-    print_table(rows, args.stat)
+    if args.calibrate:
+        rows = calibrate(args, cases)
+        print_calibration(rows, args.stat)
+    else:
+        rows = [bench_case(k, bucket, args) for k, bucket in cases]
+        print_table(rows, args.stat)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=2)

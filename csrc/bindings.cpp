@@ -6,6 +6,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <optional>
@@ -311,6 +312,32 @@ py::object portfolio_schedule(I64Array lengths, F64Array costs, F64Array comm,
                        overhead, variant, std::move(shares), objective, budget, flat);
 }
 
+// (ours) Calibration of --skrull-plan-budget-ms (benchmarks/bench_scheduler.py
+// --calibrate): the portfolio's unrefined plan, then refine() alone with `budget` work
+// units, timed here (no conversion); (work units counted, wall seconds of refine()).
+py::tuple refine_timing(I64Array lengths, F64Array costs, F64Array comm, double latency,
+                        int dp_size, int cp_size, int64_t bucket_size, double overhead,
+                        py::object shares, int objective, int64_t budget) {
+  BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
+  args.view.objective = to_objective(objective);
+  check_positive(dp_size, "dp_size");
+  check_positive(cp_size, "cp_size");
+  check_positive(bucket_size, "bucket_size");
+  int64_t spent = 0;
+  double seconds = 0.0;
+  {
+    py::gil_scoped_release release;
+    const skrull::GdsContext ctx{args.view, latency, cp_size, bucket_size,
+                                 skrull::Rollback::kAuto, skrull::Variant::kAuto};
+    auto splits = skrull::portfolio_schedule(args.view, latency, dp_size, cp_size, bucket_size,
+                                             ctx.rollback, overhead, ctx.variant, 0);
+    const auto start = std::chrono::steady_clock::now();
+    splits = skrull::refine(ctx, std::move(splits), overhead, budget, &spent);
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return py::make_tuple(spent, seconds);
+}
+
 // (ours) The portfolio's pack candidate alone (reference pack.pack_schedule), for tests.
 py::list pack_schedule(I64Array lengths, F64Array costs, py::object shares, int dp_size,
                        int cp_size, int64_t bucket_size, int64_t threshold) {
@@ -441,6 +468,11 @@ PYBIND11_MODULE(_C, mod) {
           py::arg("budget") = 0, py::arg("flat") = false,
           "GDS and the baselines' groupings under DACP; the fastest predicted plan, refined "
           "by local search within `budget` work units (0: none); flat as gds_schedule.");
+  mod.def("refine_timing", &refine_timing, py::arg("lengths"), py::arg("costs"),
+          py::arg("comm"), py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"),
+          py::arg("bucket_size"), py::arg("overhead"), py::arg("shares"), py::arg("objective"),
+          py::arg("budget"),
+          "(work units counted, seconds) of refining the unrefined portfolio plan.");
   mod.def("baseline_groups", &baseline_groups, py::arg("lengths"), py::arg("costs"),
           py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"), py::arg("name"),
           "A baseline's samples per DP rank and micro-batch (scheduler.baselines.GROUPINGS).");

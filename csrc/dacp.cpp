@@ -147,8 +147,12 @@ std::optional<Placement> place(const Batch& batch, std::vector<Index> idx, int c
     while (true) {
       int r = argmin(local_load);
       if (rem[r] < s) r = argmax(rem);
-      bool can_dist = n > 1 && *std::min_element(rem.begin(), rem.end()) >= sh;
-      if (rem[r] >= s) {  // steps a and b: local on the least loaded / emptiest rank
+      // Whether all ranks take its shard; only read below when it does not fit local or
+      // for the balanced test (C++ only: the scan is skipped otherwise, same steps).
+      const bool fits = rem[r] >= s;
+      bool can_dist = (!fits || balanced) && n > 1 &&
+                      *std::min_element(rem.begin(), rem.end()) >= sh;
+      if (fits) {  // steps a and b: local on the least loaded / emptiest rank
         if (balanced && can_dist) {  // (ours) unless distributing lowers the objective
           const double t_comm = dist.empty() ? 0.0 : comm_sum + latency;
           const double keep =
@@ -237,15 +241,24 @@ bool lpt_local(const Batch& batch, const int64_t* len, const double* cost, size_
   const double b = t_dist / n, c = paper ? 0.0 : t_comm / (n - 1);
   const double tail = static_cast<double>(n - 2) * std::max(b, c);
   const double limit = best_t ? *best_t : 0.0;
+  int64_t least_room = cap;  // every rank's room is >= this
   for (size_t p = first; p < count; ++p) {
     const int64_t s = len[p];
-    int r = -1;
-    for (int j = 0; j < n; ++j) {
-      if (rm[j] >= s && (r < 0 || ld[j] < ld[r])) r = j;
+    int r = 0;
+    if (s <= least_room) {  // every rank has room: the first least-loaded one
+      for (int j = 1; j < n; ++j) {
+        if (ld[j] < ld[r]) r = j;
+      }
+    } else {
+      r = -1;
+      for (int j = 0; j < n; ++j) {
+        if (rm[j] >= s && (r < 0 || ld[j] < ld[r])) r = j;
+      }
+      if (r < 0) return false;
     }
-    if (r < 0) return false;
     out[p] = r;
     rm[r] -= s;
+    least_room = std::min(least_room, rm[r]);
     const double x = ld[r] + cost[p];
     ld[r] = x;
     if (best_t) {  // rank_time(x, t_comm, t_dist, n, objective) >= *best_t

@@ -94,6 +94,7 @@ class Search {
   }
 
   bool spent() const { return work_ >= budget_; }
+  int64_t work() const { return work_; }
 
   bool step();
   std::vector<RankSplit> result() const;
@@ -431,11 +432,13 @@ std::vector<RankSplit> Search::result() const {
 }  // namespace
 
 std::vector<RankSplit> refine(const GdsContext& ctx, std::vector<RankSplit> splits,
-                              double overhead, int64_t budget) {
+                              double overhead, int64_t budget, int64_t* spent) {
+  if (spent) *spent = 0;
   if (budget <= 0) return splits;
   Search search(ctx, splits, overhead, budget);
   while (!search.spent() && search.step()) {
   }
+  if (spent) *spent = search.work();
   return search.result();
 }
 

@@ -196,8 +196,9 @@ std::vector<RankSplit> pack_schedule(const Batch& batch, int dp_size, int cp_siz
 
 // ---- refine.cpp: (ours) local search under the iteration time (reference refine.refine):
 // relocate / swap / merge moves from the slowest DP rank, at most `budget` work units.
+// `spent` (optional): the work units the search counted (benchmarks' calibration).
 std::vector<RankSplit> refine(const GdsContext& ctx, std::vector<RankSplit> splits,
-                              double overhead, int64_t budget);
+                              double overhead, int64_t budget, int64_t* spent = nullptr);
 
 // ---- bound.cpp: (C++ only) what schedule() checks and reports, without per-sample Python.
 // reference bound.lower_bound with subgroups=False, before the iteration overhead and

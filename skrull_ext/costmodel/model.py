@@ -388,16 +388,24 @@ class CostModel:
         s = lengths.astype(np.float64)
         linear, attention = model.linear_flops(s), model.attention_flops(s)
         calls = tm.attention_call_overhead * model.num_layers
-        costs = (tm.c_linear * linear
-                 + tm.c_attention * (attention * (1.0 + tm.attention_half_tokens / np.maximum(s, 1.0)))
-                 + calls)
+        half = tm.attention_half_tokens
+        linear_s = tm.c_linear * linear  # shared: shares' first term divides it by n
+        # Without the short-block surcharge (half = 0) its factor is 1.0 exactly, and
+        # without call overheads their term adds 0.0 to non-negative seconds: skipped.
+        att = attention if not half else attention * (1.0 + half / np.maximum(s, 1.0))
+        costs = linear_s + tm.c_attention * att
+        if calls:
+            costs = costs + calls
         if cp_size <= 1:
             return costs, np.zeros(lengths.shape, dtype=np.float64), costs
         n = float(cp_size)
         shard = shard_tokens_array(lengths, cp_size).astype(np.float64)
-        shares = (tm.c_linear * linear / n
-                  + tm.c_attention * (attention / n * (1.0 + tm.attention_half_tokens / shard))
-                  + calls * n)
+        att = attention / n
+        if half:
+            att = att * (1.0 + half / shard)
+        shares = linear_s / n + tm.c_attention * att
+        if calls:
+            shares = shares + calls * n
         kv_bytes = 2.0 * shard * model.kv_hidden_size * self.bytes_per_element
         comm = self._ring_steps(cp_size) * self.comm.linear_fit()[1] * kv_bytes
         return costs, comm, shares

@@ -192,19 +192,20 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
             placements, (count, *arrays, times, bound, valid) = placements
             flat = FlatPlan(count, *arrays, [], verified=valid)
             trusted = MicroBatch.trusted
-            ranks = [[trusted(*p) for p in mbs] for mbs in placements]
+            ranks = [tuple([trusted(*p) for p in mbs]) for mbs in placements]
         else:
             ranks = [[_to_micro_batch(p, config.cp_size) for p in mbs] for mbs in placements]
     else:
         ranks = BASELINES[config.policy](arr, costs, config.dp_size, config.cp_size,
                                          config.bucket_size)
-    m = max(1, max(len(r) for r in ranks))
-    if any(len(r) != m for r in ranks):
+    counts = {len(r) for r in ranks}
+    if len(counts) > 1 or 0 in counts:
+        m = max(1, max(counts))
         flat = times = None  # padding renumbers the micro-batches
         ranks = [list(r) + [MicroBatch.empty(config.cp_size)] * (m - len(r)) for r in ranks]
     plan = Plan(lengths=arr, dp_size=config.dp_size, cp_size=config.cp_size,
                 bucket_size=config.bucket_size, policy=config.policy,
-                dp_ranks=tuple(tuple(r) for r in ranks))
+                dp_ranks=tuple(map(tuple, ranks)))
     if flat is not None:
         plan.__dict__["flat"] = flat  # Plan.flat's cached_property slot
     plan.validate()
@@ -428,9 +429,13 @@ def _predict(plan: Plan, cost_model: CostModel, costs, comm, shares, times=None,
     else:
         flat_times = (times if times is not None
                       else _micro_batch_times(plan, flat, costs, comm, cost_model, shares))
-        flat_times = flat_times.tolist()
-        ends = np.cumsum([len(mbs) for mbs in plan.dp_ranks]).tolist()
-        mb_times = [flat_times[end - len(mbs):end] for mbs, end in zip(plan.dp_ranks, ends)]
+        d, m = len(plan.dp_ranks), plan.num_micro_batches
+        if flat.count == d * m and all(len(mbs) == m for mbs in plan.dp_ranks):
+            mb_times = flat_times.reshape(d, m).tolist()  # equal counts (every schedule())
+        else:
+            flat_times = flat_times.tolist()
+            ends = np.cumsum([len(mbs) for mbs in plan.dp_ranks]).tolist()
+            mb_times = [flat_times[end - len(mbs):end] for mbs, end in zip(plan.dp_ranks, ends)]
     rank_times = [float(sum(t)) for t in mb_times]
     fixed = cost_model.time.iteration_overhead
     return {

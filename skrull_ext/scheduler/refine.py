@@ -34,7 +34,8 @@ rank and every run for a given budget: pricing a micro-batch of ``s`` samples co
 ``s + N`` units, a DP rank's time or its fastest micro-batches its micro-batch count, a DACP placement
 :data:`PLACE_WORK_FACTOR` ``x (s + N)``.  It stops before the first evaluation that
 starts with the count at or above the budget.  ``budget_ms`` converts with
-:data:`WORK_UNITS_PER_MS`, measured for the C++ core (``benchmarks/bench_scheduler.py``).
+:data:`WORK_UNITS_PER_MS`, measured for the C++ core (``benchmarks/bench_scheduler.py
+--calibrate``).
 
 This module is the specification; ``csrc/refine.cpp`` mirrors it step for step
 (``tests/test_refine.py`` checks identical plans).
@@ -49,9 +50,11 @@ from skrull_ext.scheduler.reference import GdsContext, Placement, micro_batch_ti
 
 # Micro-batches tried per receiving DP rank (the fastest ones) by relocate, swap and merge.
 TARGETS = 4
-# Work units per ms of refinement in the C++ core (calibrated on the 2-vCPU dev machine,
-# benchmarks/bench_scheduler.py --calibrate); the Python reference is ~100x slower per unit.
-WORK_UNITS_PER_MS = 150_000
+# Work units per ms of the C++ core's search (`benchmarks/bench_scheduler.py --calibrate`
+# on the 2-vCPU dev machine: median 223K, 134-481K across K = 1,024-65,536 and buckets
+# 2K-26K; the one-off pricing of the plan before the search, 0.1-2 ms, is not counted);
+# the Python reference is ~100x slower per unit.
+WORK_UNITS_PER_MS = 225_000
 # Default --skrull-plan-budget-ms: keeps schedule() within the latency targets.
 DEFAULT_BUDGET_MS = 1.0
 # A DACP placement (dacp_best, auto: five candidates) costs this many pricings.
