@@ -425,6 +425,8 @@ py::list interleave(I64Array sorted_idx, int64_t m) {
 
 }  // namespace
 
+void bind_hybrid(py::module_& mod);  // hybrid_bindings.cpp
+
 PYBIND11_MODULE(_C, mod) {
   mod.doc() = "C++ core of the Skrull scheduler (DACP + GDS); mirrors scheduler/reference.py";
   mod.def("gds_schedule", &gds_schedule, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
@@ -468,4 +470,5 @@ PYBIND11_MODULE(_C, mod) {
           py::arg("bucket_size"), "Whether two sequences fit one micro-batch together.");
   mod.def("shard_tokens", &skrull::shard_tokens, py::arg("length"), py::arg("n"),
           "Tokens per rank of a sample zigzag-sharded over n ranks.");
+  bind_hybrid(mod);
 }
