@@ -3,6 +3,7 @@
 // prediction with CP sub-group rings (scheduler._micro_batch_times / _grouped_times, the
 // same float operations: bit-identical); see scheduler.h.
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "scheduler.h"
@@ -114,6 +115,14 @@ class HybridFirstFit {
   std::vector<int64_t> cap_, run_max_;  // [micro-batch][size], [run][size]
 };
 
+// An integer whose ascending order is x's descending order (-0.0 as 0.0; x not NaN).
+uint64_t descending_key(double x) {
+  x += 0.0;
+  uint64_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return ~(bits >> 63 ? ~bits : bits | (uint64_t{1} << 63));
+}
+
 // Each DP rank's hybrid-CP micro-batches (reference baselines._hybrid_micro_batches).
 std::vector<std::vector<HybridMicroBatch>> hybrid_micro_batches(const Batch& batch, int dp_size,
                                                                 int cp_size, int64_t bucket_size) {
@@ -121,14 +130,15 @@ std::vector<std::vector<HybridMicroBatch>> hybrid_micro_batches(const Batch& bat
   const double* costs = batch.costs;
   const int64_t base = batch.size / dp_size, extra = batch.size % dp_size;
   Index next = 0;
+  std::vector<std::pair<uint64_t, Index>> keyed;
   for (int d = 0; d < dp_size; ++d) {  // numpy.array_split's contiguous slices
-    std::vector<Index> slice(static_cast<size_t>(base + (d < extra ? 1 : 0)));
-    for (Index& i : slice) i = next++;
-    std::stable_sort(slice.begin(), slice.end(),
-                     [costs](Index a, Index b) { return costs[a] > costs[b]; });
+    keyed.resize(static_cast<size_t>(base + (d < extra ? 1 : 0)));
+    for (auto& [key, i] : keyed) key = descending_key(costs[i = next++]);
+    // Cost descending, then index: a stable sort by cost, ~2x faster on contiguous pairs.
+    std::sort(keyed.begin(), keyed.end());
     std::vector<HybridMicroBatch> mbs;
     HybridFirstFit fit(cp_size);
-    for (Index i : slice) {
+    for (const auto& [key, i] : keyed) {
       const int n = static_cast<int>(hybrid_cp_size(batch.lengths[i], cp_size, bucket_size));
       int64_t m = fit.find(n, shard_tokens(batch.lengths[i], n));
       if (m < 0) {
@@ -252,17 +262,17 @@ HybridPlan hybrid_candidate(const Batch& batch, const SubgroupPrices& sub, doubl
   plan.per_rank = static_cast<int64_t>(m);
   std::vector<double> local(static_cast<size_t>(cp_size)), extra(local);
   std::vector<Ring> rings;
-  const HybridMicroBatch empty;
+  HybridMicroBatch empty;
   for (auto& mbs : ranks) {
     double total = 0.0;  // Python's sum() over the DP rank's micro-batch times, in order
     for (size_t j = 0; j < m; ++j) {
-      const HybridMicroBatch& mb = j < mbs.size() ? mbs[j] : empty;
+      HybridMicroBatch& mb = j < mbs.size() ? mbs[j] : empty;
       const double t = priced(mb, plan.sizes, batch, sub, latency, cp_size, overhead, local,
                               extra, rings);
       total += t;
       plan.times.push_back(t);
-      plan.items.push_back(mb.items);
-      plan.firsts.push_back(mb.firsts);
+      plan.items.push_back(std::move(mb.items));
+      plan.firsts.push_back(std::move(mb.firsts));
     }
     plan.rank_times.push_back(total);
   }

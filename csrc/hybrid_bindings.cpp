@@ -36,9 +36,17 @@ const double* checked(const F64Array& a, int64_t k, const char* name) {
 }
 
 py::tuple ints(const std::vector<Index>& v) {
-  py::tuple out(v.size());
-  for (size_t j = 0; j < v.size(); ++j) out[j] = py::int_(v[j]);
-  return out;
+  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(v.size()));
+  if (!out) throw py::error_already_set();
+  for (size_t j = 0; j < v.size(); ++j) {
+    PyObject* item = PyLong_FromLongLong(v[j]);
+    if (!item) {
+      Py_DECREF(out);
+      throw py::error_already_set();
+    }
+    PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(j), item);
+  }
+  return py::reinterpret_steal<py::tuple>(out);
 }
 
 py::array_t<int64_t> int_array(const std::vector<int64_t>& v) {
@@ -135,7 +143,11 @@ py::tuple hybrid_candidate(I64Array lengths, F64Array costs, F64Array shares, F6
   for (double t : plan.rank_times) slowest = std::max(slowest, t);
   const double iteration = slowest + fixed;
   if (!(iteration < limit * (1.0 + margin))) return py::make_tuple(iteration, py::none());
-  return py::make_tuple(iteration, plan_objects(plan, dp_size, cp_size));
+  // Many fresh tuples: without the pause the cyclic GC would run repeatedly over them.
+  const bool gc = PyGC_Disable() == 1;
+  py::tuple out = py::make_tuple(iteration, plan_objects(plan, dp_size, cp_size));
+  if (gc) PyGC_Enable();
+  return out;
 }
 
 }  // namespace
