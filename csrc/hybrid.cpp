@@ -19,8 +19,18 @@ struct HybridMicroBatch {
   std::vector<Index> firsts;  // first CP rank of each item's block
 };
 
-bool hybrid_place(HybridMicroBatch& mb, const Batch& batch, Index i, int n, int cp_size) {
-  const int64_t sh = shard_tokens(batch.lengths[i], n);
+// Sample i's CP group size n, tokens per rank of its block and compute per rank (costs[i]
+// / n, the reference's load increment), computed once per sample.
+struct HybridItem {
+  Index i;
+  int n;
+  int64_t shard;
+  double load;
+};
+
+bool hybrid_place(HybridMicroBatch& mb, const HybridItem& it, int cp_size) {
+  const int n = it.n;
+  const int64_t sh = it.shard;
   int best_first = -1;
   double best_load = 0.0;
   for (int first = 0; first + n <= cp_size; first += n) {
@@ -38,9 +48,9 @@ bool hybrid_place(HybridMicroBatch& mb, const Batch& batch, Index i, int n, int 
   if (best_first < 0) return false;
   for (int r = best_first; r < best_first + n; ++r) {
     mb.rem[r] -= sh;
-    mb.load[r] += batch.costs[i] / n;
+    mb.load[r] += it.load;
   }
-  mb.items.push_back(i);
+  mb.items.push_back(it.i);
   mb.firsts.push_back(best_first);
   return true;
 }
@@ -123,6 +133,26 @@ uint64_t descending_key(double x) {
   return ~(bits >> 63 ? ~bits : bits | (uint64_t{1} << 63));
 }
 
+// Stable LSD radix sort of (key, index) pairs by key, 11 bits per pass, skipping the passes
+// where every key has the same digit (the high bits of similar costs): ~4x faster than
+// std::sort on a DP rank's 16K samples.
+void radix_sort(std::vector<std::pair<uint64_t, Index>>& v,
+                std::vector<std::pair<uint64_t, Index>>& spare) {
+  constexpr int kBits = 11;
+  constexpr size_t kBuckets = size_t{1} << kBits;
+  spare.resize(v.size());
+  std::vector<size_t> count(kBuckets);
+  for (int shift = 0; shift < 64; shift += kBits) {
+    std::fill(count.begin(), count.end(), 0);
+    for (const auto& x : v) ++count[(x.first >> shift) & (kBuckets - 1)];
+    if (v.empty() || count[(v[0].first >> shift) & (kBuckets - 1)] == v.size()) continue;
+    size_t sum = 0;
+    for (auto& c : count) sum += std::exchange(c, sum);
+    for (const auto& x : v) spare[count[(x.first >> shift) & (kBuckets - 1)]++] = x;
+    v.swap(spare);
+  }
+}
+
 // Each DP rank's hybrid-CP micro-batches (reference baselines._hybrid_micro_batches).
 std::vector<std::vector<HybridMicroBatch>> hybrid_micro_batches(const Batch& batch, int dp_size,
                                                                 int cp_size, int64_t bucket_size) {
@@ -130,23 +160,23 @@ std::vector<std::vector<HybridMicroBatch>> hybrid_micro_batches(const Batch& bat
   const double* costs = batch.costs;
   const int64_t base = batch.size / dp_size, extra = batch.size % dp_size;
   Index next = 0;
-  std::vector<std::pair<uint64_t, Index>> keyed;
+  std::vector<std::pair<uint64_t, Index>> keyed, spare;
   for (int d = 0; d < dp_size; ++d) {  // numpy.array_split's contiguous slices
     keyed.resize(static_cast<size_t>(base + (d < extra ? 1 : 0)));
     for (auto& [key, i] : keyed) key = descending_key(costs[i = next++]);
-    // Cost descending, then index: a stable sort by cost, ~2x faster on contiguous pairs.
-    std::sort(keyed.begin(), keyed.end());
+    radix_sort(keyed, spare);  // cost descending, ties by index (a stable sort by cost)
     std::vector<HybridMicroBatch> mbs;
     HybridFirstFit fit(cp_size);
     for (const auto& [key, i] : keyed) {
       const int n = static_cast<int>(hybrid_cp_size(batch.lengths[i], cp_size, bucket_size));
-      int64_t m = fit.find(n, shard_tokens(batch.lengths[i], n));
+      const HybridItem it{i, n, shard_tokens(batch.lengths[i], n), costs[i] / n};
+      int64_t m = fit.find(n, it.shard);
       if (m < 0) {
         m = static_cast<int64_t>(mbs.size());
         mbs.push_back({std::vector<int64_t>(cp_size, bucket_size),
                        std::vector<double>(cp_size, 0.0), {}, {}});
       }
-      hybrid_place(mbs[static_cast<size_t>(m)], batch, i, n, cp_size);
+      hybrid_place(mbs[static_cast<size_t>(m)], it, cp_size);
       fit.update(static_cast<size_t>(m), mbs[static_cast<size_t>(m)].rem);
     }
     out.push_back(std::move(mbs));

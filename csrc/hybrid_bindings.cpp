@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -49,6 +50,27 @@ py::tuple ints(const std::vector<Index>& v) {
   return py::reinterpret_steal<py::tuple>(out);
 }
 
+// Pauses Python's cyclic GC while building a winning plan's many fresh tuples (it would
+// otherwise run repeatedly over them).
+class GcPause {
+ public:
+  GcPause() : was_enabled_(PyGC_Disable() == 1) {}
+  ~GcPause() {
+    if (was_enabled_) PyGC_Enable();
+  }
+  GcPause(const GcPause&) = delete;
+  GcPause& operator=(const GcPause&) = delete;
+
+ private:
+  bool was_enabled_;
+};
+
+// A tuple of ints from the C API (pybind11's make_tuple casts each item: ~5x slower, which
+// counts for the thousands of grouped placements of a large plan).
+py::tuple row(std::initializer_list<Index> v) {
+  return ints(std::vector<Index>(v));
+}
+
 py::array_t<int64_t> int_array(const std::vector<int64_t>& v) {
   py::array_t<int64_t> out(static_cast<py::ssize_t>(v.size()));
   std::copy(v.begin(), v.end(), out.mutable_data());
@@ -69,7 +91,7 @@ py::tuple plan_objects(const skrull::HybridPlan& plan, int dp_size, int cp_size)
       const auto& items = plan.items[static_cast<size_t>(g)];
       const auto& firsts = plan.firsts[static_cast<size_t>(g)];
       std::vector<Index> dist;
-      py::list grouped;
+      std::vector<py::tuple> grouped;
       for (auto& r : local) r.clear();
       for (size_t q = 0; q < items.size(); ++q) {
         const Index i = items[q], first = firsts[q];
@@ -81,8 +103,8 @@ py::tuple plan_objects(const skrull::HybridPlan& plan, int dp_size, int cp_size)
         } else if (size == 1) {
           local[static_cast<size_t>(first)].push_back(i);
         } else {
-          grouped.append(py::make_tuple(i, first, size));
-          grouped_rows.append(py::make_tuple(g, i, first, size));
+          grouped.push_back(row({i, first, size}));
+          grouped_rows.append(row({g, i, first, size}));
         }
       }
       py::tuple local_t(n);
@@ -93,7 +115,9 @@ py::tuple plan_objects(const skrull::HybridPlan& plan, int dp_size, int cp_size)
           local_slot.push_back(g * cp_size + static_cast<int64_t>(r));
         }
       }
-      mbs[static_cast<size_t>(j)] = py::make_tuple(ints(dist), local_t, py::tuple(grouped));
+      py::tuple grouped_t(grouped.size());
+      for (size_t q = 0; q < grouped.size(); ++q) grouped_t[q] = std::move(grouped[q]);
+      mbs[static_cast<size_t>(j)] = py::make_tuple(ints(dist), local_t, grouped_t);
     }
     ranks[static_cast<size_t>(d)] = mbs;
   }
@@ -143,11 +167,8 @@ py::tuple hybrid_candidate(I64Array lengths, F64Array costs, F64Array shares, F6
   for (double t : plan.rank_times) slowest = std::max(slowest, t);
   const double iteration = slowest + fixed;
   if (!(iteration < limit * (1.0 + margin))) return py::make_tuple(iteration, py::none());
-  // Many fresh tuples: without the pause the cyclic GC would run repeatedly over them.
-  const bool gc = PyGC_Disable() == 1;
-  py::tuple out = py::make_tuple(iteration, plan_objects(plan, dp_size, cp_size));
-  if (gc) PyGC_Enable();
-  return out;
+  GcPause pause;
+  return py::make_tuple(iteration, plan_objects(plan, dp_size, cp_size));
 }
 
 }  // namespace

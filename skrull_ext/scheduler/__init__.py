@@ -274,7 +274,7 @@ def _hybrid_cpp(arr, config: SchedulerConfig, cost_model: CostModel, arrays, sub
     check); ``None`` when it cannot beat ``best`` (nothing built in Python then)."""
     n = config.cp_size
     latency = np.zeros(n + 1)
-    for g in range(2, n):
+    for g in (1 << j for j in range(1, (n - 1).bit_length())):  # the sizes 1 < g < N
         latency[g] = cost_model.comm_latency(g)
     _, got = _backend.CPP.hybrid_candidate(
         arr, arrays[0], arrays[1], arrays[2], sub[1], sub[2], latency,
@@ -300,10 +300,11 @@ def _subgroup_arrays(arr, n: int, c: int, cost_model: CostModel):
     sizes = hybrid_size_array(arr, n, c)
     share = np.zeros(arr.size, dtype=np.float64)
     comm = np.zeros(arr.size, dtype=np.float64)
-    for g in np.unique(sizes[(sizes > 1) & (sizes < n)]).tolist():
-        sel = sizes == g
-        share[sel] = cost_model.share_seconds(arr[sel], g)
-        comm[sel] = cost_model.comm_seconds(arr[sel], g)
+    for g in (1 << j for j in range(1, (n - 1).bit_length())):  # the sizes 1 < g < N
+        sel = np.flatnonzero(sizes == g)
+        if sel.size:
+            share[sel] = cost_model.share_seconds(arr[sel], g)
+            comm[sel] = cost_model.comm_seconds(arr[sel], g)
     return sizes, share, comm
 
 
