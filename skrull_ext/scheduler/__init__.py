@@ -219,9 +219,9 @@ def _hybrid_candidate(plan: Plan, config: SchedulerConfig, cost_model: CostModel
                       arrays, backend: str = "python") -> Plan:
     """(ours) Hybrid CP's own plan, CP sub-group rings included, as a last candidate.
 
-    Samples longer than the bucket can be sharded over a 2..N/2-rank sub-group instead of
+    Samples longer than the bucket can be sharded over a sub-group of 2, 4, .. < N ranks instead of
     all N ranks (the DACP attention runs those rings, docs/attention.md): smaller rings
-    run larger, more efficient blocks.  Built only when it can matter: CP >= 4, some
+    run larger, more efficient blocks.  Built only when it can matter: CP >= 3, some
     sample fits such a sub-group, and Skrull's prediction is above
     :func:`_hybrid_bound`.  No size rule (unlike the portfolio's groupings): with ~1,000
     micro-batches per DP rank (K = 65,536, bucket 2K, CP 8) hybrid CP's plan is 26% faster
@@ -236,7 +236,10 @@ def _hybrid_candidate(plan: Plan, config: SchedulerConfig, cost_model: CostModel
         backend: ``cpp`` or ``python`` (as :func:`schedule`'s).
     """
     arr, n, c = plan.lengths, config.cp_size, config.bucket_size
-    if not config.subgroups or n < 4 or not np.any((arr > c) & (shard_tokens_array(arr, n // 2) <= c)):
+    if not config.subgroups or n < 3:
+        return plan
+    widest = 1 << ((n - 1).bit_length() - 1)  # hybrid CP's widest sub-group: 2^k < N
+    if not np.any((arr > c) & (shard_tokens_array(arr, widest) <= c)):
         return plan
     best = plan.predicted["iteration_time"]
     if best <= _hybrid_floor(arr, config, cost_model, arrays[0]):
