@@ -1,7 +1,7 @@
 """The hybrid-CP candidate built and priced in the C++ core (``_C.hybrid_candidate``) against
 the Python build, the spec (``scheduler._hybrid_python`` on the pure-Python grouping): the
-same plan, bit-identical predictions, the same winner, on random batches with CP 4/8/16,
-several buckets and DP sizes, both objectives."""
+same plan, bit-identical predictions, the same winner, on random batches with CP
+3/4/6/8/16, several buckets and DP sizes, both objectives."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,11 +19,11 @@ _C = pytest.importorskip("skrull_ext._C", reason="C++ extension not built")
 
 
 def _batches(seed: int, count: int):
-    """``(lengths, config, cost_model)`` with CP 4/8/16, buckets 256-2048, DP 1-4, both
+    """``(lengths, config, cost_model)`` with CP 3-16, buckets 256-2048, DP 1-4, both
     objectives; lengths log-normal (many longer than the bucket), each fits distributed."""
     rng = np.random.default_rng(seed)
     for j in range(count):
-        cp, bucket = (4, 8, 16)[j % 3], (256, 512, 1024, 2048)[j // 3 % 4]
+        cp, bucket = (4, 8, 16, 3, 6)[j % 5], (256, 512, 1024, 2048)[j // 5 % 4]
         cm = dataclasses.replace(default_cost_model(), objective=("paper", "ring")[j % 2])
         k = int(rng.integers(8, 300))
         lengths = np.exp(rng.normal(6.3, 1.3, k)).astype(np.int64) + 1
@@ -46,7 +46,7 @@ def _both(monkeypatch, lengths, cfg, cm, best):
 
 def test_cpp_candidate_is_the_python_plan_bit_for_bit(monkeypatch):
     grouped = 0
-    for lengths, cfg, cm in _batches(0, 36):
+    for lengths, cfg, cm in _batches(0, 40):
         (plan, predicted), (ref, ref_predicted) = _both(monkeypatch, lengths, cfg, cm, np.inf)
         assert plan.dp_ranks == ref.dp_ranks, (lengths.tolist(), cfg)
         assert predicted == ref_predicted  # float64, exactly: the same float operations
