@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "gc_pause.h"
 #include "scheduler.h"
 
 namespace py = pybind11;
@@ -128,20 +129,7 @@ py::tuple int_tuple(const std::vector<Index>& v) {
   return py::reinterpret_steal<py::tuple>(int_seq<true>(v));
 }
 
-// Pauses Python's cyclic GC while building a large result: the many fresh lists would
-// otherwise trigger repeated full collections (half the conversion time for big plans).
-class GcPause {
- public:
-  GcPause() : was_enabled_(PyGC_Disable() == 1) {}
-  ~GcPause() {
-    if (was_enabled_) PyGC_Enable();
-  }
-  GcPause(const GcPause&) = delete;
-  GcPause& operator=(const GcPause&) = delete;
-
- private:
-  bool was_enabled_;
-};
+using skrull_py::GcPause;  // gc_pause.h
 
 // (distributed, local) as tuples of ints: MicroBatch's own field types.
 py::tuple placement_tuple(const skrull::Placement& p) {

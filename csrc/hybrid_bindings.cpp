@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gc_pause.h"
 #include "scheduler.h"
 
 namespace py = pybind11;
@@ -49,21 +50,6 @@ py::tuple ints(const std::vector<Index>& v) {
   }
   return py::reinterpret_steal<py::tuple>(out);
 }
-
-// Pauses Python's cyclic GC while building a winning plan's many fresh tuples (it would
-// otherwise run repeatedly over them).
-class GcPause {
- public:
-  GcPause() : was_enabled_(PyGC_Disable() == 1) {}
-  ~GcPause() {
-    if (was_enabled_) PyGC_Enable();
-  }
-  GcPause(const GcPause&) = delete;
-  GcPause& operator=(const GcPause&) = delete;
-
- private:
-  bool was_enabled_;
-};
 
 // A tuple of ints from the C API (pybind11's make_tuple casts each item: ~5x slower, which
 // counts for the thousands of grouped placements of a large plan).
@@ -167,7 +153,7 @@ py::tuple hybrid_candidate(I64Array lengths, F64Array costs, F64Array shares, F6
   for (double t : plan.rank_times) slowest = std::max(slowest, t);
   const double iteration = slowest + fixed;
   if (!(iteration < limit * (1.0 + margin))) return py::make_tuple(iteration, py::none());
-  GcPause pause;
+  skrull_py::GcPause pause;  // a winning plan is many fresh tuples
   return py::make_tuple(iteration, plan_objects(plan, dp_size, cp_size));
 }
 
