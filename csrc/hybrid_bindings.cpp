@@ -63,9 +63,25 @@ py::array_t<int64_t> int_array(const std::vector<int64_t>& v) {
   return out;
 }
 
+// An instance of `cls` (scheduler.plan.MicroBatch) with these fields, as
+// MicroBatch.trusted builds it (object.__new__, then its __dict__) without a Python call
+// per micro-batch.
+py::object micro_batch(const py::object& cls, py::tuple dist, py::tuple local, py::tuple grouped) {
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  py::object obj = py::reinterpret_steal<py::object>(type->tp_alloc(type, 0));
+  if (!obj) throw py::error_already_set();
+  py::dict fields;
+  fields["distributed"] = std::move(dist);
+  fields["local"] = std::move(local);
+  fields["grouped"] = std::move(grouped);
+  if (PyObject_GenericSetDict(obj.ptr(), fields.ptr(), nullptr) != 0) throw py::error_already_set();
+  return obj;
+}
+
 // The plan as MicroBatch fields and scheduler.plan.FlatPlan's arrays (flatten_placements'
 // order: distributed, local rank by rank, grouped; each in placement order).
-py::tuple plan_objects(const skrull::HybridPlan& plan, int dp_size, int cp_size) {
+py::tuple plan_objects(const skrull::HybridPlan& plan, int dp_size, int cp_size,
+                       const py::object& cls) {
   const size_t n = static_cast<size_t>(cp_size);
   std::vector<int64_t> dist_ids, dist_mb, local_ids, local_slot;
   py::list grouped_rows, ranks(static_cast<size_t>(dp_size));
@@ -103,7 +119,9 @@ py::tuple plan_objects(const skrull::HybridPlan& plan, int dp_size, int cp_size)
       }
       py::tuple grouped_t(grouped.size());
       for (size_t q = 0; q < grouped.size(); ++q) grouped_t[q] = std::move(grouped[q]);
-      mbs[static_cast<size_t>(j)] = py::make_tuple(ints(dist), local_t, grouped_t);
+      mbs[static_cast<size_t>(j)] = cls.is_none()
+                                        ? py::object(py::make_tuple(ints(dist), local_t, grouped_t))
+                                        : micro_batch(cls, ints(dist), local_t, grouped_t);
     }
     ranks[static_cast<size_t>(d)] = mbs;
   }
@@ -122,7 +140,7 @@ py::tuple hybrid_candidate(I64Array lengths, F64Array costs, F64Array shares, F6
                            F64Array sub_share, F64Array sub_comm, F64Array sub_latency,
                            double latency, int dp_size, int cp_size, int64_t bucket_size,
                            double overhead, double fixed, int objective, double limit,
-                           double margin) {
+                           double margin, py::object micro_batch_cls) {
   if (lengths.ndim() != 1) throw py::value_error("lengths must be a 1-D array");
   const int64_t k = lengths.shape(0);
   if (dp_size < 1 || cp_size < 1 || cp_size > (1 << 16) || bucket_size < 1 ||
@@ -130,6 +148,9 @@ py::tuple hybrid_candidate(I64Array lengths, F64Array costs, F64Array shares, F6
     throw py::value_error("need dp_size >= 1, 1 <= cp_size <= 65536, 1 <= bucket_size <= 2^40");
   }
   if (objective < 0 || objective > 1) throw py::value_error("objective must be 0 or 1");
+  if (!micro_batch_cls.is_none() && !PyType_Check(micro_batch_cls.ptr())) {
+    throw py::type_error("micro_batch must be a class (scheduler.plan.MicroBatch) or None");
+  }
   for (int64_t i = 0; i < k; ++i) {
     const int64_t s = lengths.data()[i];
     if (s < 1 || skrull::shard_tokens(s, cp_size) > bucket_size) {
@@ -154,7 +175,7 @@ py::tuple hybrid_candidate(I64Array lengths, F64Array costs, F64Array shares, F6
   const double iteration = slowest + fixed;
   if (!(iteration < limit * (1.0 + margin))) return py::make_tuple(iteration, py::none());
   skrull_py::GcPause pause;  // a winning plan is many fresh tuples
-  return py::make_tuple(iteration, plan_objects(plan, dp_size, cp_size));
+  return py::make_tuple(iteration, plan_objects(plan, dp_size, cp_size, micro_batch_cls));
 }
 
 }  // namespace
@@ -164,9 +185,10 @@ void bind_hybrid(py::module_& mod) {
           py::arg("shares"), py::arg("comm"), py::arg("sub_share"), py::arg("sub_comm"),
           py::arg("sub_latency"), py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"),
           py::arg("bucket_size"), py::arg("overhead"), py::arg("fixed"), py::arg("objective"),
-          py::arg("limit"), py::arg("margin") = 1e-9,
+          py::arg("limit"), py::arg("margin") = 1e-9, py::arg("micro_batch") = py::none(),
           "(ours) Hybrid CP's plan priced with its CP sub-group rings: (iteration seconds, "
           "None) unless within `margin` of beating `limit`, else (iteration seconds, "
-          "(per DP rank [(distributed, local, grouped)], (count, dist_ids, dist_mb, "
+          "(per DP rank [(distributed, local, grouped)] or, given the class, [micro_batch], "
+          "(count, dist_ids, dist_mb, "
           "local_ids, local_slot, grouped rows, micro_batch_seconds, valid))).");
 }

@@ -283,14 +283,13 @@ def _hybrid_cpp(arr, config: SchedulerConfig, cost_model: CostModel, arrays, sub
         arr, arrays[0], arrays[1], arrays[2], sub[1], sub[2], latency,
         cost_model.comm_latency(n), config.dp_size, n, config.bucket_size,
         cost_model.micro_batch_overhead, cost_model.time.iteration_overhead,
-        _OBJECTIVE_CODES[cost_model.objective], best)
+        _OBJECTIVE_CODES[cost_model.objective], best, micro_batch=MicroBatch)
     if got is None:
         return None
-    ranks, (count, *flat_arrays, grouped, times, valid) = got
-    trusted = MicroBatch.trusted
+    ranks, (count, *flat_arrays, grouped, times, valid) = got  # MicroBatch.trusted objects
     cand = Plan(lengths=arr, dp_size=config.dp_size, cp_size=n,
                 bucket_size=config.bucket_size, policy="skrull",
-                dp_ranks=tuple(tuple(trusted(*mb) for mb in mbs) for mbs in ranks))
+                dp_ranks=tuple(map(tuple, ranks)))
     cand.__dict__["flat"] = FlatPlan(count, *flat_arrays, grouped, verified=valid)
     cand.validate()
     return cand, _predict(cand, cost_model, arrays[0], arrays[2], arrays[1], times)
