@@ -219,8 +219,8 @@ def _hybrid_candidate(plan: Plan, config: SchedulerConfig, cost_model: CostModel
                       arrays, backend: str = "python") -> Plan:
     """(ours) Hybrid CP's own plan, CP sub-group rings included, as a last candidate.
 
-    Samples longer than the bucket can be sharded over a sub-group of 2, 4, .. < N ranks instead of
-    all N ranks (the DACP attention runs those rings, docs/attention.md): smaller rings
+    Samples longer than the bucket can be sharded over a sub-group of 2, 4, .. < N ranks
+    instead of all N (the DACP attention runs those rings, docs/attention.md): smaller rings
     run larger, more efficient blocks.  Built only when it can matter: CP >= 3, some
     sample fits such a sub-group, and Skrull's prediction is above
     :func:`_hybrid_bound`.  No size rule (unlike the portfolio's groupings): with ~1,000
