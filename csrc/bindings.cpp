@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "gc_pause.h"
 #include "scheduler.h"
 
 namespace py = pybind11;
@@ -129,20 +130,7 @@ py::tuple int_tuple(const std::vector<Index>& v) {
   return py::reinterpret_steal<py::tuple>(int_seq<true>(v));
 }
 
-// Pauses Python's cyclic GC while building a large result: the many fresh lists would
-// otherwise trigger repeated full collections (half the conversion time for big plans).
-class GcPause {
- public:
-  GcPause() : was_enabled_(PyGC_Disable() == 1) {}
-  ~GcPause() {
-    if (was_enabled_) PyGC_Enable();
-  }
-  GcPause(const GcPause&) = delete;
-  GcPause& operator=(const GcPause&) = delete;
-
- private:
-  bool was_enabled_;
-};
+using skrull_py::GcPause;  // gc_pause.h
 
 // (distributed, local) as tuples of ints: MicroBatch's own field types.
 py::tuple placement_tuple(const skrull::Placement& p) {
@@ -452,6 +440,8 @@ py::list interleave(I64Array sorted_idx, int64_t m) {
 
 }  // namespace
 
+void bind_hybrid(py::module_& mod);  // hybrid_bindings.cpp
+
 PYBIND11_MODULE(_C, mod) {
   mod.doc() = "C++ core of the Skrull scheduler (DACP + GDS); mirrors scheduler/reference.py";
   mod.def("gds_schedule", &gds_schedule, py::arg("lengths"), py::arg("costs"), py::arg("comm"),
@@ -500,4 +490,5 @@ PYBIND11_MODULE(_C, mod) {
           py::arg("bucket_size"), "Whether two sequences fit one micro-batch together.");
   mod.def("shard_tokens", &skrull::shard_tokens, py::arg("length"), py::arg("n"),
           "Tokens per rank of a sample zigzag-sharded over n ranks.");
+  bind_hybrid(mod);
 }

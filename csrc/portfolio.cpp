@@ -1,6 +1,6 @@
 // (ours) The baselines' groupings and Skrull's portfolio over them.
-// Mirrors per_seq_cp_groups / all_cp_groups / sorted_groups / karmarkar_karp / kk_groups /
-// hybrid_cp_size / hybrid_cp_groups of skrull_ext/scheduler/baselines.py and
+// Mirrors per_seq_cp_groups / all_cp_groups / sorted_groups / karmarkar_karp / kk_groups
+// of skrull_ext/scheduler/baselines.py (hybrid CP's grouping: hybrid.cpp) and
 // grouping_work / all_distributed / place_group / place_groups / dacp_each / iteration_time /
 // portfolio_schedule of skrull_ext/scheduler/portfolio.py; see scheduler.h.
 #include <algorithm>
@@ -53,40 +53,6 @@ std::vector<std::vector<Index>> array_split(int64_t size, int parts) {
     for (int64_t p = 0; p < count; ++p) out[d].push_back(next++);
   }
   return out;
-}
-
-// Puts sample i on the least-loaded aligned block of n ranks with room (_hybrid_place).
-struct HybridMicroBatch {
-  std::vector<int64_t> rem;
-  std::vector<double> load;
-  std::vector<Index> items;
-  std::vector<Index> firsts;  // first CP rank of each item's block
-};
-
-bool hybrid_place(HybridMicroBatch& mb, const Batch& batch, Index i, int n, int cp_size) {
-  const int64_t sh = shard_tokens(batch.lengths[i], n);
-  int best_first = -1;
-  double best_load = 0.0;
-  for (int first = 0; first + n <= cp_size; first += n) {
-    bool room = true;
-    double load = mb.load[first];
-    for (int r = first; r < first + n; ++r) {
-      room = room && mb.rem[r] >= sh;
-      load = std::max(load, mb.load[r]);
-    }
-    if (room && (best_first < 0 || load < best_load)) {
-      best_first = first;
-      best_load = load;
-    }
-  }
-  if (best_first < 0) return false;
-  for (int r = best_first; r < best_first + n; ++r) {
-    mb.rem[r] -= sh;
-    mb.load[r] += batch.costs[i] / n;
-  }
-  mb.items.push_back(i);
-  mb.firsts.push_back(best_first);
-  return true;
 }
 
 int64_t grouping_work(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
@@ -495,130 +461,6 @@ Groups kk_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_si
       }
     }
     out.push_back(std::move(parts));
-  }
-  return out;
-}
-
-int64_t hybrid_cp_size(int64_t length, int cp_size, int64_t bucket_size) {
-  int64_t n = 1;
-  while (n < cp_size && shard_tokens(length, n) > bucket_size) n *= 2;
-  return std::min<int64_t>(n, cp_size);
-}
-
-namespace {
-
-// First fit over a DP rank's hybrid-CP micro-batches without scanning them all: for every
-// block size g (1, 2, 4, ... and cp_size), cap[m][g] = the most tokens an aligned g-block of
-// micro-batch m can still take on each of its ranks (max over blocks of their min room),
-// and each run of kRun micro-batches keeps the max of its members' caps.  hybrid_place
-// succeeds on m exactly when cap[m][g] >= the shard, so the first micro-batch found here is
-// the one the reference's linear scan finds (same plans), in O(M / kRun + kRun) per sample
-// instead of O(M cp_size): K = 65,536 with ~1,000 micro-batches per DP rank took ~1 s.
-class HybridFirstFit {
- public:
-  HybridFirstFit(int cp_size) : cp_(cp_size) {
-    for (int g = 1; g < cp_size; g *= 2) sizes_.push_back(g);
-    sizes_.push_back(cp_size);
-  }
-  int slot(int n) const {
-    return static_cast<int>(std::find(sizes_.begin(), sizes_.end(), n) - sizes_.begin());
-  }
-  // Index of the first micro-batch with an aligned n-block of room >= need, or -1.
-  int64_t find(int n, int64_t need) const {
-    const size_t s = static_cast<size_t>(slot(n)), k = sizes_.size();
-    for (size_t run = 0; run < run_max_.size() / k; ++run) {
-      if (run_max_[run * k + s] < need) continue;
-      const size_t end = std::min(cap_.size() / k, (run + 1) * kRun);
-      for (size_t m = run * kRun; m < end; ++m)
-        if (cap_[m * k + s] >= need) return static_cast<int64_t>(m);
-    }
-    return -1;
-  }
-  // Recomputes micro-batch m's caps (appending it if new) and its run's maxima.
-  void update(size_t m, const std::vector<int64_t>& rem) {
-    const size_t k = sizes_.size();
-    if (cap_.size() < (m + 1) * k) cap_.resize((m + 1) * k, 0);
-    for (size_t s = 0; s < k; ++s) {
-      const int g = sizes_[s];
-      int64_t best = -1;
-      for (int first = 0; first + g <= cp_; first += g)
-        best = std::max(best, *std::min_element(rem.begin() + first, rem.begin() + first + g));
-      cap_[m * k + s] = best;
-    }
-    const size_t run = m / kRun;
-    if (run_max_.size() < (run + 1) * k) run_max_.resize((run + 1) * k, -1);
-    const size_t end = std::min(cap_.size() / k, (run + 1) * kRun);
-    for (size_t s = 0; s < k; ++s) {
-      int64_t best = -1;
-      for (size_t j = run * kRun; j < end; ++j) best = std::max(best, cap_[j * k + s]);
-      run_max_[run * k + s] = best;
-    }
-  }
-
- private:
-  static constexpr size_t kRun = 32;
-  int cp_;
-  std::vector<int> sizes_;
-  std::vector<int64_t> cap_, run_max_;  // [micro-batch][size], [run][size]
-};
-
-// Each DP rank's hybrid-CP micro-batches (reference baselines._hybrid_micro_batches).
-std::vector<std::vector<HybridMicroBatch>> hybrid_micro_batches(const Batch& batch, int dp_size,
-                                                                int cp_size, int64_t bucket_size) {
-  std::vector<std::vector<HybridMicroBatch>> out;
-  const double* costs = batch.costs;
-  for (auto slice : array_split(batch.size, dp_size)) {
-    std::stable_sort(slice.begin(), slice.end(),
-                     [costs](Index a, Index b) { return costs[a] > costs[b]; });
-    std::vector<HybridMicroBatch> mbs;
-    HybridFirstFit fit(cp_size);
-    for (Index i : slice) {
-      const int n = static_cast<int>(hybrid_cp_size(batch.lengths[i], cp_size, bucket_size));
-      int64_t m = fit.find(n, shard_tokens(batch.lengths[i], n));
-      if (m < 0) {
-        m = static_cast<int64_t>(mbs.size());
-        mbs.push_back({std::vector<int64_t>(cp_size, bucket_size),
-                       std::vector<double>(cp_size, 0.0), {}, {}});
-      }
-      hybrid_place(mbs[static_cast<size_t>(m)], batch, i, n, cp_size);
-      fit.update(static_cast<size_t>(m), mbs[static_cast<size_t>(m)].rem);
-    }
-    out.push_back(std::move(mbs));
-  }
-  return out;
-}
-
-Groups hybrid_field(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size,
-                    std::vector<Index> HybridMicroBatch::*field) {
-  Groups out;
-  for (auto& mbs : hybrid_micro_batches(batch, dp_size, cp_size, bucket_size)) {
-    std::vector<std::vector<Index>> groups;
-    for (auto& mb : mbs) groups.push_back(std::move(mb.*field));
-    out.push_back(std::move(groups));
-  }
-  return out;
-}
-
-}  // namespace
-
-Groups hybrid_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
-  return hybrid_field(batch, dp_size, cp_size, bucket_size, &HybridMicroBatch::items);
-}
-
-Groups hybrid_cp_placed(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size) {
-  Groups out;
-  for (auto& mbs : hybrid_micro_batches(batch, dp_size, cp_size, bucket_size)) {
-    std::vector<std::vector<Index>> groups;
-    for (const auto& mb : mbs) {
-      std::vector<Index> pairs;
-      pairs.reserve(2 * mb.items.size());
-      for (size_t j = 0; j < mb.items.size(); ++j) {
-        pairs.push_back(mb.items[j]);
-        pairs.push_back(mb.firsts[j]);
-      }
-      groups.push_back(std::move(pairs));
-    }
-    out.push_back(std::move(groups));
   }
   return out;
 }

@@ -172,6 +172,30 @@ Groups hybrid_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bu
 // run for both: [i0, first0, i1, first1, ...] per micro-batch).
 Groups hybrid_cp_placed(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
 
+// ---- hybrid.cpp: (ours) hybrid CP's plan priced with its CP sub-group rings, Skrull's
+// last candidate (reference scheduler._hybrid_candidate).
+// Seconds of each sample on its hybrid-CP sub-group (read where 1 < size < cp_size).
+struct SubgroupPrices {
+  const double* share = nullptr;  // [size] per-rank compute seconds (share_seconds(S, g))
+  const double* comm = nullptr;   // [size] ring bandwidth seconds (comm_seconds(S, g))
+  std::vector<double> latency;    // [cp_size + 1] ring latency of a g-rank sub-group at [g]
+};
+
+// Hybrid CP's plan, padded to equal micro-batch counts, micro-batch g = d * per_rank + j.
+struct HybridPlan {
+  int64_t per_rank = 0;
+  std::vector<int64_t> sizes;                     // [K] each sample's CP group size
+  std::vector<std::vector<Index>> items, firsts;  // [G] samples, their block's first rank
+  std::vector<double> times;                      // [G] seconds (overhead in; 0 when empty)
+  std::vector<double> rank_times;                 // [D] sums of times, in order
+  bool valid = false;                             // hybrid_valid
+};
+
+HybridPlan hybrid_candidate(const Batch& batch, const SubgroupPrices& sub, double latency,
+                            int dp_size, int cp_size, int64_t bucket_size, double overhead);
+// Every sample exactly once, blocks inside the CP group, no CP rank over the bucket.
+bool hybrid_valid(const HybridPlan& plan, const Batch& batch, int cp_size, int64_t bucket_size);
+
 // DACP of one micro-batch, or all-distributed in `group` order when strictly faster
 // (reference refine.place_group).
 std::optional<Placement> place_group(const GdsContext& ctx, const std::vector<Index>& group);

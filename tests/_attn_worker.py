@@ -110,7 +110,7 @@ CASES = {
                               1e-10),
 }
 EXTRA = ("overlap_order", "grad_through_layout", "bwd_group", "stream_order_flash",
-         "stream_order_te", "no_host_sync", "grouped_order")
+         "stream_order_te", "no_host_sync", "grouped_order", "warm_up")
 ALL_CASES = tuple(CASES) + EXTRA
 
 
@@ -305,6 +305,22 @@ def check_bwd_group(rank, world):
     run_case("mixed_gqa", rank, world, comm_factory=lambda: RingComm(dist.group.WORLD, bwd_group=bwd))
 
 
+def check_warm_up(rank, world):
+    """The warm-up exchange goes once around every group of the ring (all ranks)."""
+    bwd = dist.new_group(list(range(world)))
+    prev = (rank - 1) % world
+    assert RingComm(dist.group.WORLD).warm_up() == [prev]
+    comm = RingComm(dist.group.WORLD, bwd_group=bwd)
+    assert comm.warm_up() == [prev, prev] and comm.messages_sent == 2
+    if world >= 4:
+        try:
+            comm.subgroup(0, 2).warm_up()
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("warm_up on a sub-group ring must refuse")
+
+
 @contextlib.contextmanager
 def fake_streams(log):
     """Recording fake CUDA streams for every device (this worker process only)."""
@@ -459,6 +475,8 @@ def worker(rank, world, store, out_dir, names):
                 check_grad_through_layout(rank, world)
             elif name == "bwd_group":
                 check_bwd_group(rank, world)
+            elif name == "warm_up":
+                check_warm_up(rank, world)
             elif name == "grouped_order":
                 check_grouped_order(rank, world)
             elif name in FAKE_CHECKS:

@@ -260,3 +260,28 @@ def test_planner_feeds_the_pipeline_short_micro_batches_first():
     assert len(times) >= 3
     assert times[0] == min(times) and times[-1] == sorted(times)[1], times
     assert times[1:-1] == sorted(times[1:-1], reverse=True)
+
+
+def test_pipeline_order_prices_sub_group_rings_and_keeps_predictions_in_feed_order():
+    """Hybrid CP's grouped placements (CP sub-group rings) count in the feed order: each
+    micro-batch is ordered by the scheduler's own prediction, which the reordered plan's
+    ``predicted["micro_batch_times"]`` still matches."""
+    from megatron.skrull.batch_schedule import pipeline_order
+    from skrull_ext.costmodel.hardware import get_hardware
+    from skrull_ext.costmodel.model import MODEL_PRESETS
+    from skrull_ext.scheduler import SchedulerConfig, predict, schedule
+
+    cost = get_hardware("h100").cost_model(MODEL_PRESETS["qwen2.5-0.5b"], 4)
+    rng = np.random.default_rng(3)
+    lengths = np.concatenate([rng.integers(1500, 2000, 10), rng.integers(50, 400, 12)])
+    plan = schedule(lengths, SchedulerConfig(dp_size=1, cp_size=4, bucket_size=1024,
+                                             policy="hybrid-cp"), cost)
+    mbs = plan.dp_ranks[0]
+    assert any(mb.grouped and not mb.distributed for mb in mbs), "no sub-group-only micro-batch"
+    ordered = pipeline_order(plan, cost)
+    ordered.validate()
+    times = predict(ordered, cost)["micro_batch_times"][0]
+    assert sorted(map(id, ordered.dp_ranks[0])) == sorted(map(id, mbs))
+    assert times[0] == min(times) and times[-1] == sorted(times)[1], times
+    assert times[1:-1] == sorted(times[1:-1], reverse=True)
+    np.testing.assert_allclose(ordered.predicted["micro_batch_times"][0], times, rtol=1e-12)

@@ -165,21 +165,27 @@ def make_batch_scheduler(cfg: RunConfig, vocab_size: int,
 def pipeline_order(plan: Plan, cost, order: str = "small-ends") -> Plan:
     """``plan`` with each DP rank's micro-batches in the feed order that shrinks the bubble.
 
-    A micro-batch's time is its slowest CP rank's under the scheduler's cost model (local
-    compute + distributed shares); ``small-ends`` (shortest first, second shortest last)
-    is usually the fastest order in the 1F1B simulation (``benchmarks/pp_table.py``).
-    Deterministic, so every rank reorders alike.
+    A micro-batch's time is the scheduler's own prediction of it (its slowest CP rank:
+    local compute, distributed shares, the ring's exposed communication and CP sub-group
+    rings, plus the per-micro-batch overhead), taken from ``plan.predicted`` when the
+    scheduler filled it, else from :func:`~skrull_ext.scheduler.predict` under ``cost``;
+    ``small-ends`` (shortest first, second shortest last) is usually the fastest order in
+    the 1F1B simulation (``benchmarks/pp_table.py``).  ``predicted["micro_batch_times"]``
+    is permuted alike, so it still lists the micro-batches in feed order.  Deterministic,
+    so every rank reorders alike.
     """
     from skrull_ext.planner.pipeline import order_micro_batches
 
-    full = cost.compute_seconds(plan.lengths)
-    share = cost.share_seconds(plan.lengths, plan.cp_size)
-    ranks = []
-    for mbs in plan.dp_ranks:
-        times = [max(float(full[list(r)].sum()) for r in mb.local)
-                 + float(share[list(mb.distributed)].sum()) for mb in mbs]
-        ranks.append(tuple(mbs[i] for i in order_micro_batches(times, order)))
-    return dataclasses.replace(plan, dp_ranks=tuple(ranks))
+    times = plan.predicted.get("micro_batch_times")
+    if times is None or [len(t) for t in times] != [len(m) for m in plan.dp_ranks]:
+        times = predict(plan, cost)["micro_batch_times"]
+    perms = [order_micro_batches(t, order).tolist() for t in times]
+    ranks = tuple(tuple(mbs[i] for i in p) for mbs, p in zip(plan.dp_ranks, perms))
+    predicted = dict(plan.predicted)
+    if "micro_batch_times" in predicted:
+        predicted["micro_batch_times"] = [[float(t[i]) for i in p]
+                                          for t, p in zip(times, perms)]
+    return dataclasses.replace(plan, dp_ranks=ranks, predicted=predicted)
 
 
 def predicted_seconds(plan: Plan) -> Optional[float]:

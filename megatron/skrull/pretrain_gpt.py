@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 import skrull_ext
+from skrull_ext.attention.comm import RingComm
 
 from megatron.skrull import errors
 from megatron.skrull.arguments import ConfigError, RunConfig, parse_args
@@ -131,12 +132,17 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     config.grad_scale_func = optimizer.scale_loss
     if cfg.optim.overlap_param_gather:
         config.param_sync_func = ddp.start_param_sync
+    groups = ParallelGroups.from_parallel_state()
+    if groups.cp_size > 1:
+        # NCCL: the CP group's first batched P2P call must involve all its ranks, and a
+        # plan may open with a micro-batch of CP sub-group rings only (docs/attention.md).
+        RingComm(groups.cp_group).warm_up(device)
     return Trainer(
         model=ddp, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.optim),
         source=source,
         sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
         batch_scheduler=batch_scheduler or make_batch_scheduler(cfg, vocab),
-        groups=ParallelGroups.from_parallel_state(), device=device,
+        groups=groups, device=device,
         float64_loss=cfg.fp64 and tp == 1, plan_ahead=cfg.skrull.plan_ahead,
         attention_backend=attention_kernel,
         pad_multiple=tp if cfg.sequence_parallel_active else 1)

@@ -63,6 +63,32 @@ class RingComm:
         return RingComm(self.group, bwd_group=self.bwd_group, tag_base=tag,
                         members=self.members[first:first + size])
 
+    def warm_up(self, device="cpu") -> list[int]:
+        """One exchange around the full ring on each of its process groups, every rank at
+        once; call it on every CP rank before the first attention.
+
+        NCCL requires the first ``batch_isend_irecv`` on a group to involve all of the
+        group's ranks; a plan whose first micro-batch holds only CP sub-group rings would
+        otherwise make a sub-ring the group's first P2P call.  Harmless on gloo.
+
+        Args:
+            device: Where the one-element messages live (the CUDA device under NCCL).
+
+        Returns:
+            Per process group (the forward one, then the backward one if separate), the
+            ring position this rank heard from (its predecessor's).
+        """
+        if self.size != dist.get_world_size(self.group):
+            raise ValueError("warm_up runs on the full ring, not on a sub-group")
+        channels = ["fwd_kv"] if self.bwd_group is self.group else ["fwd_kv", "bwd_kv"]
+        heard = []
+        for channel in channels:
+            mine = torch.full((1,), float(self.rank), dtype=torch.float32, device=device)
+            recv = self.send_recv_async(mine, channel=channel)
+            self.wait(channel)
+            heard.append(int(recv.item()))
+        return heard
+
     def send_recv_async(self, send: torch.Tensor, *, channel: str = "fwd_kv") -> torch.Tensor:
         """Posts sending ``send`` to the next rank and receiving from the previous one.
 

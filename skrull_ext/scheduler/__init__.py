@@ -21,7 +21,7 @@ from skrull_ext.costmodel.model import CostModel, default_cost_model
 from skrull_ext.scheduler.plan import FlatPlan, MicroBatch, Plan
 from skrull_ext.sharding import padded_length, shard_tokens, shard_tokens_array
 from skrull_ext.scheduler import portfolio, reference
-from skrull_ext.scheduler.baselines import BASELINES
+from skrull_ext.scheduler.baselines import BASELINES, hybrid_size_array
 from skrull_ext.scheduler.bound import finish_bound, lower_bound
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_work
 
@@ -212,47 +212,103 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
     # Filled in place: the plan is new and unshared (a replace() would drop Plan.flat).
     plan.predicted.update(_predict(plan, cost_model, costs, comm, shares, times, bound))
     if config.policy == "skrull":
-        plan = _hybrid_candidate(plan, config, cost_model, (costs, shares, comm))
+        plan = _hybrid_candidate(plan, config, cost_model, (costs, shares, comm), backend)
     return plan
 
 
 def _hybrid_candidate(plan: Plan, config: SchedulerConfig, cost_model: CostModel,
-                      arrays) -> Plan:
+                      arrays, backend: str = "python") -> Plan:
     """(ours) Hybrid CP's own plan, CP sub-group rings included, as a last candidate.
 
-    Samples longer than the bucket can be sharded over a 2..N/2-rank sub-group instead of
-    all N ranks (the DACP attention runs those rings, docs/attention.md): smaller rings
-    run larger, more efficient blocks.  Built only when it can matter: CP >= 4, some
+    Samples longer than the bucket can be sharded over a sub-group of 2, 4, .. < N ranks
+    instead of all N (the DACP attention runs those rings, docs/attention.md): smaller rings
+    run larger, more efficient blocks.  Built only when it can matter: CP >= 3, some
     sample fits such a sub-group, and Skrull's prediction is above
     :func:`_hybrid_bound`.  No size rule (unlike the portfolio's groupings): with ~1,000
     micro-batches per DP rank (K = 65,536, bucket 2K, CP 8) hybrid CP's plan is 26% faster
-    than Skrull's own, and the core's indexed first fit builds it in tens of ms.  Kept
-    (policy still ``skrull``, ``predicted["candidate"] = "hybrid-cp"``) only when
-    predicted strictly faster.
+    than Skrull's own.  Kept (policy still ``skrull``, ``predicted["candidate"] =
+    "hybrid-cp"``) only when predicted strictly faster.  The C++ backend builds and
+    prices it in the core (:func:`_hybrid_cpp`) and hands over only a winning plan; the
+    Python build (:func:`_hybrid_python`) is the spec, the same plan and float operations.
 
     Args:
         plan: Skrull's validated, predicted plan.
         arrays: The batch's ``(costs, shares, comm)`` (as ``schedule`` computed them).
+        backend: ``cpp`` or ``python`` (as :func:`schedule`'s).
     """
     arr, n, c = plan.lengths, config.cp_size, config.bucket_size
-    if not config.subgroups or n < 4 or not np.any((arr > c) & (shard_tokens_array(arr, n // 2) <= c)):
+    if not config.subgroups or n < 3:
+        return plan
+    widest = 1 << ((n - 1).bit_length() - 1)  # hybrid CP's widest sub-group: 2^k < N
+    if not np.any((arr > c) & (shard_tokens_array(arr, widest) <= c)):
         return plan
     best = plan.predicted["iteration_time"]
-    if best <= _hybrid_floor(arr, config, cost_model, arrays[0]) or \
-            best <= _hybrid_bound(arr, config, cost_model, arrays):
+    if best <= _hybrid_floor(arr, config, cost_model, arrays[0]):
         return plan
+    sub = _subgroup_arrays(arr, n, c, cost_model)
+    if best <= _hybrid_bound(arr, config, cost_model, arrays, sub):
+        return plan
+    cpp = _backend.CPP if backend == "cpp" else None
+    build = _hybrid_cpp if hasattr(cpp, "hybrid_candidate") else _hybrid_python
+    built = build(arr, config, cost_model, arrays, sub, best)
+    if built is None or built[1]["iteration_time"] >= best:
+        return plan
+    cand, predicted = built
+    out = dataclasses.replace(cand, predicted={**predicted, "candidate": "hybrid-cp"})
+    out.__dict__["flat"] = cand.flat
+    return out
+
+
+def _hybrid_python(arr, config: SchedulerConfig, cost_model: CostModel, arrays, sub, best):
+    """The spec: hybrid CP's plan (``BASELINES["hybrid-cp"]``) as :class:`MicroBatch`
+    objects, validated and predicted; ``(plan, predicted)``."""
+    n, c = config.cp_size, config.bucket_size
     ranks = BASELINES["hybrid-cp"](arr, arrays[0], config.dp_size, n, c)
     m = max(1, max(len(r) for r in ranks))
     ranks = tuple(tuple(r) + (MicroBatch.empty(n),) * (m - len(r)) for r in ranks)
     cand = Plan(lengths=arr, dp_size=config.dp_size, cp_size=n, bucket_size=c,
                 policy="skrull", dp_ranks=ranks)
     cand.validate()
-    predicted = _predict(cand, cost_model, arrays[0], arrays[2], arrays[1])
-    if predicted["iteration_time"] >= best:
-        return plan
-    out = dataclasses.replace(cand, predicted={**predicted, "candidate": "hybrid-cp"})
-    out.__dict__["flat"] = cand.flat
-    return out
+    return cand, _predict(cand, cost_model, arrays[0], arrays[2], arrays[1])
+
+
+def _hybrid_cpp(arr, config: SchedulerConfig, cost_model: CostModel, arrays, sub, best):
+    """:func:`_hybrid_python` in the C++ core (``_C.hybrid_candidate``: grouping, the
+    sub-group pricing of :func:`_micro_batch_times`, bit for bit, and the placement
+    check); ``None`` when it cannot beat ``best`` (nothing built in Python then)."""
+    n = config.cp_size
+    latency = np.zeros(n + 1)
+    for g in (1 << j for j in range(1, (n - 1).bit_length())):  # the sizes 1 < g < N
+        latency[g] = cost_model.comm_latency(g)
+    _, got = _backend.CPP.hybrid_candidate(
+        arr, arrays[0], arrays[1], arrays[2], sub[1], sub[2], latency,
+        cost_model.comm_latency(n), config.dp_size, n, config.bucket_size,
+        cost_model.micro_batch_overhead, cost_model.time.iteration_overhead,
+        _OBJECTIVE_CODES[cost_model.objective], best, micro_batch=MicroBatch)
+    if got is None:
+        return None
+    ranks, (count, *flat_arrays, grouped, times, valid) = got  # MicroBatch.trusted objects
+    cand = Plan(lengths=arr, dp_size=config.dp_size, cp_size=n,
+                bucket_size=config.bucket_size, policy="skrull",
+                dp_ranks=tuple(map(tuple, ranks)))
+    cand.__dict__["flat"] = FlatPlan(count, *flat_arrays, grouped, verified=valid)
+    cand.validate()
+    return cand, _predict(cand, cost_model, arrays[0], arrays[2], arrays[1], times)
+
+
+def _subgroup_arrays(arr, n: int, c: int, cost_model: CostModel):
+    """``(sizes, share, comm)``, each ``[K]``: every sample's hybrid-CP group size and,
+    where ``1 < size < N``, its per-rank seconds and ring bandwidth seconds on that
+    sub-group (0 elsewhere), the cost model evaluated once per size."""
+    sizes = hybrid_size_array(arr, n, c)
+    share = np.zeros(arr.size, dtype=np.float64)
+    comm = np.zeros(arr.size, dtype=np.float64)
+    for g in (1 << j for j in range(1, (n - 1).bit_length())):  # the sizes 1 < g < N
+        sel = np.flatnonzero(sizes == g)
+        if sel.size:
+            share[sel] = cost_model.share_seconds(arr[sel], g)
+            comm[sel] = cost_model.comm_seconds(arr[sel], g)
+    return sizes, share, comm
 
 
 def _hybrid_floor(arr, config: SchedulerConfig, cost_model: CostModel, costs) -> float:
@@ -271,7 +327,8 @@ def _hybrid_floor(arr, config: SchedulerConfig, cost_model: CostModel, costs) ->
     return (worst + cost_model.time.iteration_overhead) * (1.0 - 1e-12)
 
 
-def _hybrid_bound(arr, config: SchedulerConfig, cost_model: CostModel, arrays) -> float:
+def _hybrid_bound(arr, config: SchedulerConfig, cost_model: CostModel, arrays,
+                  sub=None) -> float:
     """A lower bound on hybrid CP's predicted iteration time, without building its plan.
 
     Hybrid CP gives DP rank ``d`` the ``d``-th contiguous slice of the batch and sample
@@ -280,22 +337,18 @@ def _hybrid_bound(arr, config: SchedulerConfig, cost_model: CostModel, arrays) -
     (``rank_time(x, comm, dist) >= x + dist`` under both objectives, see
     :mod:`~skrull_ext.scheduler.bound`), and a DP rank needs at least ``ceil(tokens /
     (C N))`` micro-batches; so the slowest slice's ``work / N + overhead x micro-batches``.
+    ``sub``: :func:`_subgroup_arrays` of the batch, when already computed.
     """
-    from skrull_ext.scheduler.baselines import _hybrid_sizes
-
     n, c, d = config.cp_size, config.bucket_size, config.dp_size
-    sizes = np.asarray(_hybrid_sizes(arr, n, c), dtype=np.int64)
-    work = np.where(sizes == 1, arrays[0], n * arrays[1])
-    tokens = arr.astype(np.int64).copy()
-    for g in np.unique(sizes[(sizes > 1)]).tolist():
-        sel = sizes == g
-        if g < n:
-            work[sel] = g * cost_model.share_seconds(arr[sel], g)
-        tokens[sel] = g * shard_tokens_array(arr[sel], g)
-    worst = 0.0
-    for part in np.array_split(np.arange(arr.size), d):
-        mbs = max(1, -(-int(tokens[part].sum()) // (c * n))) if part.size else 0
-        worst = max(worst, float(work[part].sum()) / n + cost_model.micro_batch_overhead * mbs)
+    sizes, share, _ = sub if sub is not None else _subgroup_arrays(arr, n, c, cost_model)
+    work = np.where(sizes == 1, arrays[0], np.where(sizes == n, n * arrays[1], sizes * share))
+    pair = 2 * sizes  # a sample sharded over g ranks holds pad(S, 2g) tokens in all
+    tokens = np.where(sizes == 1, arr, (arr + (pair - 1)) // pair * pair)
+    k, worst = arr.size, 0.0
+    for j in range(min(d, k)):  # numpy.array_split's slices (empty ones add nothing)
+        lo, hi = (k // d) * j + min(j, k % d), (k // d) * (j + 1) + min(j + 1, k % d)
+        mbs = max(1, -(-int(tokens[lo:hi].sum()) // (c * n)))
+        worst = max(worst, float(work[lo:hi].sum()) / n + cost_model.micro_batch_overhead * mbs)
     return (worst + cost_model.time.iteration_overhead) * (1.0 - 1e-12)
 
 

@@ -77,6 +77,11 @@ def hybrid_cp_size(length: int, cp_size: int, bucket_size: int) -> int:
 
 def _hybrid_sizes(lengths, cp_size: int, bucket_size: int) -> list[int]:
     """:func:`hybrid_cp_size` of every sample at once: ``[K]`` ints."""
+    return hybrid_size_array(lengths, cp_size, bucket_size).tolist()
+
+
+def hybrid_size_array(lengths, cp_size: int, bucket_size: int) -> np.ndarray:
+    """:func:`hybrid_cp_size` of every sample at once: ``[K]`` int64."""
     s = np.asarray(lengths, dtype=np.int64)
     sizes = np.ones(s.size, dtype=np.int64)
     n = 1
@@ -86,7 +91,7 @@ def _hybrid_sizes(lengths, cp_size: int, bucket_size: int) -> list[int]:
             break
         sizes[grow] = 2 * n
         n *= 2
-    return np.minimum(sizes, cp_size).tolist()
+    return np.minimum(sizes, cp_size)
 
 
 def _hybrid_place(mbs, lengths, costs, i, n, cp_size, bucket_size):
