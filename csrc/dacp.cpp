@@ -155,10 +155,20 @@ std::optional<Placement> place(const Batch& batch, std::vector<Index> idx, int c
       if (fits) {  // steps a and b: local on the least loaded / emptiest rank
         if (balanced && can_dist) {  // (ours) unless distributing lowers the objective
           const double t_comm = dist.empty() ? 0.0 : comm_sum + latency;
-          const double keep =
-              objective(local_load, t_comm, dist_load, batch.objective, r, costs[i]);
-          const double move = objective(local_load, comm_sum + batch.comm[i] + latency,
-                                        dist_load + batch.share(i, n), batch.objective);
+          // (C++ only, same values) One scan for both objectives: with costs[i] >= 0 the
+          // largest load with it added to rank r is max(largest, load_r + cost) exactly.
+          double keep;
+          double x_max = 0.0;
+          for (int j = 0; j < n; ++j) x_max = std::max(x_max, local_load[j]);
+          if (costs[i] >= 0.0) {
+            const double x = std::max(x_max, local_load[r] + costs[i]);
+            keep = std::max(0.0, rank_time(x, t_comm, dist_load, n, batch.objective));
+          } else {
+            keep = objective(local_load, t_comm, dist_load, batch.objective, r, costs[i]);
+          }
+          const double move = std::max(
+              0.0, rank_time(x_max, comm_sum + batch.comm[i] + latency,
+                             dist_load + batch.share(i, n), n, batch.objective));
           can_dist = move < keep;
         } else {
           can_dist = false;
