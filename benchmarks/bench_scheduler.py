@@ -10,6 +10,10 @@ samples under 1K tokens, the longest capped at what the bucket holds) it times:
   the flat plan arrays ``schedule()`` asks for included;
 * ``schedule()``: the whole call (input checks, cost arrays, core, ``Plan`` building,
   ``Plan.validate()``, prediction and lower bound);
+* ``in C++``: the part of ``schedule()`` spent inside C++ calls, all of them (the core
+  above and, at CP >= 3, the hybrid-CP candidate's grouping, pricing and check,
+  ``_C.hybrid_candidate``); ``schedule()`` / ``in C++`` is what the Python around the
+  C++ work costs;
 * ``python``: the same ``schedule()`` on the pure-Python reference (small K only);
 * ``megatron``: ``megatron.core.pipeline_parallel.hybrid_cp_schedule.BalancedCPScheduler
   .get_groups_and_subsamples`` with ``max_seq_len_per_rank`` = the bucket over the D x N
@@ -66,6 +70,45 @@ def median_ms(fn, runs: int, cpu: bool = False, stat=statistics.median) -> float
     return 1e3 * stat(times)
 
 
+class _TimedCore:
+    """``skrull_ext._C`` with every call's wall time added to :attr:`seconds` (a handful
+    of calls per ``schedule()``: the portfolio core, the hybrid-CP candidate, ...)."""
+
+    def __init__(self, ext):
+        self._ext, self.seconds = ext, 0.0
+
+    def __getattr__(self, name):
+        fn = getattr(self._ext, name)
+        if not callable(fn):
+            return fn
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+        return timed
+
+
+def in_core_ms(full, runs: int, stat) -> float:
+    """``stat`` over ``runs`` calls of ``full()`` of the wall time spent inside C++ calls
+    (all of them: the core's and the candidates'), in ms; the rest of ``schedule()`` is
+    the Python around them."""
+    timed = _TimedCore(_backend.CPP)
+    _backend.CPP, saved = timed, _backend.CPP
+    try:
+        full()
+        spent = []
+        for _ in range(runs):
+            timed.seconds = 0.0
+            full()
+            spent.append(timed.seconds)
+    finally:
+        _backend.CPP = saved
+    return 1e3 * stat(spent)
+
+
 def megatron_scheduler(bucket: int):
     """``BalancedCPScheduler.get_groups_and_subsamples`` over D x N ranks, or ``None``."""
     try:
@@ -105,6 +148,7 @@ def bench_case(k: int, bucket: int, args) -> dict:
     stat = min if args.stat == "min" else statistics.median
     row["core_ms"] = median_ms(core, runs, stat=stat)
     row["schedule_ms"] = median_ms(full, runs, stat=stat)
+    row["in_cpp_ms"] = in_core_ms(full, runs, stat)
     # CPU time: what the planning itself costs when other processes share the cores.
     row["core_cpu_ms"] = median_ms(core, runs, cpu=True, stat=stat)
     row["schedule_cpu_ms"] = median_ms(full, runs, cpu=True, stat=stat)
@@ -175,14 +219,16 @@ def print_table(rows: list[dict], stat: str = "median") -> None:
     print(f"DP={DP} CP={CP}, long-tail lengths, default schedule() (portfolio + refinement, "
           f"ring objective); {stat} wall ms; load average {load} on {os.cpu_count()} CPUs")
     head = (f"{'K':>6} {'bucket':>7} {'M/DP':>5} {'/bound':>7} {'core':>9} {'schedule()':>10} "
-            f"{'ratio':>6} {'core CPU':>9} {'sched CPU':>9} {'python':>9} {'megatron':>9}")
+            f"{'ratio':>6} {'in C++':>8} {'ratio':>6} {'core CPU':>9} {'sched CPU':>9} "
+            f"{'python':>9} {'megatron':>9}")
     print(head)
     print("-" * len(head))
     for r in rows:
         opt = lambda key: f"{r[key]:>9.2f}" if key in r else f"{'-':>9}"  # noqa: E731
         print(f"{r['K']:>6} {r['bucket']:>7} {r['micro_batches']:>5} {r['bound_ratio']:>7.3f} "
               f"{r['core_ms']:>9.2f} {r['schedule_ms']:>10.2f} "
-              f"{r['schedule_ms'] / r['core_ms']:>5.2f}x {r['core_cpu_ms']:>9.2f} "
+              f"{r['schedule_ms'] / r['core_ms']:>5.2f}x {r['in_cpp_ms']:>8.2f} "
+              f"{r['schedule_ms'] / r['in_cpp_ms']:>5.2f}x {r['core_cpu_ms']:>9.2f} "
               f"{r['schedule_cpu_ms']:>9.2f} {opt('python_ms')} {opt('megatron_ms')}")
 
 

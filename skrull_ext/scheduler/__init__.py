@@ -239,11 +239,11 @@ def _hybrid_candidate(plan: Plan, config: SchedulerConfig, cost_model: CostModel
     arr, n, c = plan.lengths, config.cp_size, config.bucket_size
     if not config.subgroups or n < 3:
         return plan
+    best = plan.predicted["iteration_time"]
+    if best <= _hybrid_floor(arr, config, cost_model, arrays[0]):  # the cheapest gate first
+        return plan
     widest = 1 << ((n - 1).bit_length() - 1)  # hybrid CP's widest sub-group: 2^k < N
     if not np.any((arr > c) & (shard_tokens_array(arr, widest) <= c)):
-        return plan
-    best = plan.predicted["iteration_time"]
-    if best <= _hybrid_floor(arr, config, cost_model, arrays[0]):
         return plan
     sub = _subgroup_arrays(arr, n, c, cost_model)
     if best <= _hybrid_bound(arr, config, cost_model, arrays, sub):
