@@ -11,7 +11,7 @@ Seeds: ``cpu`` (the built-in CPU preset, not fitted to this model), ``h100`` (th
 preset: ~3 orders of magnitude too fast here) and ``file`` (the demo's fitted
 ``examples/configs/tiny_cpu_cost_model.json``).
 
-    python benchmarks/bench_online_cost_model.py --iters 12 --seeds cpu h100
+    python benchmarks/bench_online_cost_model.py --iters 20 --seeds cpu h100
 
 Prints one row per iteration and a summary: median |predicted / measured - 1| over the
 iterations after ``--settle`` (default 4), online vs off, per seed.
@@ -55,7 +55,7 @@ def _load() -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--iters", type=int, default=12)
+    ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--settle", type=int, default=4, help="iterations before the summary")
     ap.add_argument("--seeds", nargs="+", default=["cpu", "h100", "file"], choices=sorted(SEEDS))
     args = ap.parse_args(argv)
