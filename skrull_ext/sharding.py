@@ -39,3 +39,12 @@ def shard_tokens_array(lengths, n: int) -> np.ndarray:
         return arr.copy()
     m = 2 * n
     return (arr + (m - 1)) // m * 2  # pad(S, n) / n = ceil(S / 2n) * 2n / n, one division
+
+
+def padded_length_array(lengths, n) -> np.ndarray:
+    """:func:`padded_length` of every entry, each over its own rank count: ``[K]`` lengths
+    and ``n`` (an int or ``[K]`` ints >= 1) -> ``[K]`` int64."""
+    arr = np.asarray(lengths, dtype=np.int64)
+    m = 2 * np.asarray(n, dtype=np.int64)
+    return np.where(m <= 2, arr, (arr + (m - 1)) // m * m)
+

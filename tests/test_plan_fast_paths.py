@@ -32,6 +32,16 @@ def test_shard_tokens_array_matches_scalar():
     assert shard_tokens_array(np.array([[5, 9]]), 2).tolist() == [[4, 6]]
 
 
+def test_padded_length_array_matches_scalar_per_sample_rank_counts():
+    from skrull_ext.sharding import padded_length, padded_length_array
+
+    lengths = np.arange(1, 400)
+    sizes = np.resize([1, 2, 3, 4, 8, 16], lengths.size)
+    want = [padded_length(int(s), int(n)) for s, n in zip(lengths, sizes)]
+    assert padded_length_array(lengths, sizes).tolist() == want
+    assert padded_length_array(lengths, 4).tolist() == [padded_length(int(s), 4) for s in lengths]
+
+
 @pytest.mark.parametrize("objective", ["paper", "ring"])
 def test_rank_tokens_and_predictions_match_the_per_micro_batch_walk(objective):
     cost_model = dataclasses.replace(default_cost_model(), objective=objective)

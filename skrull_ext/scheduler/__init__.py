@@ -19,7 +19,8 @@ import numpy as np
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import CostModel, default_cost_model
 from skrull_ext.scheduler.plan import FlatPlan, MicroBatch, Plan
-from skrull_ext.sharding import padded_length, shard_tokens, shard_tokens_array
+from skrull_ext.sharding import (padded_length, padded_length_array, shard_tokens,
+                                 shard_tokens_array)
 from skrull_ext.scheduler import portfolio, reference
 from skrull_ext.scheduler.baselines import BASELINES, hybrid_size_array
 from skrull_ext.scheduler.bound import finish_bound, lower_bound
@@ -242,8 +243,7 @@ def _hybrid_candidate(plan: Plan, config: SchedulerConfig, cost_model: CostModel
     best = plan.predicted["iteration_time"]
     if best <= _hybrid_floor(arr, config, cost_model, arrays[0]):  # the cheapest gate first
         return plan
-    widest = 1 << ((n - 1).bit_length() - 1)  # hybrid CP's widest sub-group: 2^k < N
-    if not np.any((arr > c) & (shard_tokens_array(arr, widest) <= c)):
+    if not np.any((arr > c) & (shard_tokens_array(arr, _subgroup_sizes(n)[-1]) <= c)):
         return plan
     sub = _subgroup_arrays(arr, n, c, cost_model)
     if best <= _hybrid_bound(arr, config, cost_model, arrays, sub):
@@ -278,7 +278,7 @@ def _hybrid_cpp(arr, config: SchedulerConfig, cost_model: CostModel, arrays, sub
     check); ``None`` when it cannot beat ``best`` (nothing built in Python then)."""
     n = config.cp_size
     latency = np.zeros(n + 1)
-    for g in (1 << j for j in range(1, (n - 1).bit_length())):  # the sizes 1 < g < N
+    for g in _subgroup_sizes(n):
         latency[g] = cost_model.comm_latency(g)
     _, got = _backend.CPP.hybrid_candidate(
         arr, arrays[0], arrays[1], arrays[2], sub[1], sub[2], latency,
@@ -296,6 +296,12 @@ def _hybrid_cpp(arr, config: SchedulerConfig, cost_model: CostModel, arrays, sub
     return cand, _predict(cand, cost_model, arrays[0], arrays[2], arrays[1], times)
 
 
+def _subgroup_sizes(n: int) -> list[int]:
+    """Hybrid CP's CP sub-group sizes at ``N = n`` ranks: the powers of two ``1 < g < N``
+    (``[]`` below 3 ranks)."""
+    return [1 << j for j in range(1, (n - 1).bit_length())]
+
+
 def _subgroup_arrays(arr, n: int, c: int, cost_model: CostModel):
     """``(sizes, share, comm)``, each ``[K]``: every sample's hybrid-CP group size and,
     where ``1 < size < N``, its per-rank seconds and ring bandwidth seconds on that
@@ -303,7 +309,7 @@ def _subgroup_arrays(arr, n: int, c: int, cost_model: CostModel):
     sizes = hybrid_size_array(arr, n, c)
     share = np.zeros(arr.size, dtype=np.float64)
     comm = np.zeros(arr.size, dtype=np.float64)
-    for g in (1 << j for j in range(1, (n - 1).bit_length())):  # the sizes 1 < g < N
+    for g in _subgroup_sizes(n):
         sel = np.flatnonzero(sizes == g)
         if sel.size:
             share[sel] = cost_model.share_seconds(arr[sel], g)
@@ -342,8 +348,7 @@ def _hybrid_bound(arr, config: SchedulerConfig, cost_model: CostModel, arrays,
     n, c, d = config.cp_size, config.bucket_size, config.dp_size
     sizes, share, _ = sub if sub is not None else _subgroup_arrays(arr, n, c, cost_model)
     work = np.where(sizes == 1, arrays[0], np.where(sizes == n, n * arrays[1], sizes * share))
-    pair = 2 * sizes  # a sample sharded over g ranks holds pad(S, 2g) tokens in all
-    tokens = np.where(sizes == 1, arr, (arr + (pair - 1)) // pair * pair)
+    tokens = padded_length_array(arr, sizes)  # over g ranks: pad(S, g) tokens in all
     k, worst = arr.size, 0.0
     for j in range(min(d, k)):  # numpy.array_split's slices (empty ones add nothing)
         lo, hi = (k // d) * j + min(j, k % d), (k // d) * (j + 1) + min(j + 1, k % d)
