@@ -441,6 +441,7 @@ py::list interleave(I64Array sorted_idx, int64_t m) {
 }  // namespace
 
 void bind_hybrid(py::module_& mod);  // hybrid_bindings.cpp
+void bind_costs(py::module_& mod);   // costs.cpp
 
 PYBIND11_MODULE(_C, mod) {
   mod.doc() = "C++ core of the Skrull scheduler (DACP + GDS); mirrors scheduler/reference.py";
@@ -491,4 +492,5 @@ PYBIND11_MODULE(_C, mod) {
   mod.def("shard_tokens", &skrull::shard_tokens, py::arg("length"), py::arg("n"),
           "Tokens per rank of a sample zigzag-sharded over n ranks.");
   bind_hybrid(mod);
+  bind_costs(mod);
 }

@@ -180,10 +180,10 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
     """
     cost_model = cost_model or default_cost_model()
     arr = check_lengths(lengths, config.cp_size, config.bucket_size)
-    costs, comm, shares = cost_model.schedule_arrays(arr, config.cp_size)
     backend = backend or _backend.BACKEND
     if backend == "cpp" and _backend.CPP is None:
         raise ImportError("backend='cpp' but skrull_ext._C is not built")
+    costs, comm, shares = cost_model.schedule_arrays(arr, config.cp_size, backend=backend)
     flat = times = bound = None
     if config.policy == "skrull":
         placements = _skrull(arr, costs, shares, comm, cost_model.comm_latency(config.cp_size),
@@ -241,14 +241,18 @@ def _hybrid_candidate(plan: Plan, config: SchedulerConfig, cost_model: CostModel
     if not config.subgroups or n < 3:
         return plan
     best = plan.predicted["iteration_time"]
-    if best <= _hybrid_floor(arr, config, cost_model, arrays[0]):  # the cheapest gate first
+    cpp = _backend.CPP if backend == "cpp" else None
+    floor = (_hybrid_floor(arr, config, cost_model, arrays[0]) if cpp is None else
+             cpp.hybrid_floor(arr, arrays[0], config.dp_size, n, c,
+                              cost_model.micro_batch_overhead,
+                              cost_model.time.iteration_overhead))
+    if best <= floor:  # the cheapest gate first
         return plan
     if not np.any((arr > c) & (shard_tokens_array(arr, _subgroup_sizes(n)[-1]) <= c)):
         return plan
     sub = _subgroup_arrays(arr, n, c, cost_model)
     if best <= _hybrid_bound(arr, config, cost_model, arrays, sub):
         return plan
-    cpp = _backend.CPP if backend == "cpp" else None
     build = _hybrid_cpp if hasattr(cpp, "hybrid_candidate") else _hybrid_python
     built = build(arr, config, cost_model, arrays, sub, best)
     if built is None or built[1]["iteration_time"] >= best:
