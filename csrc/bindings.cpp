@@ -229,7 +229,7 @@ py::tuple flat_arrays(const std::vector<skrull::RankSplit>& splits, int dp_size,
   int64_t g = 0;
   for (const auto& split : splits) {
     for (const auto& p : split) {
-      // The same float operations as scheduler._micro_batch_times (bit-identical).
+      // The same float operations as scheduler.pricing.micro_batch_times (bit-identical).
       t[g] = p.empty() ? 0.0 : skrull::micro_batch_time(p, batch, latency, cp_size) + overhead;
       for (Index i : p.distributed) {
         dist_ids.push_back(i);

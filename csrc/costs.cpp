@@ -1,6 +1,6 @@
 // (ours) The per-call arrays schedule() needs before the core runs, in C++:
 // skrull_ext._C.cost_arrays (CostModel.schedule_arrays) and skrull_ext._C.hybrid_floor
-// (scheduler._hybrid_floor); registered by bindings.cpp's module (bind_costs).
+// (scheduler.hybrid.hybrid_floor); registered by bindings.cpp's module (bind_costs).
 //
 // Why C++: at K = 256 the C++ core plans in ~0.12 ms, and the ~15 numpy calls of these two
 // (~1-2 us each, whatever K) were a third of schedule()'s time around it.  The formulas
@@ -90,7 +90,7 @@ py::tuple cost_arrays(const I64Array& lengths, int64_t cp_size, const py::tuple&
   return py::make_tuple(costs, comm, shares);
 }
 
-// scheduler._hybrid_floor: the slowest of hybrid CP's D contiguous slices (numpy's
+// scheduler.hybrid.hybrid_floor: the slowest of hybrid CP's D contiguous slices (numpy's
 // array_split) priced at unsharded work / N plus one overhead per micro-batch it needs at
 // least, plus the iteration overhead, less a 1e-12 relative slack.  A gate, not a plan
 // input: its sums run in sample order where numpy's are pairwise, a difference of a few
@@ -134,5 +134,5 @@ void bind_costs(py::module_& mod) {
           "CostModel.schedule_arrays, bit for bit.");
   mod.def("hybrid_floor", &hybrid_floor, py::arg("lengths"), py::arg("costs"),
           py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"), py::arg("overhead"),
-          py::arg("fixed"), "scheduler._hybrid_floor (sums in sample order).");
+          py::arg("fixed"), "scheduler.hybrid.hybrid_floor (sums in sample order).");
 }

@@ -1,6 +1,6 @@
 // Megatron-Core hybrid CP's plan (skrull_ext/scheduler/baselines.py: hybrid_cp_size,
 // _hybrid_place, _hybrid_micro_batches, hybrid_cp) and, as Skrull's last candidate, its
-// prediction with CP sub-group rings (scheduler._micro_batch_times / _grouped_times, the
+// prediction with CP sub-group rings (scheduler.pricing.micro_batch_times / _grouped_times, the
 // same float operations: bit-identical); see scheduler.h.
 #include <algorithm>
 #include <cstring>
@@ -230,7 +230,7 @@ struct Ring {
   double comm;
 };
 
-// scheduler._micro_batch_times of one hybrid-CP micro-batch (overhead included, 0 when
+// scheduler.pricing.micro_batch_times of one hybrid-CP micro-batch (overhead included, 0 when
 // empty), in its float order: per CP rank rank_time(local, ring, share) over the full
 // ring, plus 0.0 + each sub-group ring's time in (first, size) order, unoverlapped.
 double priced(const HybridMicroBatch& mb, const std::vector<int64_t>& sizes, const Batch& b,

@@ -173,7 +173,7 @@ Groups hybrid_cp_groups(const Batch& batch, int dp_size, int cp_size, int64_t bu
 Groups hybrid_cp_placed(const Batch& batch, int dp_size, int cp_size, int64_t bucket_size);
 
 // ---- hybrid.cpp: (ours) hybrid CP's plan priced with its CP sub-group rings, Skrull's
-// last candidate (reference scheduler._hybrid_candidate).
+// last candidate (reference scheduler.hybrid.candidate).
 // Seconds of each sample on its hybrid-CP sub-group (read where 1 < size < cp_size).
 struct SubgroupPrices {
   const double* share = nullptr;  // [size] per-rank compute seconds (share_seconds(S, g))

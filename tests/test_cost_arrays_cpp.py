@@ -11,7 +11,8 @@ import pytest
 from skrull_ext import _backend
 from skrull_ext.costmodel.hardware import get_hardware
 from skrull_ext.costmodel.model import MODEL_PRESETS, CostModel, TimeModel, default_cost_model
-from skrull_ext.scheduler import SchedulerConfig, _hybrid_floor, schedule
+from skrull_ext.scheduler import SchedulerConfig, schedule
+from skrull_ext.scheduler.hybrid import hybrid_floor
 
 pytestmark = pytest.mark.skipif(_backend.CPP is None, reason="C++ extension not built")
 
@@ -72,7 +73,7 @@ def test_hybrid_floor_matches_python(k, dp):
     for cp, bucket in ((4, 16_000), (8, 8_000), (16, 4_000)):
         cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket)
         costs = cost_model.compute_seconds(lengths)
-        want = _hybrid_floor(lengths, cfg, cost_model, costs)
+        want = hybrid_floor(lengths, cfg, cost_model, costs)
         got = _backend.CPP.hybrid_floor(lengths, costs, dp, cp, bucket,
                                         cost_model.micro_batch_overhead,
                                         cost_model.time.iteration_overhead)

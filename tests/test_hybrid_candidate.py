@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-import skrull_ext.scheduler as sched
+from skrull_ext.scheduler import hybrid as hybrid_module, pricing
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import SchedulerConfig, micro_batch_seconds, schedule
@@ -31,7 +31,7 @@ def test_skrull_keeps_the_hybrid_cp_plan_when_predicted_faster(monkeypatch):
     assert any(mb.grouped for mbs in plan.dp_ranks for mb in mbs)
     assert plan.dp_ranks == hybrid.dp_ranks
     assert plan.predicted["iteration_time"] == hybrid.predicted["iteration_time"]
-    monkeypatch.setattr(sched, "_hybrid_candidate", lambda p, *args: p)
+    monkeypatch.setattr(hybrid_module, "candidate", lambda *args: None)
     alone = schedule(lengths, CFG, cost)
     assert "candidate" not in alone.predicted
     assert alone.predicted["iteration_time"] > plan.predicted["iteration_time"]
@@ -79,9 +79,9 @@ def test_hybrid_bound_never_exceeds_hybrid_cps_prediction(cp, bucket):
         hybrid = schedule(lengths, cfg, cost)
         arrays = (cost.compute_seconds(lengths), cost.share_seconds(lengths, cp),
                   cost.comm_seconds(lengths, cp))
-        bound = sched._hybrid_bound(lengths, cfg, cost, arrays)
+        bound = hybrid_module.hybrid_bound(lengths, cfg, cost, arrays)
         assert bound <= hybrid.predicted["iteration_time"]
-        assert sched._hybrid_floor(lengths, cfg, cost, arrays[0]) <= bound
+        assert hybrid_module.hybrid_floor(lengths, cfg, cost, arrays[0]) <= bound
 
 
 def test_sub_group_rings_are_charged_after_the_full_ring_unoverlapped():
@@ -94,13 +94,14 @@ def test_sub_group_rings_are_charged_after_the_full_ring_unoverlapped():
     mb = MicroBatch(distributed=(0,), local=((1,), (), (), ()),
                     grouped=((2, 0, 2), (3, 0, 2), (4, 2, 2)))
     got = micro_batch_seconds(mb, lengths, costs, comm, cost)
-    full = sched._rank_times(np.array([costs[1], 0, 0, 0]), np.full(4, comm[0] + cost.comm_latency(4)),
-                             np.full(4, costs[0] / 4), 4, cost.objective)
+    full = pricing.rank_times(np.array([costs[1], 0, 0, 0]),
+                              np.full(4, comm[0] + cost.comm_latency(4)),
+                              np.full(4, costs[0] / 4), 4, cost.objective)
 
     def ring(samples):
         s = lengths[samples]
-        return sched._rank_times(0.0, cost.comm_seconds(s, 2).sum() + cost.comm_latency(2),
-                                 cost.share_seconds(s, 2).sum(), 2, cost.objective)
+        return pricing.rank_times(0.0, cost.comm_seconds(s, 2).sum() + cost.comm_latency(2),
+                                  cost.share_seconds(s, 2).sum(), 2, cost.objective)
 
     want = full + np.array([ring([2, 3])] * 2 + [ring([4])] * 2)
     assert got == pytest.approx(float(want.max()) + cost.micro_batch_overhead, rel=1e-12)

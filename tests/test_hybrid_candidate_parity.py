@@ -1,5 +1,5 @@
 """The hybrid-CP candidate built and priced in the C++ core (``_C.hybrid_candidate``) against
-the Python build, the spec (``scheduler._hybrid_python`` on the pure-Python grouping): the
+the Python build, the spec (``scheduler.hybrid._build_python`` on the pure-Python grouping): the
 same plan, bit-identical predictions, the same winner, on random batches with CP
 3/4/6/8/16, several buckets and DP sizes, both objectives."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import skrull_ext.scheduler as sched
+from skrull_ext.scheduler import hybrid
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import SchedulerConfig
@@ -35,11 +36,11 @@ def _both(monkeypatch, lengths, cfg, cm, best):
     """(C++ build, Python spec build) of hybrid CP's plan against Skrull's time ``best``."""
     arrays = (cm.compute_seconds(lengths), cm.share_seconds(lengths, cfg.cp_size),
               cm.comm_seconds(lengths, cfg.cp_size))
-    sub = sched._subgroup_arrays(lengths, cfg.cp_size, cfg.bucket_size, cm)
+    sub = hybrid.subgroup_arrays(lengths, cfg.cp_size, cfg.bucket_size, cm)
     monkeypatch.setattr(_backend, "CPP", _C)
-    fast = sched._hybrid_cpp(lengths, cfg, cm, arrays, sub, best)
+    fast = hybrid._build_cpp(lengths, cfg, cm, arrays, sub, best)
     monkeypatch.setattr(_backend, "CPP", None)  # the pure-Python grouping too
-    slow = sched._hybrid_python(lengths, cfg, cm, arrays, sub, best)
+    slow = hybrid._build_python(lengths, cfg, cm, arrays, sub, best)
     monkeypatch.setattr(_backend, "CPP", _C)
     return fast, slow
 
@@ -72,27 +73,28 @@ def test_cpp_candidate_gives_up_only_when_it_cannot_win(monkeypatch):
 
 
 def test_both_backends_pick_the_same_winner(monkeypatch):
-    """``_hybrid_candidate`` from Skrull's own plan with its time moved around hybrid CP's:
-    the C++ and Python paths keep the same plan (or both keep Skrull's)."""
+    """``hybrid.candidate`` against Skrull's time moved around hybrid CP's: the C++ and
+    Python paths keep the same plan (or both keep Skrull's: ``None``)."""
     kept = 0
     for lengths, cfg, cm in _batches(2, 18):
         own = sched.schedule(lengths, dataclasses.replace(cfg, subgroups=False), cm)
         _, (_, ref) = _both(monkeypatch, lengths, cfg, cm, np.inf)
         t = ref["iteration_time"]
+        arrays = (cm.compute_seconds(lengths), cm.share_seconds(lengths, cfg.cp_size),
+                  cm.comm_seconds(lengths, cfg.cp_size))
         for best in (own.predicted["iteration_time"], t, t * (1 + 1e-12), t * 1.01, t * 0.99):
-            mine = dataclasses.replace(own, predicted={**own.predicted, "iteration_time": best})
-            arrays = (cm.compute_seconds(lengths), cm.share_seconds(lengths, cfg.cp_size),
-                      cm.comm_seconds(lengths, cfg.cp_size))
-            fast = sched._hybrid_candidate(mine, cfg, cm, arrays, "cpp")
+            fast = hybrid.candidate(lengths, best, cfg, cm, arrays, "cpp")
             monkeypatch.setattr(_backend, "CPP", None)
-            slow = sched._hybrid_candidate(mine, cfg, cm, arrays, "python")
+            slow = hybrid.candidate(lengths, best, cfg, cm, arrays, "python")
             monkeypatch.setattr(_backend, "CPP", _C)
+            assert (fast is None) == (slow is None)
+            if fast is None:
+                assert best <= t
+                continue
+            kept += 1
             assert fast.dp_ranks == slow.dp_ranks and fast.predicted == slow.predicted
-            assert (fast is mine) == (slow is mine)
-            kept += fast is not mine
-            if fast is not mine:
-                assert fast.predicted["candidate"] == "hybrid-cp" and best > t
-                assert isinstance(fast.flat, FlatPlan)
+            assert fast.predicted["candidate"] == "hybrid-cp" and best > t
+            assert isinstance(fast.flat, FlatPlan)
     assert kept >= 10
 
 
@@ -105,3 +107,35 @@ def test_schedule_same_plan_on_both_backends_when_hybrid_cp_wins():
     b = sched.schedule(lengths, cfg, cm, backend="python")
     assert a.predicted.get("candidate") == "hybrid-cp"
     assert a.dp_ranks == b.dp_ranks and a.predicted == b.predicted
+
+
+def test_cpp_schedule_gates_hybrid_cp_before_building_skrulls_plan(monkeypatch):
+    """On the C++ backend ``schedule()`` asks hybrid CP's candidate on the core's
+    micro-batch times before building Skrull's plan: the result is the staged one
+    (Skrull's plan, then ``hybrid.candidate`` on its prediction), and where hybrid CP wins
+    none of Skrull's micro-batches becomes a Python object."""
+    from skrull_ext.scheduler.plan import MicroBatch
+
+    built = []
+    trusted = MicroBatch.trusted.__func__
+    monkeypatch.setattr(MicroBatch, "trusted",
+                        classmethod(lambda cls, *a: built.append(1) or trusted(cls, *a)))
+    wins = losses = 0
+    for lengths, cfg, cm in _batches(3, 20):
+        own = sched.schedule(lengths, dataclasses.replace(cfg, subgroups=False), cm,
+                             backend="cpp")
+        arrays = (cm.compute_seconds(lengths), cm.share_seconds(lengths, cfg.cp_size),
+                  cm.comm_seconds(lengths, cfg.cp_size))
+        staged = hybrid.candidate(lengths, own.predicted["iteration_time"], cfg, cm, arrays,
+                                  "cpp")
+        built.clear()
+        got = sched.schedule(lengths, cfg, cm, backend="cpp")
+        want = own if staged is None else staged
+        assert got.dp_ranks == want.dp_ranks and got.predicted == want.predicted
+        if staged is None:
+            losses += 1
+            assert len(built) == got.num_micro_batches * cfg.dp_size  # Skrull's, built once
+        else:
+            wins += 1
+            assert not built and got.predicted["candidate"] == "hybrid-cp"
+    assert wins >= 3 and losses >= 3

@@ -44,7 +44,8 @@ def _rank_time(x, t_comm, t_dist, n: int, objective: str):
 
 
 def sample_bounds(lengths, cost_model, cp_size: int, bucket_size: int, *, arrays=None,
-                  subgroups: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                  subgroups: bool = True, backend: str = "python"
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Per-sample ``(work, alone)``, both ``[K]`` float64 seconds.
 
     ``work[i]``: the least total CP-rank seconds sample ``i`` can cost (any group size it
@@ -56,6 +57,8 @@ def sample_bounds(lengths, cost_model, cp_size: int, bucket_size: int, *, arrays
             ``schedule`` already computed), saving their recomputation.
         subgroups: Also consider hybrid-CP sub-groups (``1 < g < N``); only plans with
             grouped placements can use them.
+        backend: ``cpp`` evaluates the cost model per group size in the C++ core
+            (``CostModel.schedule_arrays``, bit-identical; ~4x less time at K = 65,536).
     """
     s = np.asarray(lengths, dtype=np.int64)
     n = cp_size
@@ -71,8 +74,8 @@ def sample_bounds(lengths, cost_model, cp_size: int, bucket_size: int, *, arrays
         if arrays is not None and g == n:
             share, comm = arrays[1], arrays[2] + cost_model.comm_latency(g)
         else:
-            share = cost_model.share_seconds(s, g)
-            comm = cost_model.comm_seconds(s, g) + cost_model.comm_latency(g)
+            _, comm, share = cost_model.schedule_arrays(s, g, backend=backend)
+            comm = comm + cost_model.comm_latency(g)
         work = np.where(fits, np.minimum(work, g * share), work)
         t = _rank_time(0.0, comm, share, n, cost_model.objective)
         alone = np.where(fits, np.minimum(alone, t), alone)
@@ -80,14 +83,14 @@ def sample_bounds(lengths, cost_model, cp_size: int, bucket_size: int, *, arrays
 
 
 def lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_size: int, *,
-                arrays=None, subgroups: bool = True) -> float:
+                arrays=None, subgroups: bool = True, backend: str = "python") -> float:
     """Seconds no plan of this batch can beat under ``cost_model`` (see module doc).
 
     Args:
         lengths: ``[K]`` sample lengths (each must fit the bucket distributed).
         cost_model: The scheduler's :class:`~skrull_ext.costmodel.model.CostModel`.
         dp_size, cp_size, bucket_size: ``D``, ``N``, ``C``.
-        arrays, subgroups: See :func:`sample_bounds`; ``subgroups=False`` bounds the plans
+        arrays, subgroups, backend: See :func:`sample_bounds`; ``subgroups=False`` bounds the plans
             our attention runs (local and fully distributed samples only).
     """
     s = np.asarray(lengths, dtype=np.int64)
@@ -97,7 +100,7 @@ def lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_size: in
     if s.size == 0:
         return fixed
     work, alone = sample_bounds(s, cost_model, n, bucket_size, arrays=arrays,
-                                subgroups=subgroups)
+                                subgroups=subgroups, backend=backend)
     min_mbs = max(-(-int(s.sum()) // (bucket_size * n)), min(s.size, d))
     average = float(work.sum()) / (d * n) + ovh * min_mbs / d
     single = float(alone.max()) + ovh
