@@ -1,18 +1,22 @@
-// (ours) The per-call arrays schedule() needs before the core runs, in C++:
-// skrull_ext._C.cost_arrays (CostModel.schedule_arrays) and skrull_ext._C.hybrid_floor
-// (scheduler.hybrid.hybrid_floor); registered by bindings.cpp's module (bind_costs).
+// (ours) The per-call arrays schedule() needs around the core, in C++:
+// skrull_ext._C.cost_arrays (CostModel.schedule_arrays), skrull_ext._C.hybrid_floor
+// (scheduler.hybrid.hybrid_floor) and skrull_ext._C.sample_bounds
+// (scheduler.bound.sample_bounds); registered by bindings.cpp's module (bind_costs).
 //
-// Why C++: at K = 256 the C++ core plans in ~0.12 ms, and the ~15 numpy calls of these two
-// (~1-2 us each, whatever K) were a third of schedule()'s time around it.  The formulas
+// Why C++: at K = 256 the C++ core plans in ~0.12 ms, and the ~15 numpy calls of the first two
+// (~1-2 us each, whatever K) were a third of schedule()'s time around it; at K = 65,536
+// the bound over hybrid CP's sub-groups took ~4.6 ms of numpy per plan.  The formulas
 // and their parameters stay in Python (skrull_ext/costmodel/model.py passes the folded
 // scalars); this file only repeats the float operations in the same order, so with
 // -ffp-contract=off (setup.py) the arrays are bit-identical to numpy's
 // (tests/test_cost_arrays_cpp.py).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -45,6 +49,31 @@ CostScalars scalars_of(const py::tuple& t) {
   return CostScalars{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]};
 }
 
+// One sample's (cost, share, comm) at cp_size: CostModel.schedule_arrays's float
+// operations for one entry (cp_size <= 1: share = cost, comm = 0).
+struct SampleCost {
+  double cost, share, comm;
+};
+
+inline SampleCost sample_cost(const CostScalars& p, int64_t length, int64_t cp_size,
+                              double ring) {
+  const double s = static_cast<double>(length);
+  const double linear_s = p.c_linear * (p.linear_per_token * s);
+  const double attention = p.attention_coef * s * s * p.layers;
+  double att = attention;
+  if (p.half != 0.0) att = attention * (1.0 + p.half / std::max(s, 1.0));
+  double cost = linear_s + p.c_attention * att;
+  if (p.calls != 0.0) cost = cost + p.calls;
+  if (cp_size <= 1) return SampleCost{cost, cost, 0.0};
+  const double n = static_cast<double>(cp_size);
+  const double shard = static_cast<double>(skrull::shard_tokens(length, cp_size));
+  double att_n = attention / n;
+  if (p.half != 0.0) att_n = att_n * (1.0 + p.half / shard);
+  double share = linear_s / n + p.c_attention * att_n;
+  if (p.calls != 0.0) share = share + p.calls * n;
+  return SampleCost{cost, share, ring * (2.0 * shard * p.kv_coef * p.bytes)};
+}
+
 const int64_t* lengths_1d(const I64Array& lengths) {
   if (lengths.ndim() != 1) throw py::value_error("lengths must be a 1-D array");
   return lengths.data();
@@ -61,30 +90,13 @@ py::tuple cost_arrays(const I64Array& lengths, int64_t cp_size, const py::tuple&
   double* c = costs.mutable_data();
   double* m = comm.mutable_data();
   double* sh = shares.mutable_data();
-  const double n = static_cast<double>(cp_size);
   {
     py::gil_scoped_release release;
     for (int64_t i = 0; i < k; ++i) {
-      const double s = static_cast<double>(len[i]);
-      const double linear_s = p.c_linear * (p.linear_per_token * s);
-      const double attention = p.attention_coef * s * s * p.layers;
-      double att = attention;
-      if (p.half != 0.0) att = attention * (1.0 + p.half / std::max(s, 1.0));
-      double cost = linear_s + p.c_attention * att;
-      if (p.calls != 0.0) cost = cost + p.calls;
-      c[i] = cost;
-      if (cp_size <= 1) {
-        m[i] = 0.0;
-        sh[i] = cost;
-        continue;
-      }
-      const double shard = static_cast<double>(skrull::shard_tokens(len[i], cp_size));
-      double att_n = attention / n;
-      if (p.half != 0.0) att_n = att_n * (1.0 + p.half / shard);
-      double share = linear_s / n + p.c_attention * att_n;
-      if (p.calls != 0.0) share = share + p.calls * n;
-      sh[i] = share;
-      m[i] = ring * (2.0 * shard * p.kv_coef * p.bytes);
+      const SampleCost e = sample_cost(p, len[i], cp_size, ring);
+      c[i] = e.cost;
+      sh[i] = e.share;
+      m[i] = e.comm;
     }
   }
   return py::make_tuple(costs, comm, shares);
@@ -125,6 +137,74 @@ double hybrid_floor(const I64Array& lengths, const F64Array& costs, int64_t dp_s
   return (worst + fixed) * (1.0 - 1e-12);
 }
 
+// An optional [K] float64 array argument (None: computed here).
+const double* optional_array(const py::object& obj, int64_t k, F64Array& keep, const char* name) {
+  if (obj.is_none()) return nullptr;
+  keep = obj.cast<F64Array>();
+  if (keep.ndim() != 1 || keep.shape(0) != k) {
+    throw py::value_error(std::string(name) + " must be a 1-D array with one entry per sample");
+  }
+  return keep.data();
+}
+
+// bound.sample_bounds: per sample, over the group sizes g it fits (shard tokens <= the
+// bucket), work = min g x share_g (g = 1: its cost) and alone = min rank_time(0, comm_g +
+// latency_g, share_g, N), in numpy's float operations (bit-identical).  `rings[j]`,
+// `latencies[j]`: ring steps x seconds per byte and the ring latency at sizes[j];
+// `costs` / `shares` / `comm`: the batch's arrays at g = 1 / N when the caller has them.
+py::tuple sample_bounds(const I64Array& lengths, int64_t cp_size, int64_t bucket_size,
+                        const py::tuple& scalars, const std::vector<int64_t>& sizes,
+                        const std::vector<double>& rings, const std::vector<double>& latencies,
+                        bool ring_objective, const py::object& costs_obj,
+                        const py::object& shares_obj, const py::object& comm_obj) {
+  const CostScalars p = scalars_of(scalars);
+  const int64_t* len = lengths_1d(lengths);
+  const int64_t k = lengths.shape(0);
+  if (rings.size() != sizes.size() || latencies.size() != sizes.size()) {
+    throw py::value_error("sizes, rings and latencies must have one entry per group size");
+  }
+  F64Array keep_costs, keep_shares, keep_comm;
+  const double* costs = optional_array(costs_obj, k, keep_costs, "costs");
+  const double* shares = optional_array(shares_obj, k, keep_shares, "shares");
+  const double* comm = optional_array(comm_obj, k, keep_comm, "comm");
+  const auto objective = ring_objective ? skrull::Objective::kRing : skrull::Objective::kPaper;
+  const int n = static_cast<int>(cp_size);
+  const double inf = std::numeric_limits<double>::infinity();
+  F64Array work_out(k), alone_out(k);
+  double* work = work_out.mutable_data();
+  double* alone = alone_out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    for (int64_t i = 0; i < k; ++i) {
+      double w = inf, a = inf;
+      for (size_t j = 0; j < sizes.size(); ++j) {
+        const int64_t g = sizes[j];
+        if (skrull::shard_tokens(len[i], g) > bucket_size) continue;
+        if (g == 1) {
+          const double cost = costs ? costs[i] : sample_cost(p, len[i], 1, 0.0).cost;
+          w = std::min(w, cost);
+          a = std::min(a, cost);
+          continue;
+        }
+        double share, bytes_s;
+        if (g == cp_size && shares && comm) {
+          share = shares[i];
+          bytes_s = comm[i];
+        } else {
+          const SampleCost e = sample_cost(p, len[i], g, rings[j]);
+          share = e.share;
+          bytes_s = e.comm;
+        }
+        w = std::min(w, static_cast<double>(g) * share);
+        a = std::min(a, skrull::rank_time(0.0, bytes_s + latencies[j], share, n, objective));
+      }
+      work[i] = w;
+      alone[i] = a;
+    }
+  }
+  return py::make_tuple(work_out, alone_out);
+}
+
 }  // namespace
 
 void bind_costs(py::module_& mod) {
@@ -135,4 +215,9 @@ void bind_costs(py::module_& mod) {
   mod.def("hybrid_floor", &hybrid_floor, py::arg("lengths"), py::arg("costs"),
           py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"), py::arg("overhead"),
           py::arg("fixed"), "scheduler.hybrid.hybrid_floor (sums in sample order).");
+  mod.def("sample_bounds", &sample_bounds, py::arg("lengths"), py::arg("cp_size"),
+          py::arg("bucket_size"), py::arg("scalars"), py::arg("sizes"), py::arg("rings"),
+          py::arg("latencies"), py::arg("ring_objective"), py::arg("costs") = py::none(),
+          py::arg("shares") = py::none(), py::arg("comm") = py::none(),
+          "(work, alone) [K] float64: scheduler.bound.sample_bounds, bit for bit.");
 }

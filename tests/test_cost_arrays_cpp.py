@@ -1,6 +1,7 @@
 """The C++ per-call arrays of schedule() (csrc/costs.cpp) against their Python spec:
-``_C.cost_arrays`` bit-identical to ``CostModel.schedule_arrays``, ``_C.hybrid_floor`` to
-``scheduler._hybrid_floor`` within its float slack, and plans unchanged by either."""
+``_C.cost_arrays`` bit-identical to ``CostModel.schedule_arrays``, ``_C.sample_bounds`` to
+``bound.sample_bounds``, ``_C.hybrid_floor`` to ``hybrid.hybrid_floor`` within its float
+slack, and plans unchanged by any of them."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +13,7 @@ from skrull_ext import _backend
 from skrull_ext.costmodel.hardware import get_hardware
 from skrull_ext.costmodel.model import MODEL_PRESETS, CostModel, TimeModel, default_cost_model
 from skrull_ext.scheduler import SchedulerConfig, schedule
+from skrull_ext.scheduler.bound import lower_bound, sample_bounds
 from skrull_ext.scheduler.hybrid import hybrid_floor
 
 pytestmark = pytest.mark.skipif(_backend.CPP is None, reason="C++ extension not built")
@@ -45,6 +47,38 @@ def test_cost_arrays_are_bit_identical_to_numpy(cp):
         for name, a, b in zip(("costs", "comm", "shares"), got, want):
             assert a.dtype == np.float64 and a.shape == LENGTHS.shape
             assert np.array_equal(a, b), (name, cp, cost_model.time)
+
+
+
+@pytest.mark.parametrize("cp, bucket", [(1, 70_000), (2, 5000), (3, 700), (8, 2000), (16, 1024)])
+def test_sample_bounds_are_bit_identical_to_numpy(cp, bucket):
+    """Every cost model, with and without sub-groups and the caller's arrays; samples that
+    fit no group size keep inf in both."""
+    rng = np.random.default_rng(cp)
+    lengths = np.concatenate([LENGTHS[:-1], rng.integers(1, 40_000, 300)])
+    for cm in _cost_models():
+        arrays = (cm.compute_seconds(lengths), cm.share_seconds(lengths, cp),
+                  cm.comm_seconds(lengths, cp))
+        for subgroups in (True, False):
+            for given in (None, arrays):
+                kw = dict(arrays=given, subgroups=subgroups)
+                want = sample_bounds(lengths, cm, cp, bucket, **kw)
+                got = sample_bounds(lengths, cm, cp, bucket, backend="cpp", **kw)
+                for w, g in zip(want, got):
+                    assert w.dtype == g.dtype == np.float64
+                    assert np.array_equal(w, g), (cp, bucket, cm.objective, subgroups)
+        fits = lengths <= cp * bucket  # the lower bound's precondition, roughly
+        args = (lengths[fits], cm, 3, cp, bucket)
+        assert lower_bound(*args, backend="cpp") == lower_bound(*args)
+
+
+def test_sample_bounds_reject_bad_input():
+    cm = default_cost_model()
+    args = (LENGTHS, 4, 1000, cm.cost_scalars, [1, 2, 4], [1.0, 2.0], [0.0, 0.0, 0.0], True)
+    with pytest.raises(ValueError, match="one entry per group size"):
+        _backend.CPP.sample_bounds(*args)
+    with pytest.raises(ValueError, match="costs must be a 1-D array"):
+        _backend.CPP.sample_bounds(*args[:5], [1.0] * 3, *args[6:], np.zeros(3))
 
 
 def test_cost_arrays_reject_bad_input():

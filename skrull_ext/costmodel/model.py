@@ -410,7 +410,7 @@ class CostModel:
         """
         if backend == "cpp" and _backend.CPP is not None:
             return _backend.CPP.cost_arrays(lengths, cp_size, self.cost_scalars,
-                                            self._ring_steps(cp_size) * self.comm.linear_fit()[1])
+                                            self.ring_seconds_per_byte(cp_size))
         model, tm = self.model, self.time
         s = lengths.astype(np.float64)
         linear, attention = model.linear_flops(s), model.attention_flops(s)
@@ -436,6 +436,12 @@ class CostModel:
         kv_bytes = 2.0 * shard * model.kv_hidden_size * self.bytes_per_element
         comm = self._ring_steps(cp_size) * self.comm.linear_fit()[1] * kv_bytes
         return costs, comm, shares
+
+    def ring_seconds_per_byte(self, cp_size: int) -> float:
+        """Ring bandwidth seconds per KV byte of one rank's shard over ``cp_size`` ranks
+        (every step of every layer, forward and backward): :meth:`comm_seconds` is this
+        times the shard's KV bytes."""
+        return self._ring_steps(cp_size) * self.comm.linear_fit()[1]
 
     def _ring_steps(self, cp_size: int) -> float:
         # Per layer the ring makes N - 1 KV exchanges in forward; backward moves KV again
