@@ -119,7 +119,7 @@ PyObject* int_seq(const std::vector<Index>& v) {
       PyList_SET_ITEM(seq, j, item);
     }
   }
-  return seq;
+  return kTuple ? skrull_py::untracked(seq) : seq;
 }
 
 py::list int_list(const std::vector<Index>& v) {
@@ -136,7 +136,10 @@ using skrull_py::GcPause;  // gc_pause.h
 py::tuple placement_tuple(const skrull::Placement& p) {
   py::tuple local(p.local.size());
   for (size_t r = 0; r < p.local.size(); ++r) local[r] = int_tuple(p.local[r]);
-  return py::make_tuple(int_tuple(p.distributed), local);
+  skrull_py::untracked(local.ptr());
+  py::tuple out = py::make_tuple(int_tuple(p.distributed), local);
+  skrull_py::untracked(out.ptr());
+  return out;
 }
 
 py::list nested_list(const std::vector<std::vector<Index>>& v) {

@@ -48,7 +48,7 @@ py::tuple ints(const std::vector<Index>& v) {
     }
     PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(j), item);
   }
-  return py::reinterpret_steal<py::tuple>(out);
+  return py::reinterpret_steal<py::tuple>(skrull_py::untracked(out));
 }
 
 // A tuple of ints from the C API (pybind11's make_tuple casts each item: ~5x slower, which
@@ -119,9 +119,15 @@ py::tuple plan_objects(const skrull::HybridPlan& plan, int dp_size, int cp_size,
       }
       py::tuple grouped_t(grouped.size());
       for (size_t q = 0; q < grouped.size(); ++q) grouped_t[q] = std::move(grouped[q]);
-      mbs[static_cast<size_t>(j)] = cls.is_none()
-                                        ? py::object(py::make_tuple(ints(dist), local_t, grouped_t))
-                                        : micro_batch(cls, ints(dist), local_t, grouped_t);
+      skrull_py::untracked(local_t.ptr());  // tuples of int tuples (gc_pause.h)
+      skrull_py::untracked(grouped_t.ptr());
+      if (cls.is_none()) {
+        py::tuple fields = py::make_tuple(ints(dist), local_t, grouped_t);
+        mbs[static_cast<size_t>(j)] = py::reinterpret_borrow<py::object>(
+            skrull_py::untracked(fields.ptr()));
+      } else {
+        mbs[static_cast<size_t>(j)] = micro_batch(cls, ints(dist), local_t, grouped_t);
+      }
     }
     ranks[static_cast<size_t>(d)] = mbs;
   }
