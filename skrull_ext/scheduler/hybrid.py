@@ -7,19 +7,17 @@ and priced in the C++ core when it is there; only a winning plan becomes Python 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import CostModel
 from skrull_ext.scheduler.baselines import BASELINES, hybrid_size_array
+from skrull_ext.scheduler.config import SchedulerConfig
 from skrull_ext.scheduler.plan import FlatPlan, MicroBatch, Plan
 from skrull_ext.scheduler.pricing import OBJECTIVE_CODES, predict_arrays
 from skrull_ext.sharding import padded_length_array, shard_tokens_array
-
-if TYPE_CHECKING:  # the config's module imports this one
-    from skrull_ext.scheduler import SchedulerConfig
 
 
 def candidate(arr: np.ndarray, best: float, config: SchedulerConfig, cost_model: CostModel,
