@@ -42,8 +42,9 @@ class SchedulerConfig:
             (``--skrull-plan-budget-ms``; :mod:`skrull_ext.scheduler.refine`), converted to
             a deterministic work count (the same plan on every rank); 0 disables it.
         subgroups: (ours) Let Skrull keep hybrid CP's plan, CP sub-group rings included,
-            when predicted faster (:func:`hybrid.candidate`); off where the attention
-            cannot run sub-group rings (Transformer Engine without flash-attn).
+            when predicted faster (:func:`~skrull_ext.scheduler.hybrid.candidate`); off
+            where the attention cannot run sub-group rings (Transformer Engine without
+            flash-attn).
     """
 
     dp_size: int
