@@ -28,14 +28,20 @@ MODELS = {"llama": ("LlamaConfig", dict(tie_word_embeddings=True, rope_theta=100
           "qwen3": ("Qwen3Config", dict(tie_word_embeddings=True, head_dim=24))}
 
 
-def make_hf_model(directory: str, kind: str, tokenizer_dir: str) -> str:
-    """A random tiny model saved with save_pretrained (+ the chat tokenizer files)."""
+def make_hf_model(directory: str, kind, tokenizer_dir: str) -> str:
+    """A random tiny model saved with save_pretrained (+ the chat tokenizer files).
+
+    ``kind``: a name of :data:`MODELS` or a transformers config.
+    """
     import shutil
 
     import transformers
 
-    cls, extra = MODELS[kind]
-    config = getattr(transformers, cls)(**COMMON, **extra)
+    if isinstance(kind, str):
+        cls, extra = MODELS[kind]
+        config = getattr(transformers, cls)(**COMMON, **extra)
+    else:
+        config = kind
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).float()
     with torch.no_grad():  # non-trivial norms and biases (HF initialises them to 1 and 0)
