@@ -263,3 +263,36 @@ def test_export_writes_megatron_only_mscale_as_attention_factor_and_refuses_part
     partial = parse_args(TINY_FLAGS + ["--rotary-percent", "0.5"]).model
     with pytest.raises(ValueError, match="--rotary-percent 0.5 has no Hugging Face"):
         hf_rope_parameters(vars(partial))
+
+
+def test_launcher_logs_the_scaling_and_reports_bad_rope_in_one_line(tmp_path, capsys):
+    from megatron.skrull.pretrain_gpt import main
+    from megatron.skrull.rope import describe
+
+    yarn = parse_args(TINY_FLAGS + ["--position-embedding-type", "yarn",
+                                    "--rotary-scaling-factor", "4",
+                                    "--yarn-original-max-position-embeddings", "32768"]).model
+    assert describe(yarn, 32768) == "yarn RoPE x4 from 32768 positions (attention factor 1.1386)"
+    assert describe(rope_args(parse_args(TINY_FLAGS).model), 96) == "default RoPE"
+    d = _dir(tmp_path, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    assert main(["--pretrained-hf", d, *RUN]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'dynamic' is not supported; supported: default, linear" in err[0]
+
+
+def test_resume_check_reads_a_checkpoint_saved_before_the_rope_flags(monkeypatch):
+    """A saved model record without the RoPE fields means their defaults: no false
+    mismatch; a saved scaling that the flags drop is still one."""
+    import dataclasses
+
+    from megatron.core import dist_checkpointing
+    from megatron.skrull import checkpointing
+
+    now = dataclasses.asdict(parse_args(TINY_FLAGS))
+    old = {k: v for k, v in now["model"].items() if k not in dataclasses.asdict(RopeArgs())}
+    saved = {"skrull": {"model": old, "layout": "L"}}
+    monkeypatch.setattr(dist_checkpointing, "load_common_state_dict", lambda path: saved)
+    assert checkpointing._check_compatible("ckpt", now) == "L"
+    saved["skrull"]["model"] = {**old, "use_rope_scaling": True}
+    with pytest.raises(checkpointing.CheckpointError, match="use_rope_scaling: saved True"):
+        checkpointing._check_compatible("ckpt", now)

@@ -150,6 +150,21 @@ def flag_problems(ns: argparse.Namespace) -> list[str]:
     return p
 
 
+def describe(rope: RopeArgs, max_position_embeddings: int) -> str:
+    """One log phrase, e.g. ``yarn RoPE x4 from 32768 positions (attention factor 1.1386)``."""
+    kind = rope.rope_type
+    factor, original = {
+        "linear": (rope.rotary_seq_len_interpolation_factor, max_position_embeddings),
+        "llama3": (rope.rope_scaling_factor, rope.rope_scaling_original_max_position_embeddings),
+        "yarn": (rope.rotary_scaling_factor, rope.yarn_original_max_position_embeddings),
+    }.get(kind, (1.0, max_position_embeddings))
+    text = f"{kind} RoPE" + (f" x{factor:g} from {original} positions" if factor != 1.0 else "")
+    if rope.rotary_percent != 1.0:
+        text += f" on {rope.rotary_percent:g} of each head"
+    factor = attention_factor(rope)
+    return text + (f" (attention factor {factor:.4f})" if factor != 1.0 else "")
+
+
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     """YaRN's ``0.1 * mscale * ln(scale) + 1`` (1 for ``scale <= 1``)."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
