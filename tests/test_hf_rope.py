@@ -11,7 +11,6 @@ from which transformers builds the same RoPE (the extension's config gains the Y
 """
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -19,7 +18,7 @@ import torch
 
 from mcore_helpers import spawn
 from test_chat_template import CHATML, CONVERSATION, make_template_tokenizer
-from test_hf_models import make_hf_model
+from test_hf_models import make_hf_model, transformers_loss, write_chat_data
 
 pytestmark = pytest.mark.multiprocess
 
@@ -68,24 +67,6 @@ def _worker(rank, world, tmp):
     torch.save(out, os.path.join(tmp, f"out{rank}.pt"))
 
 
-def _transformers_loss(tmp, model_dir):
-    """Masked mean token loss of the whole dataset (the global batch), transformers, fp64."""
-    import transformers
-    from megatron.skrull.data import load_sft_dataset
-
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).double()
-    data = load_sft_dataset(f"{tmp}/data")
-    total, count = 0.0, 0.0
-    with torch.no_grad():
-        for i in range(len(data)):
-            ex = data.get_example(i)
-            logits = hf(ex.input_ids[None]).logits[0]
-            ce = torch.nn.functional.cross_entropy(logits, ex.labels, reduction="none")
-            total += float((ce * ex.loss_mask.double()).sum())
-            count += float(ex.loss_mask.sum())
-    return total / count, max(len(data.get_example(i).input_ids) for i in range(len(data)))
-
-
 def _make_model(directory, name, tokenizer_dir):
     import transformers
 
@@ -96,32 +77,30 @@ def _make_model(directory, name, tokenizer_dir):
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    from megatron.skrull import preprocess
-
     tmp = tmp_path_factory.mktemp("hf_rope")
     tok = make_template_tokenizer(str(tmp / "tok"), CHATML)
     for name in MODELS:
         _make_model(str(tmp / name), name, tok)
-    convs = [CONVERSATION[:2], CONVERSATION, CONVERSATION[2:], CONVERSATION[:2] * 3,
-             [{"role": "system", "content": "the lazy dog"}] + CONVERSATION, CONVERSATION * 2]
-    (tmp / "chat.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
-    assert preprocess.main(["--input", str(tmp / "chat.jsonl"), "--output-prefix",
-                            str(tmp / "data"), "--tokenizer-type", "HFTokenizer",
-                            "--tokenizer-model", tok, "--seq-length", "200"]) == 0
+    write_chat_data(tmp, tok, CONVERSATION * 2)  # 59 to 184 tokens
     spawn(_worker, 2, tmp, timeout=400)
     return tmp, torch.load(tmp / "out0.pt", weights_only=False)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_first_loss_equals_transformers_at_cp2_and_tp2(job, exported, name):
+    from megatron.skrull.data import load_sft_dataset
+
     tmp, out = job
+    data = load_sft_dataset(f"{tmp}/data")
+    assert max(len(data.get_example(i).input_ids) for i in range(len(data))) > 2 * 64
+    assert 0 < out[name, "cp2"][1] < 1  # the long documents on the ring, the others local
     # The extension's reference is its export: the source config has no scaling.
-    ref, longest = _transformers_loss(tmp, tmp / (f"out_{name}" if name == "extend" else name))
-    assert longest > 2 * 64 and 0 < out[name, "cp2"][1] < 1  # long docs, local and ring
+    ref = transformers_loss(f"{tmp}/data", tmp / (f"out_{name}" if name == "extend" else name),
+                            torch.float64)
     for layout in LAYOUTS:
         assert out[name, layout][0] == pytest.approx(ref, rel=1e-6), layout
-    plain = _transformers_loss(tmp, tmp / name)[0] if name == "extend" else None
-    assert plain is None or abs(plain - ref) > 1e-4  # the scaling does change the loss
+    if name == "extend":  # the scaling does change the loss
+        assert abs(transformers_loss(f"{tmp}/data", tmp / name, torch.float64) - ref) > 1e-4
 
 
 @pytest.fixture(scope="module")
