@@ -230,7 +230,7 @@ def test_context_extension_adds_yarn_to_a_plain_model(tmp_path):
     assert (m.rope_type, m.yarn_original_max_position_embeddings, m.max_position_embeddings,
             m.scaled_context(m.max_position_embeddings)) == ("yarn", 256, 256, 1024)
     src = json.loads((tmp_path / "config.json").read_text())
-    out = with_run_rope(src, {**vars(m), "rotary_base": 10000})
+    out = with_run_rope(src, vars(m))
     assert out["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
                                    "beta_slow": 1.0, "original_max_position_embeddings": 256,
                                    "truncate": True}
@@ -296,3 +296,11 @@ def test_resume_check_reads_a_checkpoint_saved_before_the_rope_flags(monkeypatch
     saved["skrull"]["model"] = {**old, "use_rope_scaling": True}
     with pytest.raises(checkpointing.CheckpointError, match="use_rope_scaling: saved True"):
         checkpointing._check_compatible("ckpt", now)
+
+
+def test_a_flag_that_changes_nothing_leaves_the_config_alone(tmp_path):
+    d = _dir(tmp_path)
+    m = parse_args(["--pretrained-hf", d, *RUN, "--position-embedding-type", "rope"]).model
+    assert m == parse_args(["--pretrained-hf", d, *RUN]).model
+    src = json.loads((tmp_path / "config.json").read_text())
+    assert with_run_rope(src, vars(m)) is src

@@ -101,7 +101,8 @@ def extend_rope(values: dict[str, Any], ns: Any, explicit: set[str]) -> dict[str
     out = dict(values)
     out.update({d: values["max_position_embeddings"] for d in _ORIGINALS})
     out.update({d: getattr(ns, d) for d in chosen})
-    return out
+    scaled = RopeArgs(**{d: out[d] for d in ROPE_DESTS}).rope_type != "default"
+    return out if scaled else values  # e.g. a bare --position-embedding-type rope
 
 
 def hf_rope_parameters(model: dict[str, Any]) -> dict[str, Any]:
@@ -147,9 +148,9 @@ def with_run_rope(hf_config: dict[str, Any], model: dict[str, Any]) -> dict[str,
     """
     problems: list[str] = []
     have = rope_flags_from_hf(hf_config, "config.json", problems)
-    want = dataclasses.asdict(RopeArgs(**{d: model[d] for d in ROPE_DESTS if d in model}))
     params = hf_rope_parameters(model)
-    if not problems and have == want and hf_rope_theta(hf_config) == params["rope_theta"]:
+    if not problems and hf_rope_parameters(
+            {**have, "rotary_base": hf_rope_theta(hf_config)}) == params:
         return hf_config
     out = {k: v for k, v in hf_config.items() if k != "original_max_position_embeddings"}
     if "rope_parameters" in hf_config and not hf_config.get("rope_scaling"):
