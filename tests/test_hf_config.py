@@ -51,7 +51,7 @@ def test_disagreeing_flags_name_both_values(tmp_path):
 
 @pytest.mark.parametrize("changes,needle", [
     ({"architectures": ["GPT2LMHeadModel"]}, "not supported"),
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 8.0}}, "rope_type .longrope"),
     ({"architectures": ["MistralForCausalLM"], "sliding_window": 32}, "sliding_window 32"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"vocab_size": 321}, "not divisible by --tensor-model-parallel-size 2"),

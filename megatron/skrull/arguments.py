@@ -17,6 +17,7 @@ from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS
 from skrull_ext.sharding import shard_tokens
 
 from megatron.skrull.flags import SCHEDULERS, build_parser  # noqa: F401 - public here too
+from megatron.skrull.rope import RopeArgs, flag_problems as rope_flag_problems, rope_kwargs
 
 
 class ConfigError(ValueError):
@@ -33,8 +34,11 @@ def _raise_if(problems: list[str]) -> None:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelArgs:
-    """GPT architecture (``--num-layers`` ...); ``None`` sizes take Megatron's defaults."""
+class ModelArgs(RopeArgs):
+    """GPT architecture (``--num-layers`` ...); ``None`` sizes take Megatron's defaults.
+
+    The RoPE flags are the fields of its base :class:`megatron.skrull.rope.RopeArgs`.
+    """
 
     num_layers: int
     hidden_size: int
@@ -80,6 +84,8 @@ class ModelArgs:
                      "dropout (SFT runs without it); use --attention-dropout 0")
         if self.vocab_size is not None and self.vocab_size < 1:
             p.append(f"--vocab-size must be >= 1, got {self.vocab_size}")
+        if self.num_attention_heads >= 1:
+            p.extend(self.rope_problems(self.head_dim))
         _raise_if(p)
 
     @property
@@ -428,9 +434,12 @@ def cross_problems(cfg: RunConfig) -> list[str]:
                  f"sample needs {shard_tokens(cfg.seq_length, cp)} tokens per rank > "
                  f"--skrull-bucket-size {cfg.skrull.bucket_size} (about bucket x CP = "
                  f"{cfg.skrull.bucket_size * cp}); lower --seq-length or raise the bucket or CP")
-    if m.max_position_embeddings < cfg.seq_length:
+    if m.scaled_context(m.max_position_embeddings) < cfg.seq_length:
         p.append(f"--max-position-embeddings {m.max_position_embeddings} < --seq-length "
-                 f"{cfg.seq_length}; raise it to at least {cfg.seq_length}")
+                 f"{cfg.seq_length}; raise it to at least {cfg.seq_length}"
+                 + (f" (or scale RoPE further: {m.rope_type} covers "
+                    f"{m.scaled_context(m.max_position_embeddings)})"
+                    if m.rope_type != "default" else ""))
     if m.num_attention_heads % tp or m.query_groups % tp:
         p.append(f"--num-attention-heads {m.num_attention_heads} and --num-query-groups "
                  f"{m.query_groups} must both be divisible by --tensor-model-parallel-size {tp}")
@@ -479,7 +488,9 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                    qk_layernorm=ns.qk_layernorm,
                    untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights,
                    rotary_base=ns.rotary_base, hidden_dropout=ns.hidden_dropout,
-                   init_method_std=ns.init_method_std, attention_dropout=ns.attention_dropout)
+                   init_method_std=ns.init_method_std, attention_dropout=ns.attention_dropout,
+                   **rope_kwargs(ns))
+    p.extend(rope_flag_problems(ns))
     parallel = _group(ParallelArgs, p, world_size=world_size,
                       tensor_model_parallel_size=ns.tensor_model_parallel_size,
                       context_parallel_size=ns.context_parallel_size,

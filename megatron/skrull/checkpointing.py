@@ -325,6 +325,8 @@ def _check_compatible(path: str, config: Optional[dict]) -> Optional[dict]:
 
     saved = load_common_state_dict(path).get("skrull", {})
     want, have = (config or {}).get("model"), saved.get("model")
+    if have is not None:  # flags added since it was saved (e.g. RoPE scaling) at their default
+        have = {**_model_defaults(), **have}
     if want is not None and have is not None and want != have:
         diff = sorted(k for k in have if have.get(k) != want.get(k))
         raise CheckpointError(
@@ -332,6 +334,13 @@ def _check_compatible(path: str, config: Optional[dict]) -> Optional[dict]:
             + ", ".join(f"{k}: saved {have[k]!r}, now {want.get(k)!r}" for k in diff)
             + "); resume with the flags it was saved with or point --load elsewhere")
     return saved.get("layout")
+
+
+def _model_defaults() -> dict[str, Any]:
+    from megatron.skrull.arguments import ModelArgs
+
+    return {f.name: f.default for f in dataclasses.fields(ModelArgs)
+            if f.default is not dataclasses.MISSING}
 
 
 def _single(optimizer):

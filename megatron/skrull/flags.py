@@ -10,6 +10,8 @@ import argparse
 from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICES
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_ms_arg
 
+from megatron.skrull.rope import POSITION_EMBEDDING_TYPES
+
 SCHEDULERS = ("skrull", "per-seq-cp", "all-cp", "sorted", "hybrid-cp", "kk")
 
 
@@ -18,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pretrain_gpt", description="Skrull-Megatron SFT training",
                                  allow_abbrev=False)
     _model_flags(ap)
+    _position_flags(ap)
     _parallel_flags(ap)
     _optimizer_flags(ap)
     _data_flags(ap)
@@ -55,6 +58,44 @@ def _model_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute-granularity", choices=("full", "selective"))
     g.add_argument("--recompute-method", choices=("uniform", "block"))
     g.add_argument("--recompute-num-layers", type=int)
+
+
+def _position_flags(ap: argparse.ArgumentParser) -> None:
+    """RoPE and its scalings (docs/models.md, long context); Megatron's names and defaults,
+    except the type's default: rope (every supported model rotates q/k)."""
+    g = ap.add_argument_group("position embedding")
+    g.add_argument("--position-embedding-type", default="rope", choices=POSITION_EMBEDDING_TYPES,
+                   help="rope or yarn (the others are refused with the reason)")
+    g.add_argument("--use-rotary-position-embeddings", action="store_const", const="rope",
+                   dest="position_embedding_type", help="deprecated: --position-embedding-type "
+                   "rope")
+    g.add_argument("--no-position-embedding", action="store_false", dest="add_position_embedding",
+                   help="deprecated; with rope there is no learned table to drop")
+    g.add_argument("--rotary-percent", type=float, default=1.0,
+                   help="fraction of each head's dims that RoPE rotates")
+    g.add_argument("--rotary-seq-len-interpolation-factor", type=float,
+                   help="linear position interpolation (Hugging Face rope_type linear)")
+    g.add_argument("--use-rope-scaling", action="store_true",
+                   help="Llama 3.x RoPE scaling (rope_type llama3)")
+    g.add_argument("--rope-scaling-factor", type=float, default=8.0,
+                   help="factor of --use-rope-scaling")
+    g.add_argument("--rotary-scaling-factor", type=float, default=1.0,
+                   help="YaRN's factor (with --position-embedding-type yarn)")
+    g.add_argument("--yarn-original-max-position-embeddings", type=int,
+                   help="YaRN: the context the model was pretrained for (default 4096, or the "
+                        "--pretrained-hf config's max_position_embeddings)")
+    g.add_argument("--yarn-beta-fast", type=float, help="YaRN ramp start (default 32)")
+    g.add_argument("--yarn-beta-slow", type=float, help="YaRN ramp end (default 1)")
+    g.add_argument("--yarn-correction-range-round-to-int", action="store_true", default=None,
+                   help="round the YaRN ramp's ends to whole dims (default)")
+    g.add_argument("--no-yarn-correction-range-round-to-int", action="store_false",
+                   dest="yarn_correction_range_round_to_int")
+    g.add_argument("--mscale", type=float, default=1.0, help="YaRN attention-factor mscale")
+    g.add_argument("--mscale-all-dim", type=float, default=0.0,
+                   help="YaRN attention-factor mscale_all_dim")
+    g.add_argument("--no-rope-fusion", action="store_false", dest="apply_rope_fusion",
+                   help="accepted: RoPE is never fused here (the unfused path is exact)")
+    g.add_argument("--no-rope-freq", help="refused: RoPE runs in every layer")
 
 
 def _parallel_flags(ap: argparse.ArgumentParser) -> None:

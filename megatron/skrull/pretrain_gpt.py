@@ -254,6 +254,10 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                 f"{'on' if cfg.sequence_parallel_active else 'off'}; --micro-batch-size "
                 f"{cfg.micro_batch_size} ignored: the scheduler packs each micro-batch to "
                 f"--skrull-bucket-size {cfg.skrull.bucket_size} tokens per CP rank")
+        if cfg.model.rope_type != "default" or cfg.model.rotary_percent != 1.0:
+            from megatron.skrull.rope import describe
+
+            printer(f" skrull: {describe(cfg.model, cfg.model.max_position_embeddings)}")
         if cfg.sequence_parallel and not cfg.sequence_parallel_active:
             # Megatron's arguments.py does the same at TP = 1.
             printer(" skrull: warning: disabling --sequence-parallel because tensor model "
