@@ -94,6 +94,7 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     from megatron.core.distributed import finalize_model_grads
 
     from megatron.skrull.data import GlobalBatchSampler
+    from megatron.skrull.lookahead import lookahead_sampler
     from megatron.skrull.model import build_model
     from megatron.skrull.optimizer import build_optimizer, build_scheduler, wrap_ddp
     from megatron.skrull.batch_schedule import make_batch_scheduler
@@ -137,11 +138,14 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         # NCCL: the CP group's first batched P2P call must involve all its ranks, and a
         # plan may open with a micro-batch of CP sub-group rings only (docs/attention.md).
         RingComm(groups.cp_group).warm_up(device)
+    batch_scheduler = batch_scheduler or make_batch_scheduler(cfg, vocab)
     return Trainer(
         model=ddp, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.optim),
         source=source,
-        sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
-        batch_scheduler=batch_scheduler or make_batch_scheduler(cfg, vocab),
+        sampler=lookahead_sampler(
+            GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
+            source.lengths, cfg.skrull.lookahead, batch_scheduler),
+        batch_scheduler=batch_scheduler,
         groups=groups, device=device,
         float64_loss=cfg.fp64 and tp == 1, plan_ahead=cfg.skrull.plan_ahead,
         attention_backend=attention_kernel,

@@ -1,0 +1,154 @@
+"""Lookahead windows (``--skrull-lookahead N``) against N = 1: total time and spread.
+
+For every setting (length profile x model x CP x global batch, DP ``--dp-size``, the
+planner's recommended bucket) draws ``--iters`` global batches once, then for each N
+plans windows of N batches with :func:`skrull_ext.scheduler.lookahead.plan_window` (the
+judge: ``schedule()`` under the hardware preset's cost model) and schedules every
+resulting global batch.  Per N it reports, against N = 1 on the same batches:
+
+* ``pred`` / ``sim``: total iteration time of N = 1 over that of N (> 1: the lookahead
+  is faster), predicted by the cost model and simulated
+  (:func:`skrull_ext.planner.simulator.simulate`, the independent time model);
+* ``max/mean`` and ``p90/mean`` of the simulated per-iteration times, and ``max`` the
+  slowest simulated iteration over N = 1's slowest;
+* ``tok max/mean``: the largest iteration's token count over the mean (the spread of the
+  loss normalisers; the same tokens in every N);
+* ``win ms``: median planning time of one window (judge included).
+
+    PYTHONPATH=. python benchmarks/lookahead.py                       # bundled profiles
+    PYTHONPATH=. python benchmarks/lookahead.py --json benchmarks/results/lookahead-DATE.json
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from skrull_ext.costmodel.hardware import get_hardware
+from skrull_ext.costmodel.model import MODEL_PRESETS
+from skrull_ext.planner.cli import recommend_bucket
+from skrull_ext.planner.evaluate import max_fitting_length
+from skrull_ext.planner.profiles import load_profile, profile_names, sample_global_batches
+from skrull_ext.planner.simulator import simulate
+from skrull_ext.scheduler import SchedulerConfig, schedule
+from skrull_ext.scheduler.lookahead import plan_window, spread
+
+
+class CachedScheduler:
+    """``schedule()`` of one setting, memoised by the batch's lengths (the judge's plans
+    are the ones trained, so each batch is scheduled once)."""
+
+    def __init__(self, config: SchedulerConfig, cost):
+        self.config, self.cost, self._plans = config, cost, {}
+
+    def plan(self, lengths: np.ndarray):
+        key = np.ascontiguousarray(lengths, dtype=np.int64).tobytes()
+        if key not in self._plans:
+            self._plans[key] = schedule(lengths, self.config, self.cost)
+        return self._plans[key]
+
+    def __call__(self, lengths: np.ndarray) -> float:
+        return float(self.plan(lengths).predicted["iteration_time"])
+
+
+def run_setting(lengths: np.ndarray, gbs: int, windows: list[int], model, hw, dp: int,
+                cp: int, bucket: int) -> dict:
+    """Every N on the same ``len(lengths) / gbs`` drawn batches (sample id = position)."""
+    cost = hw.cost_model(model, cp, dp)
+    sched = CachedScheduler(SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket), cost)
+    drawn = [np.arange(i, i + gbs) for i in range(0, lengths.size, gbs)]
+    out = {}
+    for n in windows:
+        batches, plan_ms, grouped = [], [], 0
+        for w in range(0, len(drawn), n):
+            start = time.perf_counter()
+            win = plan_window(drawn[w:w + n], lengths, sched)
+            plan_ms.append(1e3 * (time.perf_counter() - start))
+            batches += win.batches
+            grouped += win.reordered
+        plans = [sched.plan(lengths[b]) for b in batches]
+        pred = [p.predicted["iteration_time"] for p in plans]
+        sim = [simulate(p, model, hw).iteration_time for p in plans]
+        tokens = [int(lengths[b].sum()) for b in batches]
+        out[n] = {"predicted": spread(pred), "simulated": spread(sim),
+                  "tokens_max_over_mean": max(tokens) / float(np.mean(tokens)),
+                  "windows_grouped": grouped, "windows": -(-len(drawn) // n),
+                  "window_plan_ms": statistics.median(plan_ms)}
+    return out
+
+
+def _row(n: int, r: dict, base: dict) -> str:
+    p, s = r["predicted"], r["simulated"]
+    return (f"{n:>2} {base['predicted']['total'] / p['total']:>7.3f} "
+            f"{base['simulated']['total'] / s['total']:>7.3f} {s['max_over_mean']:>8.2f} "
+            f"{s['p90_over_mean']:>8.2f} {s['max'] / base['simulated']['max']:>6.2f} "
+            f"{r['tokens_max_over_mean']:>12.2f} {r['windows_grouped']:>4}/{r['windows']:<3} "
+            f"{r['window_plan_ms']:>7.1f}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profiles", nargs="+", default=profile_names())
+    parser.add_argument("--models", nargs="+", default=sorted(MODEL_PRESETS))
+    parser.add_argument("--cp", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--gbs", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--lookahead", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--iters", type=int, default=16, help="global batches per setting")
+    parser.add_argument("--dp-size", type=int, default=4)
+    parser.add_argument("--hardware", default="h100")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="write every row here")
+    args = parser.parse_args(argv)
+    if min(args.lookahead) < 1 or args.iters < 1:
+        print("error: --lookahead values and --iters must be >= 1", file=sys.stderr)
+        return 2
+    hw = get_hardware(args.hardware)
+    windows = sorted({1, *args.lookahead})
+    print(f"DP={args.dp_size} {hw.name}, {args.iters} global batches per setting; ratios are "
+          "N = 1 over N (> 1: faster), spreads of simulated iteration times")
+    rows = []
+    for pname, mname, cp, gbs in itertools.product(args.profiles, args.models, args.cp,
+                                                   args.gbs):
+        model = MODEL_PRESETS[mname]
+        bucket = max(2 * cp, int(recommend_bucket(model, hw, args.dp_size, cp)))
+        lengths = np.concatenate(sample_global_batches(
+            load_profile(pname), num_batches=args.iters, global_batch_size=gbs,
+            seed=args.seed, max_length=max_fitting_length(cp, bucket),
+            overflow="truncate").batches)
+        res = run_setting(lengths, gbs, windows, model, hw, args.dp_size, cp, bucket)
+        print(f"{pname} {mname} CP {cp} GBS {gbs} bucket {bucket}\n"
+              " N    pred     sim max/mean p90/mean    max tok max/mean grouped win ms")
+        for n in windows:
+            print(_row(n, res[n], res[1]), flush=True)
+        rows.append({"profile": pname, "model": mname, "cp": cp, "gbs": gbs, "bucket": bucket,
+                     "dp": args.dp_size, "hardware": hw.name, "iters": args.iters,
+                     "seed": args.seed, "by_lookahead": {str(n): res[n] for n in windows}})
+    summarize(rows, windows)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+def summarize(rows: list[dict], windows: list[int]) -> None:
+    """Per N: mean and range of the total-time ratios, mean spreads, over all settings."""
+    print(" N  pred mean [min, max]  sim mean [min, max]  max/mean  p90/mean  tok max/mean")
+    for n in windows:
+        r = [row["by_lookahead"][str(n)] for row in rows]
+        b = [row["by_lookahead"]["1"] for row in rows]
+        pred = [x["predicted"]["total"] / y["predicted"]["total"] for x, y in zip(b, r)]
+        sim = [x["simulated"]["total"] / y["simulated"]["total"] for x, y in zip(b, r)]
+        print(f"{n:>2} {np.mean(pred):>6.3f} [{min(pred):.3f}, {max(pred):.3f}] "
+              f"{np.mean(sim):>6.3f} [{min(sim):.3f}, {max(sim):.3f}] "
+              f"{np.mean([x['simulated']['max_over_mean'] for x in r]):>9.2f} "
+              f"{np.mean([x['simulated']['p90_over_mean'] for x in r]):>9.2f} "
+              f"{np.mean([x['tokens_max_over_mean'] for x in r]):>13.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
