@@ -3,17 +3,21 @@
 For every setting (length profile x model x CP x global batch, DP ``--dp-size``, the
 planner's recommended bucket) draws ``--iters`` global batches once, then for each N
 plans windows of N batches with :func:`skrull_ext.scheduler.lookahead.plan_window` (the
-judge: ``schedule()`` under the hardware preset's cost model) and schedules every
-resulting global batch.  Per N it reports, against N = 1 on the same batches:
+judge: :func:`~skrull_ext.scheduler.lookahead.scheduler_judge` under the hardware preset's
+cost model, as in training) and schedules every resulting global batch.  Per N it reports, against N = 1 on the same batches:
 
 * ``pred`` / ``sim``: total iteration time of N = 1 over that of N (> 1: the lookahead
-  is faster), predicted by the cost model and simulated
+  is faster) under the trained plans (``schedule()`` with its default refinement),
+  predicted by the cost model and simulated
   (:func:`skrull_ext.planner.simulator.simulate`, the independent time model);
 * ``max/mean`` and ``p90/mean`` of the simulated per-iteration times, and ``max`` the
   slowest simulated iteration over N = 1's slowest;
 * ``tok max/mean``: the largest iteration's token count over the mean (the spread of the
   loss normalisers; the same tokens in every N);
-* ``win ms``: median planning time of one window (judge included).
+* ``judge ms/it``: a window's ``2 N`` judge calls (uncached, measured here) per
+  iteration of the window -- training spreads them over the previous window's
+  iterations on the plan-ahead worker -- median over windows, and ``/iter`` that over
+  the mean predicted iteration time (the machines differ, so it is only a guide).
 
     PYTHONPATH=. python benchmarks/lookahead.py                       # bundled profiles
     PYTHONPATH=. python benchmarks/lookahead.py --json benchmarks/results/lookahead-DATE.json
@@ -36,12 +40,12 @@ from skrull_ext.planner.evaluate import max_fitting_length
 from skrull_ext.planner.profiles import load_profile, profile_names, sample_global_batches
 from skrull_ext.planner.simulator import simulate
 from skrull_ext.scheduler import SchedulerConfig, schedule
-from skrull_ext.scheduler.lookahead import plan_window, spread
+from skrull_ext.scheduler.lookahead import plan_window, scheduler_judge, spread
 
 
 class CachedScheduler:
-    """``schedule()`` of one setting, memoised by the batch's lengths (the judge's plans
-    are the ones trained, so each batch is scheduled once)."""
+    """``schedule()`` of one setting, memoised by the batch's lengths (the same batch
+    recurs across N)."""
 
     def __init__(self, config: SchedulerConfig, cost):
         self.config, self.cost, self._plans = config, cost, {}
@@ -52,23 +56,22 @@ class CachedScheduler:
             self._plans[key] = schedule(lengths, self.config, self.cost)
         return self._plans[key]
 
-    def __call__(self, lengths: np.ndarray) -> float:
-        return float(self.plan(lengths).predicted["iteration_time"])
-
 
 def run_setting(lengths: np.ndarray, gbs: int, windows: list[int], model, hw, dp: int,
                 cp: int, bucket: int) -> dict:
-    """Every N on the same ``len(lengths) / gbs`` drawn batches (sample id = position)."""
+    """Every N on the same ``len(lengths) / gbs`` drawn batches (sample id = position):
+    windows judged as training judges them, the batches then planned as it plans them."""
     cost = hw.cost_model(model, cp, dp)
-    sched = CachedScheduler(SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket), cost)
+    config = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket)
+    sched, judge = CachedScheduler(config, cost), scheduler_judge(config, cost)
     drawn = [np.arange(i, i + gbs) for i in range(0, lengths.size, gbs)]
     out = {}
     for n in windows:
         batches, plan_ms, grouped = [], [], 0
         for w in range(0, len(drawn), n):
             start = time.perf_counter()
-            win = plan_window(drawn[w:w + n], lengths, sched)
-            plan_ms.append(1e3 * (time.perf_counter() - start))
+            win = plan_window(drawn[w:w + n], lengths, judge)
+            plan_ms.append(1e3 * (time.perf_counter() - start) / len(win.batches))
             batches += win.batches
             grouped += win.reordered
         plans = [sched.plan(lengths[b]) for b in batches]
@@ -78,7 +81,7 @@ def run_setting(lengths: np.ndarray, gbs: int, windows: list[int], model, hw, dp
         out[n] = {"predicted": spread(pred), "simulated": spread(sim),
                   "tokens_max_over_mean": max(tokens) / float(np.mean(tokens)),
                   "windows_grouped": grouped, "windows": -(-len(drawn) // n),
-                  "window_plan_ms": statistics.median(plan_ms)}
+                  "judge_ms_per_iteration": statistics.median(plan_ms)}
     return out
 
 
@@ -88,7 +91,8 @@ def _row(n: int, r: dict, base: dict) -> str:
             f"{base['simulated']['total'] / s['total']:>7.3f} {s['max_over_mean']:>8.2f} "
             f"{s['p90_over_mean']:>8.2f} {s['max'] / base['simulated']['max']:>6.2f} "
             f"{r['tokens_max_over_mean']:>12.2f} {r['windows_grouped']:>4}/{r['windows']:<3} "
-            f"{r['window_plan_ms']:>7.1f}")
+            f"{r['judge_ms_per_iteration']:>11.2f} "
+            f"{r['judge_ms_per_iteration'] / (1e3 * p['mean']):>6.3f}")
 
 
 def main(argv=None) -> int:
@@ -122,7 +126,7 @@ def main(argv=None) -> int:
             overflow="truncate").batches)
         res = run_setting(lengths, gbs, windows, model, hw, args.dp_size, cp, bucket)
         print(f"{pname} {mname} CP {cp} GBS {gbs} bucket {bucket}\n"
-              " N    pred     sim max/mean p90/mean    max tok max/mean grouped win ms")
+              " N    pred     sim max/mean p90/mean    max tok max/mean grouped judge ms/it  /iter")
         for n in windows:
             print(_row(n, res[n], res[1]), flush=True)
         rows.append({"profile": pname, "model": mname, "cp": cp, "gbs": gbs, "bucket": bucket,

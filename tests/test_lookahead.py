@@ -124,6 +124,26 @@ def test_every_sample_once_per_epoch_gbs_per_iteration_and_deterministic():
     assert _batches(_sampler(lengths, 3, sched), 20) == got  # same on every rank / run
 
 
+def test_judge_calls_are_spread_over_the_previous_window():
+    _, lengths, _ = _tiny()
+    calls = []
+
+    def judge(x):  # favours even token counts: grouping usually wins
+        calls.append(len(x))
+        return float(x.sum()) ** 2
+
+    sampler = LookaheadSampler(GlobalBatchSampler(len(lengths), 6, 1234), lengths, 4, judge)
+    per_iteration = []
+    for _ in range(12):  # 10 batches per epoch: windows [0, 4), [4, 8), [8, 10), [10, 14)
+        before = len(calls)
+        next(sampler)
+        per_iteration.append(len(calls) - before)
+    assert sampler.windows_grouped >= 2
+    assert per_iteration[0] <= 8 + 2  # the first window at once, then 2 of the next
+    assert max(per_iteration[1:8]) <= 2  # windows of 4 (then 2): <= 2 calls per iteration
+    assert max(per_iteration[8:]) <= 4  # a window of 2 judges the next 4 batches
+
+
 def test_lookahead_one_is_the_drawn_sampler_bit_for_bit():
     _, lengths, sched = _tiny()
     base = GlobalBatchSampler(len(lengths), 6, 1234)

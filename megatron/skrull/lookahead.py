@@ -4,9 +4,11 @@
 sample ids (:class:`megatron.skrull.data.GlobalBatchSampler`, or any sampler with the same
 protocol: ``next()``, an ``iteration`` attribute naming the next iteration it yields,
 ``state_dict()`` / ``load_state_dict()`` honouring an ``"iteration"`` key, and optionally
-``batches_per_epoch``).  At a window's first iteration it draws the window's N batches
-and hands them to :func:`skrull_ext.scheduler.lookahead.plan_window`, which returns them
-regrouped (or as drawn); it then yields them one per iteration.
+``batches_per_epoch``).  It draws a window's N batches one window early and hands them
+to :class:`skrull_ext.scheduler.lookahead.WindowPlanner`, which regroups them and judges
+both versions with the scheduler; the ``2 N`` judge calls are spread over the previous
+window's iterations (about 2 per iteration), and at the window's first iteration the
+planner's verdict (regrouped or as drawn) is yielded one batch per iteration.
 
 * **Once per epoch**: windows never cross an epoch boundary and a window's batches are a
   permutation of its drawn samples, so every sample trains exactly once per epoch; every
@@ -24,19 +26,27 @@ regrouped (or as drawn); it then yields them one per iteration.
   exactly its own (no extra key), so runs and checkpoints are bit-identical to before.
 
 Where the planning runs: :class:`megatron.skrull.plan_ahead.PlannedBatches` draws the
-next batch on its worker thread, so a window is planned while the previous iteration
-trains.
+next batch on its worker thread, so the judge calls run while an iteration trains; only
+the first window (and the window a resume lands in) is judged at once.
 """
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
-from skrull_ext.scheduler.lookahead import Judge, WindowPlan, plan_window, window_span
+from skrull_ext.scheduler.lookahead import (Judge, WindowPlan, WindowPlanner, scheduler_judge,
+                                            window_span)
 
 STATE_KEY = "skrull_lookahead"
+
+
+class _Drawn(NamedTuple):
+    """A drawn window: the sampler's state before each batch, its planner."""
+
+    states: list
+    planner: WindowPlanner
 
 
 class LookaheadSampler:
@@ -58,13 +68,9 @@ class LookaheadSampler:
         self._window: list[np.ndarray] = []  # this window's batches, in iteration order
         self._states: list[dict] = []  # the drawn sampler's state before each of them
         self._next = 0  # index in the window of the next batch to yield
+        self._upcoming: Optional[_Drawn] = None  # the next window, drawn and being judged
         self.last_window: Optional[WindowPlan] = None
         self.windows_planned = self.windows_grouped = 0
-
-    @property
-    def iteration(self) -> int:
-        """The iteration of the next batch."""
-        return self.sampler.iteration - (len(self._window) - self._next)
 
     @property
     def batches_per_epoch(self) -> Optional[int]:
@@ -77,12 +83,14 @@ class LookaheadSampler:
         if self.lookahead == 1:
             return next(self.sampler)
         if self._next == len(self._window):
-            self._plan(self.sampler.iteration)
+            self._start_window()
         self._next += 1
+        self._judge_ahead()
         return [int(i) for i in self._window[self._next - 1]]
 
-    def _plan(self, start: int) -> None:
-        """Draws the window starting at ``start`` (the sampler's position) and plans it."""
+    def _draw(self) -> _Drawn:
+        """Draws the window starting at the sampler's position."""
+        start = self.sampler.iteration
         begin, end = window_span(start, self.lookahead, self.batches_per_epoch)
         if begin != start:
             raise RuntimeError(f"lookahead window drawn from iteration {start}, not its first "
@@ -91,20 +99,37 @@ class LookaheadSampler:
         for _ in range(end - begin):
             states.append(copy.deepcopy(self.sampler.state_dict()))
             drawn.append(np.asarray(next(self.sampler), dtype=np.int64))
-        plan = plan_window(drawn, self.lengths, self.judge)
-        self._window, self._states, self._next = list(plan.batches), states, 0
+        return _Drawn(states, WindowPlanner(drawn, self.lengths, self.judge))
+
+    def _start_window(self) -> None:
+        """The next window becomes this one (its remaining judge calls made now)."""
+        upcoming, self._upcoming = self._upcoming or self._draw(), None
+        plan = upcoming.planner.result()
+        self._window, self._states, self._next = list(plan.batches), upcoming.states, 0
         self.last_window = plan
         self.windows_planned += 1
         self.windows_grouped += plan.reordered
+
+    def _judge_ahead(self) -> None:
+        """Draws the next window early and judges an even share of it per iteration left
+        in this one (2 judge calls per iteration for equal windows), so no iteration's
+        planning grows with N."""
+        if self._upcoming is None:
+            self._upcoming = self._draw()
+        left = len(self._window) - self._next + 1  # this iteration included
+        self._upcoming.planner.step(-(-self._upcoming.planner.pending // left))
 
     def state_dict(self) -> dict:
         """The drawn sampler's state before the next batch, plus ``skrull_lookahead``."""
         if self.lookahead == 1:
             return self.sampler.state_dict()
-        inside = self._next < len(self._window)
-        state = copy.deepcopy(self._states[self._next] if inside else self.sampler.state_dict())
-        state[STATE_KEY] = self.lookahead
-        return state
+        if self._next < len(self._window):
+            state = self._states[self._next]
+        elif self._upcoming is not None:
+            state = self._upcoming.states[0]
+        else:
+            state = self.sampler.state_dict()
+        return {**copy.deepcopy(state), STATE_KEY: self.lookahead}
 
     def load_state_dict(self, state: dict) -> None:
         """Resumes at ``state``'s iteration, recomputing its window when it is mid-window.
@@ -121,20 +146,30 @@ class LookaheadSampler:
                 f"--skrull-lookahead {saved} (it decides which samples train in which "
                 "iteration)")
         inner = {k: v for k, v in state.items() if k != STATE_KEY}
-        for k, cached in enumerate(self._states):  # a rewind inside the planned window
-            if _same(cached, inner):
-                self._next = k
-                return
+        if self._rewind(inner):
+            return
         self.sampler.load_state_dict(inner)
-        self._window, self._states, self._next = [], [], 0
+        self._window, self._states, self._next, self._upcoming = [], [], 0, None
         if self.lookahead == 1:
             return
         target = self.sampler.iteration
         begin, _ = window_span(target, self.lookahead, self.batches_per_epoch)
         if begin != target:  # mid-window: recompute the window from its first batch
             self.sampler.load_state_dict({**inner, "iteration": begin})
-            self._plan(begin)
+            self._start_window()
             self._next = target - begin
+
+    def _rewind(self, inner: dict) -> bool:
+        """Moves back inside what is already drawn (the plan-ahead worker's batch undone
+        at the end of training): no re-planning.  False when ``inner`` is elsewhere."""
+        for k, cached in enumerate(self._states):
+            if _same(cached, inner):
+                self._next = k
+                return True
+        if self._upcoming is not None and _same(self._upcoming.states[0], inner):
+            self._next = len(self._window)
+            return True
+        return False
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -148,14 +183,16 @@ def lookahead_sampler(sampler: Any, lengths: np.ndarray, lookahead: int,
                       batch_scheduler: Callable) -> LookaheadSampler:
     """The training loop's sampler for ``--skrull-lookahead`` (pass-through at N = 1).
 
-    The judge is ``batch_scheduler``'s predicted iteration time under the cost model it
-    holds now (the seed: called before training, so before any online refit).
+    The judge is :func:`~skrull_ext.scheduler.lookahead.scheduler_judge` on the batch
+    scheduler's config and the cost model it holds now (the seed: this is called before
+    training, so before any online refit); a batch scheduler without them (tests) judges
+    with its own plans' predictions.
     """
+    config = getattr(batch_scheduler, "config", None)
     cost = getattr(batch_scheduler, "cost_model", None)
-
-    def judge(batch_lengths: np.ndarray) -> float:
-        plan = (batch_scheduler(batch_lengths) if cost is None
-                else batch_scheduler(batch_lengths, cost_model=cost))
-        return float(plan.predicted["iteration_time"])
-
+    if config is not None and cost is not None:
+        judge = scheduler_judge(config, cost)
+    else:
+        def judge(batch_lengths: np.ndarray) -> float:
+            return float(batch_scheduler(batch_lengths).predicted["iteration_time"])
     return LookaheadSampler(sampler, lengths, lookahead, judge if lookahead > 1 else None)
