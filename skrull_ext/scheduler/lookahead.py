@@ -20,14 +20,15 @@ samples sorted longest first, iteration ``k`` takes the longest remaining ones w
 tokens stay within the mean of what remains per iteration (at least one), then fills its
 ``size_k`` slots with the *shortest* remaining ones.  Every iteration's token count ends
 near the window's mean, so the loss normalisers vary less than in the drawn order, and
-each iteration holds a run of samples of similar length plus short fillers.
+each iteration holds a run of consecutive lengths plus short fillers.
 
-:func:`plan_window` schedules both the drawn window and the grouped one with the judge
-(the run's policy and seed cost model, :func:`scheduler_judge`) and keeps the grouped
-one only when its predicted total time is lower by more than float noise; otherwise (and
-always for ``N = 1``) the drawn batches are returned unchanged.  Everything is a pure function of
-the window's sample ids, their lengths and the judge, so every rank computes the same
-window, and a resume recomputes it from the window's first batch.
+:func:`plan_window` (:class:`WindowPlanner`, a few judge calls at a time) schedules both
+the drawn window and the grouped one with the judge (the run's policy and seed cost
+model, :func:`scheduler_judge`) and keeps the grouped one only when its predicted total
+time is lower by more than float noise; otherwise (and always for ``N = 1``) the drawn
+batches are returned unchanged.  Everything is a pure function of the window's sample
+ids, their lengths and the judge, so every rank computes the same window, and a resume
+recomputes it from the window's first batch.
 """
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ Judge = Callable[[np.ndarray], float]  # one global batch's lengths [K] -> predi
 # Relative margin the grouped window must win by: float noise (another backend, another
 # summation order) never decides which samples train together.
 _MARGIN = 1e-9
-# Largest window: planning judges 2 N batches on the plan-ahead worker while one
-# iteration trains, so N stays small next to an iteration's work.
+# Largest window (--skrull-lookahead): a window holds N drawn batches and their sampler
+# states in memory, and a sample may move up to N - 1 iterations.
 MAX_LOOKAHEAD = 64
 
 
