@@ -190,6 +190,25 @@ def test_cuda_to_cpu_mode_is_scoped():
             torch.zeros(1, device="cuda")
 
 
+def test_float64_kept_only_in_fp64_parity_mode():
+    # mcore's fp16 loss scaler computes its inverse scale in double and casts it back with
+    # .float(); the float64-keeping .float() must not touch that outside --fp64 runs.
+    from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+
+    t64 = torch.zeros(2, dtype=torch.float64)
+    try:
+        cpu_compat.keep_float64(False)
+        with cpu_compat.cuda_to_cpu("cpu"):
+            scaler = DynamicGradScaler(initial_scale=2.0 ** 32, min_scale=1.0, growth_factor=2.0,
+                                       backoff_factor=0.5, growth_interval=1000, hysteresis=2)
+            assert scaler.inv_scale.dtype == torch.float32
+            assert t64.float().dtype == torch.float32
+    finally:
+        cpu_compat.keep_float64(True)
+    with cpu_compat.cuda_to_cpu("cpu"):
+        assert t64.float() is t64
+
+
 def test_checkpoint_writer_shim_matches_upstream_and_is_scoped():
     # cpu_checkpoint_io stands in for these upstream pieces; fail when they move.
     from megatron.core.dist_checkpointing.strategies import filesystem_async as fsa

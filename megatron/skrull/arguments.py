@@ -16,15 +16,9 @@ from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICE
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS
 from skrull_ext.sharding import shard_tokens
 
+from megatron.skrull.errors import ConfigError  # public here too
 from megatron.skrull.flags import SCHEDULERS, build_parser  # noqa: F401 - public here too
-
-
-class ConfigError(ValueError):
-    """Invalid flags; ``problems`` holds one message (naming the fix) per problem."""
-
-    def __init__(self, problems: Sequence[str]):
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
+from megatron.skrull.run_args import MegatronRunArgs, from_namespace, schedule_problems
 
 
 def _raise_if(problems: list[str]) -> None:
@@ -183,6 +177,11 @@ class OptimArgs:
     overlap_param_gather: bool = False
     loss_scale: Optional[float] = None  # fp16: None = dynamic loss scaling
     initial_loss_scale: float = 2.0 ** 32
+    # Megatron-LM's --lr-warmup-fraction (of the decay steps) and --decoupled-lr/-min-lr
+    # (the input embedding's and output layer's own LR, mcore's param-group override).
+    lr_warmup_fraction: Optional[float] = None
+    decoupled_lr: Optional[float] = None
+    decoupled_min_lr: Optional[float] = None
 
     def __post_init__(self) -> None:
         p = []
@@ -211,7 +210,20 @@ class OptimArgs:
             p.append(f"--loss-scale must be > 0, got {self.loss_scale}")
         if self.clip_grad < 0:
             p.append(f"--clip-grad must be >= 0 (0 disables clipping), got {self.clip_grad}")
+        p.extend(schedule_problems(self))
         _raise_if(p)
+
+    @property
+    def lr_decay_steps(self) -> float:
+        """LR decay length in iterations (``--lr-decay-iters``, default ``--train-iters``)."""
+        return self.lr_decay_iters or self.train_iters
+
+    @property
+    def lr_warmup_steps(self) -> float:
+        """Warmup in iterations: ``--lr-warmup-fraction`` x decay steps when given (Megatron)."""
+        if self.lr_warmup_fraction is not None:
+            return self.lr_warmup_fraction * self.lr_decay_steps
+        return self.lr_warmup_iters
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -273,6 +285,10 @@ class CheckpointArgs:
     no_load_optim: bool = False
     no_load_rng: bool = False
     exit_signal_handler: bool = False
+    # Megatron-LM's --no-save-optim / --no-save-rng: checkpoints without the optimizer (and
+    # LR schedule) / RNG state; loading one needs --no-load-optim / --no-load-rng.
+    no_save_optim: bool = False
+    no_save_rng: bool = False
 
     def __post_init__(self) -> None:
         p = []
@@ -329,6 +345,13 @@ class ValidationArgs:
 class LoggingArgs:
     log_interval: int = 100
     tensorboard_dir: Optional[str] = None
+    # Megatron-LM's: timers and validation perplexity in TensorBoard, Weights & Biases.
+    log_timers_to_tensorboard: bool = False
+    log_validation_ppl_to_tensorboard: bool = False
+    wandb_project: Optional[str] = None
+    wandb_exp_name: Optional[str] = None
+    wandb_save_dir: Optional[str] = None
+    wandb_entity: Optional[str] = None
 
     def __post_init__(self) -> None:
         _raise_if([f"--log-interval must be >= 1, got {self.log_interval}"]
@@ -390,6 +413,7 @@ class RunConfig:
     micro_batch_size: int = 1
     exit_interval: Optional[int] = None
     validation: ValidationArgs = ValidationArgs()
+    run: MegatronRunArgs = MegatronRunArgs()
 
     @property
     def params_dtype(self) -> "torch.dtype":
@@ -450,6 +474,10 @@ def cross_problems(cfg: RunConfig) -> list[str]:
     if cfg.optim.use_distributed_optimizer and cfg.parallel.dp_size * cp == 1:
         p.append("--use-distributed-optimizer has nothing to shard over with DP x CP = 1; "
                  "drop the flag or launch more data/context-parallel ranks")
+    padded = cfg.run.padded_vocab_size
+    if padded is not None and padded % tp:
+        p.append(f"--padded-vocab-size {padded} is not divisible by "
+                 f"--tensor-model-parallel-size {tp}; pick a multiple of {tp}")
     if sum((cfg.fp64, cfg.bf16, cfg.fp16)) > 1:
         chosen = [f for f, on in (("--fp64", cfg.fp64), ("--bf16", cfg.bf16),
                                   ("--fp16", cfg.fp16)) if on]
@@ -467,7 +495,8 @@ def _group(cls, problems: list[str], **values):
 
 def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     """Builds the frozen :class:`RunConfig`; raises :class:`ConfigError` with every problem."""
-    p: list[str] = []
+    mx = from_namespace(ns)  # Megatron-LM's run-control, sample-based and accepted flags
+    p: list[str] = list(mx.problems)
     model = _group(ModelArgs, p, num_layers=ns.num_layers, hidden_size=ns.hidden_size,
                    num_attention_heads=ns.num_attention_heads, ffn_hidden_size=ns.ffn_hidden_size,
                    num_query_groups=ns.num_query_groups, kv_channels=ns.kv_channels,
@@ -489,9 +518,8 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
         # round; not wired to Skrull's variable per-rank layouts (docs/training.md).
         p.append("--num-layers-per-virtual-pipeline-stage: the interleaved pipeline schedule is "
                  "not supported with Skrull; drop the flag (non-interleaved 1F1B is used)")
-    optim = _group(OptimArgs, p, lr=ns.lr, train_iters=ns.train_iters, min_lr=ns.min_lr,
-                   lr_warmup_iters=ns.lr_warmup_iters, lr_decay_style=ns.lr_decay_style,
-                   lr_decay_iters=ns.lr_decay_iters, weight_decay=ns.weight_decay,
+    optim = _group(OptimArgs, p, lr=ns.lr, min_lr=ns.min_lr, **mx.optim,
+                   lr_decay_style=ns.lr_decay_style, weight_decay=ns.weight_decay,
                    adam_beta1=ns.adam_beta1, adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps,
                    clip_grad=ns.clip_grad, seed=ns.seed,
                    use_distributed_optimizer=ns.use_distributed_optimizer,
@@ -507,8 +535,7 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     skrull = _group(SkrullArgs, p, bucket_size=ns.skrull_bucket_size,
                     scheduler=ns.skrull_scheduler, hardware=ns.skrull_hardware,
                     objective=ns.skrull_objective,
-                    attention_kernel=(ns.skrull_attention_kernel
-                                      or os.environ.get(KERNEL_ENV_VAR) or "auto"),
+                    attention_kernel=mx.attention_kernel,
                     cost_model_config=ns.skrull_cost_model_config,
                     plan_ahead=ns.skrull_plan_ahead,
                     online_cost_model=ns.skrull_online_cost_model,
@@ -517,9 +544,10 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                   save_interval=ns.save_interval, pretrained_hf=ns.pretrained_hf,
                   ckpt_format=ns.ckpt_format, finetune=ns.finetune,
                   no_load_optim=ns.no_load_optim, no_load_rng=ns.no_load_rng,
-                  exit_signal_handler=ns.exit_signal_handler)
+                  exit_signal_handler=ns.exit_signal_handler, **mx.checkpoint)
     log = _group(LoggingArgs, p, log_interval=ns.log_interval,
-                 tensorboard_dir=ns.tensorboard_dir)
+                 tensorboard_dir=ns.tensorboard_dir, **mx.logging)
+    run = _group(MegatronRunArgs, p, **mx.run)
     _raise_if(p)
     return RunConfig(model=model, parallel=parallel, optim=optim, data=data, skrull=skrull,
                      checkpoint=ckpt, logging=log, global_batch_size=ns.global_batch_size,
@@ -529,7 +557,7 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                                              recompute_method=ns.recompute_method,
                                              recompute_num_layers=ns.recompute_num_layers),
                      micro_batch_size=ns.micro_batch_size, exit_interval=ns.exit_interval,
-                     validation=validation)
+                     validation=validation, run=run)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None, world_size: int = 1) -> RunConfig:

@@ -11,6 +11,7 @@ TensorBoard, ``--save`` every ``--save-interval`` and at the end).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 import os
 import signal
@@ -26,13 +27,16 @@ from skrull_ext.attention.comm import RingComm
 
 from megatron.skrull import errors
 from megatron.skrull.arguments import ConfigError, RunConfig, parse_args
-from megatron.skrull.cpu_compat import apply_cpu_compat, resolve_device
+from megatron.skrull.cpu_compat import apply_cpu_compat, keep_float64, resolve_device
+from megatron.skrull.run_control import PROGRAM_START  # noqa: F401 - taken at start-up
 
 logger = logging.getLogger("megatron.skrull")
 
 
-def init_distributed(device: torch.device, init_method: Optional[str] = None) -> None:
-    """Initialises the default process group from torchrun's env (or a world of 1)."""
+def init_distributed(device: torch.device, init_method: Optional[str] = None,
+                     timeout_minutes: int = 10) -> None:
+    """Initialises the default process group from torchrun's env (or a world of 1);
+    collectives time out after ``timeout_minutes`` (``--distributed-timeout-minutes``)."""
     if dist.is_initialized():
         return
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -47,7 +51,8 @@ def init_distributed(device: torch.device, init_method: Optional[str] = None) ->
     if device.type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            init_method=init_method, rank=rank, world_size=world)
+                            init_method=init_method, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(minutes=timeout_minutes))
 
 
 def init_model_parallel(cfg: RunConfig, device: torch.device) -> None:
@@ -58,7 +63,8 @@ def init_model_parallel(cfg: RunConfig, device: torch.device) -> None:
         tensor_model_parallel_size=cfg.parallel.tensor_model_parallel_size,
         context_parallel_size=cfg.parallel.context_parallel_size,
         pipeline_model_parallel_size=cfg.parallel.pipeline_model_parallel_size,
-        create_gloo_process_groups=device.type == "cpu")
+        create_gloo_process_groups=device.type == "cpu",
+        distributed_timeout_minutes=cfg.run.distributed_timeout_minutes)
     torch.manual_seed(cfg.optim.seed)
     tensor_parallel.model_parallel_cuda_manual_seed(cfg.optim.seed)
 
@@ -105,12 +111,14 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     if cfg.model.vocab_size is not None and cfg.model.vocab_size < source.vocab_size:
         raise ValueError(f"--vocab-size {cfg.model.vocab_size} is smaller than the data's "
                          f"vocabulary {source.vocab_size}; drop --vocab-size or raise it")
+    vocab = _padded_vocab(cfg, source.vocab_size, vocab)
     attention_kernel = _attention_kernel(cfg, device)
     model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
                         cp_size=cfg.parallel.context_parallel_size, dtype=cfg.params_dtype,
                         device=device, attention_fn=attention_fn, recompute=cfg.recompute,
                         pp_size=cfg.parallel.pipeline_model_parallel_size,
-                        sequence_parallel=cfg.sequence_parallel_active)
+                        sequence_parallel=cfg.sequence_parallel_active,
+                        transformer_impl=cfg.run.transformer_impl)
     if cfg.checkpoint.pretrained_hf:  # before DDP and the optimizer copy anything
         from megatron.core import parallel_state as ps
         from megatron.skrull.hf.io import load_pretrained
@@ -148,6 +156,17 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         pad_multiple=tp if cfg.sequence_parallel_active else 1)
 
 
+def _padded_vocab(cfg: RunConfig, data_vocab: int, padded: int) -> int:
+    """``--padded-vocab-size`` when given (Megatron-LM's override), else ``padded``."""
+    explicit = cfg.run.padded_vocab_size
+    if explicit is None:
+        return padded
+    if explicit < data_vocab:
+        raise ValueError(f"--padded-vocab-size {explicit} is smaller than the data's "
+                         f"vocabulary {data_vocab}; raise it or drop the flag")
+    return explicit
+
+
 def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
     """Resolves ``--skrull-attention-kernel`` now, so a missing library stops the launch."""
     from skrull_ext.attention import get_kernel
@@ -179,6 +198,35 @@ class ExitSignalHandler:
         return bool(flag.item())
 
 
+def _exit_fn(cfg: RunConfig, device: torch.device):
+    """``--exit-signal-handler`` (``--exit-signal``) and ``--exit-duration-in-mins``."""
+    from megatron.skrull.run_control import ExitDuration, any_exit
+
+    minutes = cfg.run.exit_duration_in_mins
+    return any_exit([
+        ExitSignalHandler(device, getattr(signal, cfg.run.exit_signal))
+        if cfg.checkpoint.exit_signal_handler else None,
+        ExitDuration(minutes, device) if minutes else None])
+
+
+def _megatron_logging(cfg: RunConfig, metrics, evaluator, description: dict, rank: int,
+                      printer: Callable[[str], None]) -> None:
+    """Rank 0: the notes on accepted Megatron-LM flags, wandb, timers and validation PPL
+    in TensorBoard (``--log-timers-to-tensorboard``, ``--log-validation-ppl-to-tensorboard``)."""
+    if rank != 0:
+        return
+    for note in cfg.run.notes:
+        printer(f" skrull: {note}")
+    metrics.log_timers = cfg.logging.log_timers_to_tensorboard
+    if evaluator is not None:
+        evaluator.log_ppl = cfg.logging.log_validation_ppl_to_tensorboard
+    if cfg.logging.wandb_project:
+        from megatron.skrull.loggers import Writers, open_wandb
+
+        metrics.writer = Writers(metrics.writer,
+                                 open_wandb(cfg.logging, cfg.checkpoint.save, description))
+
+
 class SetupError(RuntimeError):
     """Bad input found while building the run (data, tokenizer, checkpoint): exit 2."""
 
@@ -197,10 +245,15 @@ def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
 
     device = resolve_device(cfg.device)
     apply_cpu_compat(device)
-    init_distributed(device, init_method)
+    keep_float64(cfg.fp64)  # only --fp64 keeps float64 through mcore's .float() (CPU)
+    init_distributed(device, init_method, cfg.run.distributed_timeout_minutes)
     init_model_parallel(cfg, device)
     try:
         sources = build_sample_sources(cfg)
+        if cfg.run.eod_mask_loss:
+            from megatron.skrull.run_control import mask_eod
+
+            sources = mask_eod(sources)
         trainer = build_trainer(cfg, device, source=sources.train)
         evaluator = build_evaluator(cfg, sources, trainer.batch_scheduler, device=device)
         meta = ckpt.CheckpointMeta.from_parallel_state(device)
@@ -234,6 +287,7 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
     metrics = MetricsLogger(log_interval=cfg.logging.log_interval,
                             train_iters=cfg.optim.train_iters, enabled=meta.rank == 0,
                             tensorboard_dir=cfg.logging.tensorboard_dir, printer=printer)
+    _megatron_logging(cfg, metrics, evaluator, description, meta.rank, printer)
     if meta.rank == 0:
         printer(f" skrull: world {cfg.parallel.world_size} = DP {cfg.parallel.dp_size} x CP "
                 f"{cfg.parallel.context_parallel_size} x TP "
@@ -261,7 +315,7 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
         if evaluator is not None:
             printer(describe(evaluator))
     try:
-        exit_fn = ExitSignalHandler(device) if cfg.checkpoint.exit_signal_handler else None
+        exit_fn = _exit_fn(cfg, device)
         return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
                      save_interval=cfg.checkpoint.save_interval, save_fn=save_fn,
                      exit_fn=exit_fn, exit_interval=cfg.exit_interval,

@@ -139,6 +139,8 @@ class IterationStats:
     micro_batches: int
     local_share: float
     planning_seconds: float = 0.0  # planning the main thread waited for (exposed)
+    forward_backward_seconds: float = 0.0  # micro-batches incl. gradient reduction
+    optimizer_seconds: float = 0.0  # clip, step, LR schedule
 
     @property
     def tokens_per_second(self) -> float:
@@ -305,6 +307,7 @@ class Trainer:
                 torch.cuda.synchronize()
             start = time.perf_counter()
         loss = self.compute_gradients(batch_ids, plan)
+        forward_backward = time.perf_counter() - start
         lr = self.optimizer.param_groups[0]["lr"]
         with cuda_to_cpu(self.device):
             updated, norm, _ = self.optimizer.step()
@@ -317,7 +320,8 @@ class Trainer:
             iteration=self.iteration, loss=loss, lr=lr, grad_norm=float(norm or 0.0),
             seconds=time.perf_counter() - start, predicted_seconds=predicted_seconds(plan),
             tokens=int(plan.lengths.sum()), micro_batches=plan.num_micro_batches,
-            local_share=plan.local_token_share())
+            local_share=plan.local_token_share(), forward_backward_seconds=forward_backward,
+            optimizer_seconds=time.perf_counter() - start - forward_backward)
 
 
 class MetricsLogger:
@@ -334,6 +338,7 @@ class MetricsLogger:
         self.enabled, self.printer = enabled, printer
         self.window: list[IterationStats] = []
         self.writer = None
+        self.log_timers = False  # --log-timers-to-tensorboard (Megatron-LM's timer names)
         if enabled and tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -353,9 +358,19 @@ class MetricsLogger:
                                 ("predicted-iteration-time", stats.predicted_seconds)):
                 if value is not None:
                     self.writer.add_scalar(name, value, it)
+            if self.log_timers:
+                self.write_timers(stats)
         if stats.iteration % self.log_interval == 0 or stats.iteration == self.train_iters:
             self.printer(self.format(self.window))
             self.window = []
+
+    def write_timers(self, stats: IterationStats) -> None:
+        """Megatron-LM's ``--log-timers-to-tensorboard`` scalars (seconds per iteration);
+        batch-generator is the planning the iteration waited for."""
+        for name, value in (("forward-backward", stats.forward_backward_seconds),
+                            ("optimizer", stats.optimizer_seconds),
+                            ("batch-generator", stats.planning_seconds)):
+            self.writer.add_scalar(f"{name}-time", value, stats.iteration)
 
     def format(self, window: list[IterationStats]) -> str:
         last, n = window[-1], len(window)
