@@ -114,5 +114,5 @@ def test_gpt3_and_qwen_details(runs):
     gpt3, qwen = results["gpt3"]["stdout"], results["qwen"]["stdout"]
     assert "accepted Megatron-LM flags --vocab-file, --merge-file: tokenizer files" in gpt3
     assert "--attention-backend auto -> --skrull-attention-kernel auto on cpu" in gpt3
-    assert "--no-masked-softmax-fusion, --no-bias-swiglu-fusion, --no-rope-fusion" in qwen
+    assert "--no-masked-softmax-fusion, --no-bias-swiglu-fusion: fusion" in qwen
     assert "without --group-query-attention" not in qwen  # the script says GQA

@@ -32,13 +32,13 @@ PENDING_ELSEWHERE = {
               "--use-rope-scaling --rope-scaling-factor --rotary-scaling-factor "
               "--yarn-original-max-position-embeddings --yarn-beta-fast --yarn-beta-slow "
               "--yarn-correction-range-round-to-int --no-yarn-correction-range-round-to-int "
-              # not in o-rope's explicit list, but RoPE/position flags (its lane):
-              "--rotary-interleaved --use-rotary-position-embeddings --no-rope-freq "
-              "--no-position-embedding --rope-type",
+              # not in o-rope's explicit list, but RoPE/position flags it implements:
+              "--use-rotary-position-embeddings --no-rope-freq --no-position-embedding "
+              "--mscale --mscale-all-dim --no-rope-fusion",
     "m-resume": "--override-opt_param-scheduler --override-opt-param-scheduler "
                 "--use-checkpoint-opt_param-scheduler --use-checkpoint-opt-param-scheduler "
                 "--hybrid-context-parallel --max-seqlen-per-dp-cp-rank",
-    "p-data": "--data-args-path --per-split-data-args-path --train-data-path --test-data-path",
+    "p-data": "--data-args-path --per-split-data-args-path --train-data-path",
 }
 
 _MOE = "only used with MoE (--num-experts, refused)"
@@ -49,7 +49,7 @@ ACCEPTED: tuple[tuple[str, str], ...] = (
     ("fusion and kernel switches: the layers compute the same math unfused on CPU and with "
      "the attention kernel of --skrull-attention-kernel on GPU",
      "--no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-swiglu-fusion "
-     "--no-bias-dropout-fusion --no-rope-fusion --cross-entropy-loss-fusion "
+     "--no-bias-dropout-fusion --cross-entropy-loss-fusion "
      "--cross-entropy-fusion-impl --no-gradient-accumulation-fusion --no-persist-layer-norm "
      "--disable-jit-fuser --fused-residual-rmsnorm --use-transformer-engine-op-fuser "
      "--use-te-activation-func --no-gradient-reduce-div-fusion --use-flash-attn "
@@ -66,11 +66,13 @@ ACCEPTED: tuple[tuple[str, str], ...] = (
      "decay on norm weights (mcore's grouping) training is the same",
      "--apply-layernorm-1p"),
     ("data loading: samples are read from the preprocessed dataset and packed by the "
-     "scheduler in the training process (tools/preprocess_sft.py tokenizes)",
+     "scheduler in the training process (tools/preprocess_sft.py tokenizes); a test split is "
+     "held out, not evaluated",
      "--num-workers --dataloader-type --no-mmap-bin-files --data-cache-path "
      "--num-dataset-builder-threads --dataloader-fast-cache-load "
      "--dataloader-defer-npy-index-mmap --mid-level-dataset-surplus --object-storage-cache-path "
-     "--per-dataset-sequences-path --allow-ambiguous-pad-tokens --no-data-sharding"),
+     "--per-dataset-sequences-path --allow-ambiguous-pad-tokens --no-data-sharding "
+     "--test-data-path"),
     ("tokenizer files: the tokenizer recorded with the preprocessed dataset (its .json meta) "
      "gives the vocabulary and EOD; --tokenizer-type/--tokenizer-model are checked against it",
      "--vocab-file --merge-file --vocab-extra-ids --tokenizer-metadata "
@@ -307,7 +309,7 @@ ACCEPTED: tuple[tuple[str, str], ...] = (
      "attention, Mamba, MTP, muP, mHC, qk-clip, relative or mrope positions, sliding windows, "
      "kitchen)",
      "--q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim "
-     "--mscale --mscale-all-dim --cache-mla-latents --mla-down-proj-fusion "
+     "--rope-type --cache-mla-latents --mla-down-proj-fusion "
      "--dsa-indexer-n-heads --dsa-indexer-head-dim --dsa-indexer-topk --dsa-indexer-topk-freq "
      "--dsa-indexer-skip-topk-offset --dsa-indexer-loss-coeff --dsa-indexer-use-sparse-loss "
      "--dsa-kernel-backend --dsa-indexer-rope-interleaved --no-dsa-indexer-rotate-activation "
@@ -345,14 +347,14 @@ REFUSED: tuple[tuple[str, str], ...] = (
     ("fp8/fp4 training needs Transformer Engine's low-precision GEMMs, which this stack does "
      "not run (the run would silently be bf16); drop the flag to train in bf16",
      "--fp8-format --fp4-format"),
-    ("this architecture feature is not in this stack's GPT (dense, pre-norm, RoPE, "
-     "GeLU/SwiGLU); drop the flag or train it with Megatron-LM",
+    ("this architecture feature is not in this stack's GPT (dense, pre-norm, RoPE rotating "
+     "halves, GeLU/SwiGLU); drop the flag or train it with Megatron-LM",
      "--multi-latent-attention --experimental-attention-variant --is-hybrid-model "
      "--hybrid-layer-pattern --hybrid-override-pattern --mtp-num-layers --use-mup "
      "--enable-mhc-connections --window-size --softmax-type --attention-output-gate "
      "--qk-l2-norm --qk-clip --glu-linear-offset --activation-func-clamp-value --openai-gelu "
      "--squared-relu --quick-geglu --apply-residual-connection-post-layernorm "
-     "--fp32-residual-connection --heterogeneous-layers-config-path "
+     "--fp32-residual-connection --rotary-interleaved --heterogeneous-layers-config-path "
      "--heterogeneous-layers-config-encoded-json --spec --yaml-cfg --use-kitchen-attention "
      "--output-logit-dtype"),
     ("this initialisation is not supported (--init-method-std and one seed for every rank "
