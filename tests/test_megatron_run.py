@@ -105,7 +105,8 @@ def test_exit_duration_saves_and_exits_after_the_first_iteration(result):
     out, _ = result
     first = out["first"]
     assert first["rc"] == 0, first["stderr"][-2000:]
-    assert " iteration        1/" in first["stdout"] and "iteration        2/" not in first["stdout"]
+    stdout = first["stdout"]
+    assert " iteration        1/" in stdout and "iteration        2/" not in stdout
     assert "exiting program after" in first["stderr"] and out["tracker"] == "1"
     assert "--eod-mask-loss: the samples have no EOD token" in first["stderr"]
 

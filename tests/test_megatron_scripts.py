@@ -33,7 +33,8 @@ def runnable_here(argv: list[str]) -> list[str]:
     from megatron.skrull.flags import build_parser
     from megatron.skrull.megatron_args import implemented_names, megatron_kinds, pending_names
 
-    implemented, kinds, pending = implemented_names(build_parser()), megatron_kinds(), pending_names()
+    implemented, kinds = implemented_names(build_parser()), megatron_kinds()
+    pending = pending_names()
     out, i = [], 0
     while i < len(argv):
         if argv[i] in pending and argv[i] not in implemented:

@@ -1,6 +1,6 @@
 """Lists every argument of Megatron-LM's training parser, with its value kind.
 
-    python tools/dump_megatron_lm_args.py /path/to/Megatron-LM > tests/data/megatron_lm_arguments.txt
+    python tools/dump_megatron_lm_args.py CHECKOUT > megatron/skrull/megatron_lm_arguments.txt
 
 Megatron-LM builds most of its parser from dataclasses (``ArgumentGroupFactory``), so the
 names cannot be read from ``megatron/training/arguments.py``'s text: this script imports that
@@ -12,9 +12,9 @@ calls them.  Run it with this repository's interpreter (torch installed); the ch
 
 Output: a header naming the commit, then one ``--name<TAB>kind`` line per option string,
 sorted, where kind is ``flag`` (no value) or ``int``/``float``/``str`` with an nargs suffix
-(``+``, ``*``, a count) and ``{choice,...}`` when the values are restricted.  This is the
-test data of ``tests/test_megatron_args.py`` (the classification in
-``megatron/skrull/megatron_args.py`` must cover every name, with the same kinds).
+(``+``, ``*``, a count) and ``{choice,...}`` when the values are restricted.  The launcher
+registers the accepted/refused names with these kinds (``megatron/skrull/megatron_args.py``)
+and ``tests/test_megatron_args.py`` checks that every name falls in exactly one kind.
 """
 from __future__ import annotations
 

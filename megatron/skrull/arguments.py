@@ -18,6 +18,7 @@ from skrull_ext.sharding import shard_tokens
 
 from megatron.skrull.errors import ConfigError  # public here too
 from megatron.skrull.flags import SCHEDULERS, build_parser  # noqa: F401 - public here too
+from megatron.skrull.loggers import LoggingArgs  # public here too
 from megatron.skrull.run_args import MegatronRunArgs, from_namespace, schedule_problems
 
 
@@ -213,18 +214,6 @@ class OptimArgs:
         p.extend(schedule_problems(self))
         _raise_if(p)
 
-    @property
-    def lr_decay_steps(self) -> float:
-        """LR decay length in iterations (``--lr-decay-iters``, default ``--train-iters``)."""
-        return self.lr_decay_iters or self.train_iters
-
-    @property
-    def lr_warmup_steps(self) -> float:
-        """Warmup in iterations: ``--lr-warmup-fraction`` x decay steps when given (Megatron)."""
-        if self.lr_warmup_fraction is not None:
-            return self.lr_warmup_fraction * self.lr_decay_steps
-        return self.lr_warmup_iters
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataArgs:
@@ -339,23 +328,6 @@ class ValidationArgs:
     def requested(self) -> bool:
         """The user asked for validation (so a missing validation set is an error)."""
         return self.eval_interval is not None or bool(self.eval_iters)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LoggingArgs:
-    log_interval: int = 100
-    tensorboard_dir: Optional[str] = None
-    # Megatron-LM's: timers and validation perplexity in TensorBoard, Weights & Biases.
-    log_timers_to_tensorboard: bool = False
-    log_validation_ppl_to_tensorboard: bool = False
-    wandb_project: Optional[str] = None
-    wandb_exp_name: Optional[str] = None
-    wandb_save_dir: Optional[str] = None
-    wandb_entity: Optional[str] = None
-
-    def __post_init__(self) -> None:
-        _raise_if([f"--log-interval must be >= 1, got {self.log_interval}"]
-                  if self.log_interval < 1 else [])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -29,8 +29,8 @@ and ``.float()`` keeps float64, because our parity mode (``--fp64``) gives float
 float32 has in mcore (full-precision params and gradients; the distributed optimizer's
 ``shard_model_grad.float()`` would otherwise cast fp64 gradients down); only in that mode
 (:func:`keep_float64`, set by the launcher from ``--fp64``), so the fp16 loss scaler's
-deliberate ``double().reciprocal().float()`` stays float32.  The training loop enters the mode around
-its mcore calls only; nothing outside it changes.
+deliberate ``double().reciprocal().float()`` stays float32.  The training loop enters the mode
+around its mcore calls only; nothing outside it changes.
 
 Not patched because our stack never reaches them: RoPE's CP slicing
 (``get_pos_emb_on_this_cp_rank``, which also calls ``.cuda()``) -- :mod:`megatron.skrull.model`

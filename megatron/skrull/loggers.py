@@ -10,9 +10,30 @@ metrics logger and the evaluator write to TensorBoard and wandb alike.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from typing import Any, Optional
+
+from megatron.skrull.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoggingArgs:
+    """``--log-interval``, TensorBoard and Megatron-LM's timers / validation PPL / wandb."""
+
+    log_interval: int = 100
+    tensorboard_dir: Optional[str] = None
+    log_timers_to_tensorboard: bool = False
+    log_validation_ppl_to_tensorboard: bool = False
+    wandb_project: Optional[str] = None
+    wandb_exp_name: Optional[str] = None
+    wandb_save_dir: Optional[str] = None
+    wandb_entity: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.log_interval < 1:
+            raise ConfigError([f"--log-interval must be >= 1, got {self.log_interval}"])
 
 
 def wandb_problems(project: Optional[str], exp_name: Optional[str], save_dir: Optional[str],
@@ -51,7 +72,7 @@ def open_wandb(logging_args: Any, save: Optional[str], config: dict) -> WandbWri
     """Starts the wandb run of ``--wandb-project`` (logging rank only).
 
     Args:
-        logging_args: :class:`megatron.skrull.arguments.LoggingArgs`.
+        logging_args: :class:`LoggingArgs`.
         save: ``--save`` (default directory: ``SAVE/wandb``).
         config: The run's flags (``dataclasses.asdict(RunConfig)``), wandb's ``config``.
     """

@@ -19,6 +19,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron.skrull.arguments import OptimArgs
 from megatron.skrull.cpu_compat import cuda_to_cpu
+from megatron.skrull.run_args import lr_schedule_steps
 
 __all__ = ["wrap_ddp", "build_optimizer", "build_scheduler", "optimizer_config"]
 
@@ -84,9 +85,10 @@ def build_scheduler(optimizer: MegatronOptimizer, args: OptimArgs,
     (``--lr-warmup-fraction``, ``--train-samples``): Megatron-LM counts those in samples,
     and ``samples / global batch`` iterations give the same LR at every iteration.
     """
+    warmup, decay = lr_schedule_steps(args)
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_steps, lr_decay_steps=args.lr_decay_steps,
+        lr_warmup_steps=warmup, lr_decay_steps=decay,
         lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
         end_wd=args.weight_decay, wd_incr_steps=args.train_iters, wd_incr_style="constant")
     if num_steps:

@@ -78,6 +78,15 @@ def schedule_problems(o: Any) -> list[str]:
     return p
 
 
+def lr_schedule_steps(o: Any) -> tuple[float, float]:
+    """``(warmup, decay)`` of an ``OptimArgs`` in iterations: decay ``--lr-decay-iters``
+    (default ``--train-iters``); warmup ``--lr-warmup-fraction`` x decay when given (as
+    Megatron-LM), else ``--lr-warmup-iters``."""
+    decay = o.lr_decay_iters or o.train_iters
+    warmup = o.lr_warmup_fraction * decay if o.lr_warmup_fraction is not None else o.lr_warmup_iters
+    return warmup, decay
+
+
 @dataclasses.dataclass
 class MegatronKwargs:
     """Keyword arguments of the configuration groups, and the problems found."""

@@ -99,7 +99,8 @@ class _Norm(_Module):
         super().__init__(params_dtype, device)
         self.eps, self.zero_centered_gamma = eps, zero_centered_gamma
         self.weight = self._param(hidden_size, fill=0.0 if zero_centered_gamma else 1.0)
-        self.bias = self._param(hidden_size, fill=0.0) if self.normalization == "LayerNorm" else None
+        layer_norm = self.normalization == "LayerNorm"
+        self.bias = self._param(hidden_size, fill=0.0) if layer_norm else None
         for p in self.parameters():
             p.sequence_parallel = sequence_parallel  # TE marks its norms itself
 
