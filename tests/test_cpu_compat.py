@@ -172,6 +172,7 @@ def test_mcore_ddp_optimizer_schedule_still_assume_cuda():
 
 
 def test_cuda_to_cpu_mode_is_scoped():
+    cpu_compat.keep_float64(True)  # what a --fp64 run sets (build_trainer)
     t64 = torch.zeros(2, dtype=torch.float64)
     with cpu_compat.cuda_to_cpu("cpu"):
         assert torch.zeros(3, dtype=torch.int, device="cuda").device.type == "cpu"

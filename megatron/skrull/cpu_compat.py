@@ -28,7 +28,7 @@ CPU tensor reports the CUDA name mcore expects -- float64 reports ``torch.cuda.F
 and ``.float()`` keeps float64, because our parity mode (``--fp64``) gives float64 the role
 float32 has in mcore (full-precision params and gradients; the distributed optimizer's
 ``shard_model_grad.float()`` would otherwise cast fp64 gradients down); only in that mode
-(:func:`keep_float64`, set by the launcher from ``--fp64``), so the fp16 loss scaler's
+(:func:`keep_float64`, set by ``build_trainer`` from ``--fp64``), so the fp16 loss scaler's
 deliberate ``double().reciprocal().float()`` stays float32.  The training loop enters the mode
 around its mcore calls only; nothing outside it changes.
 

@@ -106,6 +106,7 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     from megatron.skrull.training import ParallelGroups, Trainer
 
     source = source if source is not None else build_sample_source(cfg)
+    keep_float64(cfg.fp64)  # only --fp64 keeps float64 through mcore's .float() (CPU)
     tp = cfg.parallel.tensor_model_parallel_size
     vocab = cfg.model.padded_vocab_size(cfg.model.vocab_size or source.vocab_size, tp)
     if cfg.model.vocab_size is not None and cfg.model.vocab_size < source.vocab_size:
@@ -245,7 +246,6 @@ def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
 
     device = resolve_device(cfg.device)
     apply_cpu_compat(device)
-    keep_float64(cfg.fp64)  # only --fp64 keeps float64 through mcore's .float() (CPU)
     init_distributed(device, init_method, cfg.run.distributed_timeout_minutes)
     init_model_parallel(cfg, device)
     try:
