@@ -57,12 +57,7 @@ def parse(argv):
     ap.add_argument("--peak-tflops", type=float, help="peak bf16 TFLOP/s per GPU for MFU")
     ap.add_argument("--time-budget-s", type=float, default=150.0)
     ap.add_argument("--json")
-    args, launcher = ap.parse_known_args(argv)
-    for flag, value in (("--seq-length", "8192"), ("--skrull-bucket-size", "8192"),
-                        ("--global-batch-size", "16")):
-        if flag not in launcher:
-            launcher += [flag, value]
-    return args, launcher
+    return ap.parse_known_args(argv)
 
 
 def row(system: str, variant: str, tokens: int, flops: float, seconds: float, iters: int,
@@ -164,35 +159,45 @@ def print_table(model: str, rows: list) -> None:
               f"{r['tflops_per_gpu']:8.1f} {mfu:>7s} {vs:>7s}")
 
 
-def main(argv=None) -> int:
+def bench_model(model: str, i: int, n: int, args, launcher, budget) -> dict:
+    """Ours, then transformers, on one model shape within its share of the budget."""
     from megatron.skrull.cpu_compat import resolve_device
+
+    deadline = budget.until((i + 1) / n)
+    argv_run = gc_.launcher_argv(model, launcher, seq_length=8192, bucket=8192)
+    device = resolve_device(gc_.flag_value(argv_run, "--device", "auto"))
+    env = gc_.environment(device)
+    peak = args.peak_tflops or (peak_tflops(env["device"]) if device.type == "cuda" else None)
+    ours, packs, shape = run_ours(argv_run, args, peak, budget.until((i + 0.45) / n))
+    hf = run_hf(args, packs, shape, device, peak, deadline)
+    print_table(model, ours + hf)
+    return {"environment": env, "peak_tflops": peak, "launcher_flags": argv_run,
+            "rows": ours + hf, "tokens": shape[3], "flops": shape[4]}
+
+
+def main(argv=None) -> int:
+    from megatron.skrull.arguments import ConfigError
+    from megatron.skrull.pretrain_gpt import SetupError
 
     args, launcher = parse(argv)
     budget = gc_.Budget(args.time_budget_s)
     models = [m for m in args.models.split(",") if m]
-    out = {"models": {}}
+    out, status = {"models": {}}, 0
     for i, model in enumerate(models):
-        deadline = budget.until((i + 1) / len(models))
-        argv_run = gc_.launcher_argv(model, launcher, seq_length=8192, bucket=8192)
-        if time.monotonic() > deadline:
+        if time.monotonic() > budget.until((i + 1) / len(models)):
             budget.skip(model)
             continue
-        device = resolve_device(argv_run[argv_run.index("--device") + 1]
-                                if "--device" in argv_run else "auto")
-        env = gc_.environment(device)
-        peak = args.peak_tflops or (peak_tflops(env["device"]) if device.type == "cuda" else None)
-        mid = budget.until((i + 0.45) / len(models))
-        ours, packs, shape = run_ours(argv_run, args, peak, mid)
-        hf = run_hf(args, packs, shape, device, peak, deadline)
-        out["environment"], out["peak_tflops"] = env, peak
-        out["models"][model] = {"launcher_flags": argv_run, "rows": ours + hf,
-                                "tokens": shape[3], "flops": shape[4]}
-        print_table(model, ours + hf)
+        try:
+            out["models"][model] = bench_model(model, i, len(models), args, launcher, budget)
+        except (ConfigError, SetupError, ValueError) as exc:  # e.g. no attention kernel
+            print(f"error: {model}: {exc}", file=sys.stderr)
+            out["models"][model], status = {"error": str(exc)}, 2
+            gc_.stop_run()
     out["budget"] = budget.report()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -39,17 +39,28 @@ SHAPES = {
 }
 
 
+def flag_value(argv: Sequence[str], flag: str, default: Optional[str] = None):
+    """The value of the last ``flag VALUE`` in ``argv`` (argparse's rule), else ``default``."""
+    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+    return values[-1] if values else default
+
+
 def launcher_argv(shape: Optional[str], extra: Sequence[str], *, seq_length: int,
                   bucket: int, global_batch: int = 16) -> list[str]:
     """Launcher flags: ``shape``'s model, then defaults for a timing run, then ``extra``
-    (later flags win, so ``extra`` overrides the defaults and the shape)."""
+    (later flags win, so ``extra`` overrides the defaults and the shape); on CUDA ``--bf16``
+    unless ``extra`` names a precision."""
+    from megatron.skrull.cpu_compat import resolve_device
+
     extra = list(extra)
     data = [] if any(a.startswith("--data-path") for a in extra) else [
         "--mock-data", "--mock-num-samples", "4096"]
+    precision = [] if {"--bf16", "--fp16", "--fp64"} & set(extra) or resolve_device(
+        flag_value(extra, "--device", "auto")).type != "cuda" else ["--bf16"]
     return [*(SHAPES[shape] if shape else []), "--seq-length", str(seq_length),
             "--skrull-bucket-size", str(bucket), "--global-batch-size", str(global_batch),
             "--lr", "1e-5", "--lr-warmup-iters", "0", "--train-iters", "1000000",
-            "--log-interval", "1", *data, *extra]
+            "--log-interval", "1", *data, *precision, *extra]
 
 
 def environment(device: torch.device) -> dict:

@@ -23,6 +23,7 @@ micro-batch filled to it: it must not run out of memory.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 
 import numpy as np
@@ -153,12 +154,14 @@ def print_row(name: str, r: dict) -> None:
 
 def main(args, launcher) -> dict:
     """``bench_memory.py --device``: every setting within ``--time-budget-s``."""
+    from megatron.skrull.arguments import ConfigError
     from megatron.skrull.cpu_compat import resolve_device
+    from megatron.skrull.pretrain_gpt import SetupError
 
     budget = gc_.Budget(args.time_budget_s)
     device = resolve_device(args.device)
     buckets = tuple(args.buckets or BUCKETS[device.type])
-    extra = ["--device", args.device] + (["--bf16"] if device.type == "cuda" else [])
+    extra = ["--device", args.device]
     base = gc_.launcher_argv(args.shape or ("qwen2.5-0.5b" if device.type == "cuda" else "tiny"),
                              extra + list(launcher), seq_length=max(buckets),
                              bucket=max(buckets), global_batch=8)
@@ -175,7 +178,11 @@ def main(args, launcher) -> dict:
         if time.monotonic() > deadline:
             budget.skip(name)
             continue
-        results.append(run_setting(name, flags, None if key == "none" else key, base, buckets,
-                                   args.device_memory_gb, deadline))
+        try:
+            results.append(run_setting(name, flags, None if key == "none" else key, base,
+                                       buckets, args.device_memory_gb, deadline))
+        except (ConfigError, SetupError, ValueError) as exc:  # e.g. no attention kernel
+            print(f"error: {name}: {exc}", file=sys.stderr)
+            results.append({"setting": name, "error": str(exc)})
     return {"environment": gc_.environment(device), "launcher_flags": base,
             "settings": results, "budget": budget.report()}

@@ -45,7 +45,7 @@ def _run_scripts(rank, world, tmp):
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gpu_scripts")
-    spawn(_run_scripts, 1, tmp, timeout=400)
+    spawn(_run_scripts, 1, tmp, timeout=600)
     load = lambda name: json.loads((tmp / name).read_text())  # noqa: E731
     return {"cal": load("cal.json"), "cm_path": str(tmp / "cm.json"), "mem": load("mem.json"),
             "gpu": load("gpu.json"), "stdout": (tmp / "stdout.txt").read_text()}
