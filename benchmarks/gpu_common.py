@@ -105,7 +105,8 @@ def sync(device: torch.device) -> None:
 def time_runs(fns: Sequence[Callable[[], None]], device: torch.device, repeats: int,
               deadline: float = float("inf")) -> list[Optional[float]]:
     """Median seconds of each closure over ``repeats`` interleaved runs after one warm-up
-    (``A B C A B C ...``); closures not run twice before ``deadline`` get ``None``."""
+    (``A B C A B C ...``); past ``deadline`` no further round starts, but every closure
+    has one timed run (``None`` only when ``repeats`` is 0)."""
     times: list[list[float]] = [[] for _ in fns]
     for rep in range(repeats + 1):
         for i, fn in enumerate(fns):
