@@ -335,6 +335,7 @@ class ValidationArgs:
 class LoggingArgs:
     log_interval: int = 100
     tensorboard_dir: Optional[str] = None
+    log_throughput: bool = False  # --log-throughput: TFLOP/s per GPU in the log line
 
     def __post_init__(self) -> None:
         _raise_if([f"--log-interval must be >= 1, got {self.log_interval}"]
@@ -530,7 +531,7 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                   no_load_optim=ns.no_load_optim, no_load_rng=ns.no_load_rng,
                   exit_signal_handler=ns.exit_signal_handler)
     log = _group(LoggingArgs, p, log_interval=ns.log_interval,
-                 tensorboard_dir=ns.tensorboard_dir)
+                 tensorboard_dir=ns.tensorboard_dir, log_throughput=ns.log_throughput)
     _raise_if(p)
     return RunConfig(model=model, parallel=parallel, optim=optim, data=data, skrull=skrull,
                      checkpoint=ckpt, logging=log, global_batch_size=ns.global_batch_size,

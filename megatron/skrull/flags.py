@@ -175,6 +175,9 @@ def _checkpoint_flags(ap: argparse.ArgumentParser) -> None:
                         "exit 0")
     g.add_argument("--log-interval", type=int, default=100)
     g.add_argument("--tensorboard-dir")
+    g.add_argument("--log-throughput", action="store_true",
+                   help="log model TFLOP/s per GPU of every interval, from the documents' real "
+                        "lengths (Megatron's count; docs/gpu.md)")
 
 
 def _skrull_flags(ap: argparse.ArgumentParser) -> None:

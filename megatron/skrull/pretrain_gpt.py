@@ -11,6 +11,7 @@ TensorBoard, ``--save`` every ``--save-interval`` and at the end).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -96,8 +97,9 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     from megatron.skrull.data import GlobalBatchSampler
     from megatron.skrull.model import build_model
     from megatron.skrull.optimizer import build_optimizer, build_scheduler, wrap_ddp
-    from megatron.skrull.batch_schedule import make_batch_scheduler
+    from megatron.skrull.batch_schedule import make_batch_scheduler, model_spec
     from megatron.skrull.training import ParallelGroups, Trainer
+    from skrull_ext.costmodel.flops import model_flops
 
     source = source if source is not None else build_sample_source(cfg)
     tp = cfg.parallel.tensor_model_parallel_size
@@ -145,7 +147,8 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         groups=groups, device=device,
         float64_loss=cfg.fp64 and tp == 1, plan_ahead=cfg.skrull.plan_ahead,
         attention_backend=attention_kernel,
-        pad_multiple=tp if cfg.sequence_parallel_active else 1)
+        pad_multiple=tp if cfg.sequence_parallel_active else 1,
+        flops_fn=functools.partial(model_flops, model_spec(cfg, vocab)))
 
 
 def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
@@ -233,7 +236,9 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
             record_run(cfg.checkpoint.save, description)
     metrics = MetricsLogger(log_interval=cfg.logging.log_interval,
                             train_iters=cfg.optim.train_iters, enabled=meta.rank == 0,
-                            tensorboard_dir=cfg.logging.tensorboard_dir, printer=printer)
+                            tensorboard_dir=cfg.logging.tensorboard_dir, printer=printer,
+                            log_throughput=cfg.logging.log_throughput,
+                            world_size=cfg.parallel.world_size)
     if meta.rank == 0:
         printer(f" skrull: world {cfg.parallel.world_size} = DP {cfg.parallel.dp_size} x CP "
                 f"{cfg.parallel.context_parallel_size} x TP "
