@@ -144,7 +144,7 @@ def test_a_weighted_blend_trains_reports_counts_validates_each_dataset_and_resum
     flags = TINY_FLAGS + [  # (a later --global-batch-size wins)
         "--global-batch-size", "8", "--data-path", "0.25", prefixes[0], "0.75", prefixes[1],
         "--split", "80,20", "--eval-iters", "1", "--save", ckpt, "--save-interval", "3",
-        "--lr-decay-style", "constant"]
+        "--lr-decay-style", "constant", "--tensorboard-dir", str(tmp_path / "tb")]
     out = _run([sys.executable, "-m", "megatron.skrull.pretrain_gpt", *flags,
                 "--train-iters", "3"])
     assert "training blend of 2 datasets (weight, size): chat 0.250 (48 samples), " \
@@ -155,6 +155,11 @@ def test_a_weighted_blend_trains_reports_counts_validates_each_dataset_and_resum
         (1, 2, 6), (2, 4, 12), (3, 6, 18)], out
     assert re.search(r"validation-chat loss at iteration 3 on validation set \| lm loss", out)
     assert re.search(r"validation-code loss at iteration 3 on validation set \| lm loss", out)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb")).Reload()
+    assert [e.value for e in events.Scalars("consumed samples code")] == [6, 12, 18]
+    assert "lm loss validation-chat" in events.Tags()["scalars"]
     resumed = _run([sys.executable, "-m", "megatron.skrull.pretrain_gpt", *flags,
                     "--train-iters", "5", "--load", ckpt])
     assert "starting at iteration 3" in resumed
