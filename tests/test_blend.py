@@ -4,22 +4,19 @@ per-dataset counts, validates each dataset and resumes."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 from mcore_helpers import TINY_FLAGS, tiny_config
+from test_skrull_launcher import _run
 from megatron.skrull.blend import (Blend, BlendedBatchSampler, ConcatSource, parse_blend,
                                    run_blends)
 from megatron.skrull.data import GlobalBatchSampler
 from megatron.skrull.preprocess import main as preprocess_main
 from megatron.skrull.samples import SyntheticSFTSource
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_parse_blend_follows_megatron():
@@ -117,21 +114,6 @@ def test_blend_flags(tmp_path):
             tiny_config(extra)
 
 
-def _env():
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
-    env.update(PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
-               PYTHONWARNINGS="ignore")
-    return env
-
-
-def _run(cmd):
-    proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
-
-
 @pytest.mark.multiprocess
 def test_a_weighted_blend_trains_reports_counts_validates_each_dataset_and_resumes(tmp_path):
     prefixes = []
@@ -146,7 +128,7 @@ def test_a_weighted_blend_trains_reports_counts_validates_each_dataset_and_resum
         "--split", "80,20", "--eval-iters", "1", "--save", ckpt, "--save-interval", "3",
         "--lr-decay-style", "constant", "--tensorboard-dir", str(tmp_path / "tb")]
     out = _run([sys.executable, "-m", "megatron.skrull.pretrain_gpt", *flags,
-                "--train-iters", "3"])
+                "--train-iters", "3"], timeout=300)
     assert "training blend of 2 datasets (weight, size): chat 0.250 (48 samples), " \
            "code 0.750 (32 samples)" in out, out
     lines = re.findall(r"iteration +(\d+)/.*consumed samples: chat (\d+) \(([\d.]+)%\), "
@@ -161,7 +143,7 @@ def test_a_weighted_blend_trains_reports_counts_validates_each_dataset_and_resum
     assert [e.value for e in events.Scalars("consumed samples code")] == [6, 12, 18]
     assert "lm loss validation-chat" in events.Tags()["scalars"]
     resumed = _run([sys.executable, "-m", "megatron.skrull.pretrain_gpt", *flags,
-                    "--train-iters", "5", "--load", ckpt])
+                    "--train-iters", "5", "--load", ckpt], timeout=300)
     assert "starting at iteration 3" in resumed
     assert re.search(r"iteration +5/.*consumed samples: chat 10 \(25\.0%\), code 30 \(75\.0%\)",
                      resumed), resumed
