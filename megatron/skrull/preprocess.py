@@ -1,4 +1,9 @@
-"""SFT preprocessing: chat JSONL -> Megatron indexed datasets (tokens + loss mask).
+"""SFT preprocessing: chat records -> Megatron indexed datasets (tokens + loss mask).
+
+Records come from :mod:`megatron.skrull.readers` (JSONL, JSON lists, gzip, Parquet, Arrow and
+``datasets`` folders) in any format of :mod:`megatron.skrull.formats` (OpenAI messages with
+tool calls, ShareGPT, Alpaca, prompt/response); ``--workers N`` tokenizes on N processes
+with byte-identical output (:func:`parallel_samples`, :mod:`megatron.skrull.workers`).
 
 On-disk format for ``--output-prefix P`` (see docs/data.md):
 

@@ -260,9 +260,9 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                     "parallelism is disabled (--tensor-model-parallel-size 1)")
         if evaluator is not None:
             printer(describe(evaluator))
-        if hasattr(trainer.source, "weights"):  # a weighted blend (megatron/skrull/blend.py)
-            from megatron.skrull.blend import describe_blend
+        from megatron.skrull.blend import ConcatSource, describe_blend
 
+        if isinstance(trainer.source, ConcatSource):  # a weighted blend
             printer(describe_blend(trainer.source))
     metrics.dataset_counts = getattr(trainer.sampler.sampler, "consumed_per_dataset", None)
     try:
