@@ -1,9 +1,11 @@
 """Weighted blends: Megatron's --data-path W1 P1 W2 P2 syntax, the blend sampler (proportions,
 determinism, exact resume), per-split flags, and one launch that trains a blend, logs its
-per-dataset counts, validates each dataset and resumes."""
+per-dataset counts (log and TensorBoard), validates each dataset, then a resume of it on two
+data-parallel ranks."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 
@@ -142,8 +144,12 @@ def test_a_weighted_blend_trains_reports_counts_validates_each_dataset_and_resum
     events = EventAccumulator(str(tmp_path / "tb")).Reload()
     assert [e.value for e in events.Scalars("consumed samples code")] == [6, 12, 18]
     assert "lm loss validation-chat" in events.Tags()["scalars"]
-    resumed = _run([sys.executable, "-m", "megatron.skrull.pretrain_gpt", *flags,
-                    "--train-iters", "5", "--load", ckpt], timeout=300)
-    assert "starting at iteration 3" in resumed
+    # Resumed on two data-parallel ranks: both draw the same batches (the plans' checksum
+    # is compared every iteration) and the blend goes on where the checkpoint left it.
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    resumed = _run([torchrun, "--standalone", "--nproc-per-node", "2", "-m",
+                    "megatron.skrull.pretrain_gpt", *flags, "--train-iters", "5", "--load",
+                    ckpt], timeout=300)
+    assert "starting at iteration 3" in resumed and "DP 2 x CP 1" in resumed
     assert re.search(r"iteration +5/.*consumed samples: chat 10 \(25\.0%\), code 30 \(75\.0%\)",
                      resumed), resumed
