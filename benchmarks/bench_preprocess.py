@@ -97,6 +97,23 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _spin(seconds: float) -> float:
+    end = time.time() + seconds
+    while time.time() < end:
+        pass
+    return time.process_time()
+
+
+def cpu_share(processes: int, seconds: float = 3.0) -> float:
+    """CPU seconds per wall second that ``processes`` busy processes of this session get:
+    the most any number of workers can use here (a busy machine with autogroup scheduling
+    gives a session about the same share whatever its process count)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        return sum(pool.map(_spin, [seconds] * processes)) / seconds
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--records", type=int, default=20000)
@@ -123,10 +140,13 @@ def main(argv=None) -> None:
             other = os.path.join(tmp, f"w{row['workers']}")
             row["identical"] = all(filecmp.cmp(first + s, other + s, shallow=False)
                                    for s in (".bin", ".idx", "_lossmask.bin", "_lossmask.idx"))
+    shares = {w: cpu_share(w) for w in sorted(set(args.workers))}
     base = rows[0]["samples"] / rows[0]["seconds"] / rows[0]["workers"]
     print(f"{args.records} ShareGPT records ({args.merge} dummy_conversation chats each), "
           f"SmolLM2 tokenizer + chat template, {os.cpu_count()} cores, load average "
           f"{load_before[0]:.1f} before / {load_after[0]:.1f} after\n")
+    print("CPU seconds per wall second this session gets with N busy processes: "
+          + ", ".join(f"N={w}: {v:.2f}" for w, v in shares.items()) + "\n")
     print("| workers | wall s | samples/s | tokens/s | wall speedup | CPU s | samples per "
           "CPU s | identical output |")
     print("|---|---|---|---|---|---|---|---|")
