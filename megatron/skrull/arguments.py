@@ -230,12 +230,16 @@ class DataArgs:
     mock_data: bool = False
     mock_num_samples: int = 4096
     split: Optional[str] = None  # train,validation,test weights over the data (Megatron's)
-    valid_data_path: tuple[str, ...] = ()  # a separate validation dataset (one prefix)
+    valid_data_path: tuple[str, ...] = ()  # separate validation datasets (one loss each)
+    data_args_path: Optional[str] = None  # a file holding the --data-path list
+    train_data_path: tuple[str, ...] = ()  # the training blend, per-split style
+    per_split_data_args_path: Optional[str] = None  # JSON {"train", "valid", "test"} blends
 
     def __post_init__(self) -> None:
         p = []
         if self.data_path and self.mock_data:
             p.append("--data-path and --mock-data are exclusive; drop one of them")
+        p += _blend_problems(self)
         if self.split is not None:
             from megatron.skrull.samples import parse_split
 
@@ -246,16 +250,41 @@ class DataArgs:
         if self.valid_data_path and self.use_mock:
             p.append("--valid-data-path needs --data-path (the training data it was tokenized "
                      "like); with --mock-data use --split to hold out validation samples")
-        elif len(self.valid_data_path) > 1:
-            p.append(f"--valid-data-path takes one dataset prefix, got "
-                     f"{len(self.valid_data_path)}; preprocess the validation data into one")
         if self.mock_num_samples < 1:
             p.append(f"--mock-num-samples must be >= 1, got {self.mock_num_samples}")
         _raise_if(p)
 
     @property
     def use_mock(self) -> bool:
-        return self.mock_data or not self.data_path
+        return self.mock_data or not (self.data_path or self.data_args_path or
+                                      self.train_data_path or self.per_split_data_args_path)
+
+
+def _blend_problems(d: DataArgs) -> list[str]:
+    """Megatron's exclusivity rules of the blend flags, and the blends' syntax."""
+    from megatron.skrull.blend import parse_blend
+
+    p = []
+    given = [f for f, v in (("--data-path", d.data_path), ("--data-args-path", d.data_args_path),
+                            ("--train-data-path", d.train_data_path),
+                            ("--per-split-data-args-path", d.per_split_data_args_path)) if v]
+    if len(given) > 1:
+        p.append(f"{' and '.join(given)} are exclusive; give the training data once")
+    if d.per_split_data_args_path and d.valid_data_path:
+        p.append("--per-split-data-args-path holds the validation blend; drop --valid-data-path")
+    if d.split is not None and (d.train_data_path or d.per_split_data_args_path):
+        p.append("--split cuts --data-path; with per-split blends give --valid-data-path "
+                 "instead (drop --split)")
+    if d.mock_data and given and given[0] != "--data-path":  # that one is reported above
+        p.append(f"{given[0]} and --mock-data are exclusive; drop one of them")
+    for flag, items in (("--data-path", d.data_path), ("--train-data-path", d.train_data_path),
+                        ("--valid-data-path", d.valid_data_path)):
+        try:
+            if items:
+                parse_blend(items, flag)
+        except ValueError as exc:
+            p.append(str(exc))
+    return p
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -513,7 +542,10 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     data = _group(DataArgs, p, data_path=tuple(ns.data_path),
                   tokenizer_type=ns.tokenizer_type, tokenizer_model=ns.tokenizer_model,
                   mock_data=ns.mock_data, mock_num_samples=ns.mock_num_samples,
-                  split=ns.split, valid_data_path=tuple(ns.valid_data_path or ()))
+                  split=ns.split, valid_data_path=tuple(ns.valid_data_path or ()),
+                  data_args_path=ns.data_args_path,
+                  train_data_path=tuple(ns.train_data_path or ()),
+                  per_split_data_args_path=ns.per_split_data_args_path)
     validation = _group(ValidationArgs, p, eval_interval=ns.eval_interval,
                         eval_iters=ns.eval_iters)
     skrull = _group(SkrullArgs, p, bucket_size=ns.skrull_bucket_size,

@@ -139,7 +139,13 @@ def _optimizer_flags(ap: argparse.ArgumentParser) -> None:
 
 def _data_flags(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("data")
-    g.add_argument("--data-path", nargs="+", default=[])
+    g.add_argument("--data-path", nargs="+", default=[], help="a prefix, or a weighted blend "
+                   "W1 P1 W2 P2 ... (or P1 P2 ...: weights by size), docs/data.md")
+    g.add_argument("--data-args-path", help="a file holding the --data-path list")
+    g.add_argument("--train-data-path", nargs="+", help="training blend (instead of "
+                   "--data-path; no --split)")
+    g.add_argument("--per-split-data-args-path", help='JSON {"train": ..., "valid": ...} '
+                   "blends (instead of --train-data-path/--valid-data-path)")
     g.add_argument("--tokenizer-type")
     g.add_argument("--tokenizer-model")
     g.add_argument("--mock-data", action="store_true", help="synthetic learnable task (default "
@@ -147,8 +153,8 @@ def _data_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--mock-num-samples", type=int, default=4096)
     g.add_argument("--split", help="train,validation,test weights over --data-path (or "
                    "--mock-data), e.g. 969,30,1; default: all samples train")
-    g.add_argument("--valid-data-path", nargs="+", help="a separate validation dataset "
-                   "(replaces the --split validation part)")
+    g.add_argument("--valid-data-path", nargs="+", help="separate validation datasets, one "
+                   "loss each (replaces the --split validation part)")
     g.add_argument("--eval-interval", type=int, help="validate every N iterations (and after "
                    "the last one)")
     g.add_argument("--eval-iters", type=int, help="validation global batches per evaluation "

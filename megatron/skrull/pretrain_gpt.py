@@ -94,7 +94,7 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     """
     from megatron.core.distributed import finalize_model_grads
 
-    from megatron.skrull.data import GlobalBatchSampler
+    from megatron.skrull.data import make_sampler
     from megatron.skrull.model import build_model
     from megatron.skrull.optimizer import build_optimizer, build_scheduler, wrap_ddp
     from megatron.skrull.batch_schedule import make_batch_scheduler, model_spec
@@ -142,7 +142,7 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     return Trainer(
         model=ddp, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.optim),
         source=source,
-        sampler=GlobalBatchSampler(len(source), cfg.global_batch_size, cfg.optim.seed),
+        sampler=make_sampler(source, cfg.global_batch_size, cfg.optim.seed),
         batch_scheduler=batch_scheduler or make_batch_scheduler(cfg, vocab),
         groups=groups, device=device,
         float64_loss=cfg.fp64 and tp == 1, plan_ahead=cfg.skrull.plan_ahead,
@@ -269,6 +269,11 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                     "parallelism is disabled (--tensor-model-parallel-size 1)")
         if evaluator is not None:
             printer(describe(evaluator))
+        from megatron.skrull.blend import ConcatSource, describe_blend
+
+        if isinstance(trainer.source, ConcatSource):  # a weighted blend
+            printer(describe_blend(trainer.source))
+    metrics.dataset_counts = getattr(trainer.sampler.sampler, "consumed_per_dataset", None)
     try:
         exit_fn = ExitSignalHandler(device) if cfg.checkpoint.exit_signal_handler else None
         return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,

@@ -344,6 +344,8 @@ class MetricsLogger:
         self.enabled, self.printer = enabled, printer
         self.window: list[IterationStats] = []
         self.writer = None
+        # iteration -> [(dataset, samples drawn)] of a blend (None: one dataset)
+        self.dataset_counts: Optional[Callable[[int], list[tuple[str, int]]]] = None
         if enabled and tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -366,8 +368,12 @@ class MetricsLogger:
             if self.log_throughput and stats.flops is not None:
                 self.writer.add_scalar("throughput", throughput_tflops(
                     stats.flops, stats.seconds, self.world_size), it)
+        counts = self.dataset_counts(stats.iteration) if self.dataset_counts else []
+        if self.writer is not None:
+            for name, count in counts:
+                self.writer.add_scalar(f"consumed samples {name}", count, stats.iteration)
         if stats.iteration % self.log_interval == 0 or stats.iteration == self.train_iters:
-            self.printer(self.format(self.window))
+            self.printer(self.format(self.window) + _dataset_counts(counts))
             self.window = []
 
     def format(self, window: list[IterationStats]) -> str:
@@ -395,6 +401,15 @@ class MetricsLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def _dataset_counts(counts: list[tuple[str, int]]) -> str:
+    """`` | consumed samples: a 30 (25.0%), b 90 (75.0%)`` of a blend ('' otherwise)."""
+    total = sum(c for _, c in counts)
+    if not total:
+        return ""
+    return " | consumed samples: " + ", ".join(f"{name} {c} ({100 * c / total:.1f}%)"
+                                               for name, c in counts)
 
 
 def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger] = None,
