@@ -3,48 +3,17 @@
 // is the least.  Mirrors _least / _level / level_schedule of skrull_ext/scheduler/level.py
 // (the specification); see scheduler.h.
 #include <algorithm>
-#include <functional>
 #include <limits>
 #include <numeric>
-#include <queue>
 #include <utility>
 
 #include "scheduler.h"
+#include "slots.h"
 
 namespace skrull {
 namespace {
 
 constexpr int64_t kLevelMaxK = 16;  // reference level.LEVEL_MAX_K
-
-// The least-loaded slot with room among a fixed set of slots (reference _least over DP
-// ranks first..last): slots with room for the current sample wait in `open` keyed
-// (load, slot), the others in `aside` (largest room first) until the samples, which only
-// shrink, fit them again (as pack.cpp's slots).
-class Slots {
- public:
-  void add(int64_t slot) { open_.emplace(0.0, slot); }
-  // -1 when no slot has room for s tokens.
-  int64_t least(int64_t s, const std::vector<int64_t>& rem, const std::vector<double>& load) {
-    while (!aside_.empty() && aside_.top().first >= s) {
-      open_.emplace(load[aside_.top().second], aside_.top().second);
-      aside_.pop();
-    }
-    while (!open_.empty() && rem[open_.top().second] < s) {
-      aside_.emplace(rem[open_.top().second], open_.top().second);
-      open_.pop();
-    }
-    return open_.empty() ? -1 : open_.top().second;
-  }
-  void update(int64_t slot, double load) {  // `slot` is the top of `open`
-    open_.pop();
-    open_.emplace(load, slot);
-  }
-
- private:
-  using Open = std::pair<double, int64_t>;
-  std::priority_queue<Open, std::vector<Open>, std::greater<Open>> open_;
-  std::priority_queue<std::pair<int64_t, int64_t>> aside_;
-};
 
 // Reference _level: slot d * n + r is CP rank r of DP rank d; nullopt when a sample finds
 // no slot or a slot's time reaches best_t.
@@ -66,7 +35,7 @@ std::optional<std::vector<RankSplit>> level(const GdsContext& ctx,
   std::vector<double> load(static_cast<size_t>(slots), 0.0);
   std::vector<std::vector<Index>> local(static_cast<size_t>(slots));
   const bool ring = k > 0;
-  Slots plain, on_ring;
+  SlotHeap plain, on_ring;
   for (int64_t slot = 0; slot < slots; ++slot) {
     if (ring && slot < n) {
       rem[slot] = cap - used;
@@ -81,7 +50,7 @@ std::optional<std::vector<RankSplit>> level(const GdsContext& ctx,
     const double c = b.costs[i];
     int64_t slot = plain.least(s, rem, load);
     double t = slot < 0 ? std::numeric_limits<double>::infinity() : load[slot] + c;
-    Slots* from = &plain;
+    SlotHeap* from = &plain;
     if (ring) {
       const int64_t r = on_ring.least(s, rem, load);
       if (r >= 0) {
