@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from mcore_helpers import TINY_FLAGS, spawn, tiny_config
+from mcore_helpers import TINY_FLAGS, drop_flag, spawn, tiny_config
 from test_checkpointing import FLAGS, _load, _setup
 
 pytestmark = pytest.mark.multiprocess
@@ -67,10 +67,7 @@ def _megatron_hybrid_config(world):
     """Megatron's hybrid-CP flags, without --skrull-bucket-size (DP 2 x CP 1 as written)."""
     from megatron.skrull.arguments import parse_args
 
-    flags = list(TINY_FLAGS) + BASE
-    while "--skrull-bucket-size" in flags:
-        at = flags.index("--skrull-bucket-size")
-        del flags[at:at + 2]
+    flags = drop_flag(list(TINY_FLAGS) + BASE, "--skrull-bucket-size")
     return parse_args(flags + HYBRID, world_size=world)
 
 
@@ -141,6 +138,21 @@ def test_resume_at_tp2_keeps_the_checkpoints_padded_vocabulary(runs):
         for key in ("dp2_tp2", "cp2_tp2"):  # DP 2 -> TP 2 and CP 2 -> TP 2
             assert r[key]["rows"] == 384 and r[key]["at"] == 2
             torch.testing.assert_close(_losses(r[key]["run"]), full[2:], rtol=1e-9, atol=0)
+
+
+def test_checkpoint_rows_decide_or_name_the_fix(runs, tmp_path, monkeypatch):
+    from megatron.skrull import vocab
+
+    assert vocab.saved_rows(str(runs["tmp"] / "dp2")) == 384  # from the tensor metadata
+    assert vocab.saved_rows(str(tmp_path / "none")) is None
+    cfg = tiny_config(BASE + TP2 + ["--load", str(tmp_path)], world_size=2)
+    for rows, needle in ((263, "--make-vocab-size-divisible-by"), (200, "fewer than")):
+        monkeypatch.setattr(vocab, "saved_rows", lambda root, rows=rows: rows)
+        with pytest.raises(ValueError) as err:
+            vocab.padded_vocab_size(cfg, 64)
+        assert needle in str(err.value) and str(rows) in str(err.value)
+    monkeypatch.setattr(vocab, "saved_rows", lambda root: 264)
+    assert vocab.padded_vocab_size(cfg, 64) == 264  # the flags would pad 262 to 512
 
 
 def test_distributed_optimizer_at_dp_cp_one_trains_saves_and_resumes(runs):

@@ -8,7 +8,7 @@ import pytest
 from megatron.skrull.arguments import ConfigError, parse_args
 from megatron.skrull.pretrain_gpt import main
 
-from mcore_helpers import TINY_FLAGS, tiny_config
+from mcore_helpers import TINY_FLAGS, drop_flag, tiny_config
 
 
 def _problems(extra, world_size=1):
@@ -83,9 +83,8 @@ def test_distributed_optimizer_runs_at_dp_cp_one():
 
 
 def _without_bucket(extra, world_size):
-    flags = [f for f in TINY_FLAGS]
-    at = flags.index("--skrull-bucket-size")
-    return parse_args(flags[:at] + flags[at + 2:] + list(extra), world_size=world_size)
+    return parse_args(drop_flag(TINY_FLAGS, "--skrull-bucket-size") + list(extra),
+                      world_size=world_size)
 
 
 def test_megatron_hybrid_context_parallel_flags():
