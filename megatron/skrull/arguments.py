@@ -16,6 +16,7 @@ from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICE
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS
 from skrull_ext.sharding import shard_tokens
 
+from megatron.skrull import hybrid_cp
 from megatron.skrull.flags import SCHEDULERS, build_parser  # noqa: F401 - public here too
 from megatron.skrull.rope import RopeArgs, flag_problems as rope_flag_problems, rope_kwargs
 
@@ -145,6 +146,7 @@ class ParallelArgs:
     tensor_model_parallel_size: int = 1
     context_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    hybrid_context_parallel: bool = False  # CP is Megatron's DP x CP pool (hybrid_cp.py)
 
     def __post_init__(self) -> None:
         p = []
@@ -189,6 +191,8 @@ class OptimArgs:
     overlap_param_gather: bool = False
     loss_scale: Optional[float] = None  # fp16: None = dynamic loss scaling
     initial_loss_scale: float = 2.0 ** 32
+    override_opt_param_scheduler: bool = False  # on --load: the flags' schedule wins
+    use_checkpoint_opt_param_scheduler: bool = False  # on --load: the checkpoint's wins
 
     def __post_init__(self) -> None:
         p = []
@@ -217,6 +221,9 @@ class OptimArgs:
             p.append(f"--loss-scale must be > 0, got {self.loss_scale}")
         if self.clip_grad < 0:
             p.append(f"--clip-grad must be >= 0 (0 disables clipping), got {self.clip_grad}")
+        if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
+            p.append("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler "
+                     "conflict (the flags' schedule or the checkpoint's): pick one")
         _raise_if(p)
 
 
@@ -486,9 +493,6 @@ def cross_problems(cfg: RunConfig) -> list[str]:
     if cfg.exit_interval is not None and cfg.exit_interval < 1:
         p.append(f"--exit-interval must be >= 1, got {cfg.exit_interval}")
     p.extend(_recompute_problems(cfg.recompute, m.num_layers))
-    if cfg.optim.use_distributed_optimizer and cfg.parallel.dp_size * cp == 1:
-        p.append("--use-distributed-optimizer has nothing to shard over with DP x CP = 1; "
-                 "drop the flag or launch more data/context-parallel ranks")
     if sum((cfg.fp64, cfg.bf16, cfg.fp16)) > 1:
         chosen = [f for f, on in (("--fp64", cfg.fp64), ("--bf16", cfg.bf16),
                                   ("--fp16", cfg.fp16)) if on]
@@ -507,6 +511,8 @@ def _group(cls, problems: list[str], **values):
 def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     """Builds the frozen :class:`RunConfig`; raises :class:`ConfigError` with every problem."""
     p: list[str] = []
+    hybrid, hybrid_problems = hybrid_cp.resolve(ns, world_size)
+    p.extend(hybrid_problems)
     model = _group(ModelArgs, p, num_layers=ns.num_layers, hidden_size=ns.hidden_size,
                    num_attention_heads=ns.num_attention_heads, ffn_hidden_size=ns.ffn_hidden_size,
                    num_query_groups=ns.num_query_groups, kv_channels=ns.kv_channels,
@@ -523,8 +529,9 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     p.extend(rope_flag_problems(ns))
     parallel = _group(ParallelArgs, p, world_size=world_size,
                       tensor_model_parallel_size=ns.tensor_model_parallel_size,
-                      context_parallel_size=ns.context_parallel_size,
-                      pipeline_model_parallel_size=ns.pipeline_model_parallel_size)
+                      context_parallel_size=hybrid.context_parallel_size,
+                      pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
+                      hybrid_context_parallel=ns.hybrid_context_parallel)
     if ns.num_layers_per_virtual_pipeline_stage is not None:
         # Megatron's interleaved schedule needs the same micro-batch shapes per model chunk
         # round; not wired to Skrull's variable per-rank layouts (docs/training.md).
@@ -538,7 +545,9 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                    use_distributed_optimizer=ns.use_distributed_optimizer,
                    overlap_grad_reduce=ns.overlap_grad_reduce,
                    overlap_param_gather=ns.overlap_param_gather, loss_scale=ns.loss_scale,
-                   initial_loss_scale=ns.initial_loss_scale)
+                   initial_loss_scale=ns.initial_loss_scale,
+                   override_opt_param_scheduler=ns.override_opt_param_scheduler,
+                   use_checkpoint_opt_param_scheduler=ns.use_checkpoint_opt_param_scheduler)
     data = _group(DataArgs, p, data_path=tuple(ns.data_path),
                   tokenizer_type=ns.tokenizer_type, tokenizer_model=ns.tokenizer_model,
                   mock_data=ns.mock_data, mock_num_samples=ns.mock_num_samples,
@@ -548,8 +557,8 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                   per_split_data_args_path=ns.per_split_data_args_path)
     validation = _group(ValidationArgs, p, eval_interval=ns.eval_interval,
                         eval_iters=ns.eval_iters)
-    skrull = _group(SkrullArgs, p, bucket_size=ns.skrull_bucket_size,
-                    scheduler=ns.skrull_scheduler, hardware=ns.skrull_hardware,
+    skrull = _group(SkrullArgs, p, bucket_size=hybrid.bucket_size,
+                    scheduler=hybrid.scheduler, hardware=ns.skrull_hardware,
                     objective=ns.skrull_objective,
                     attention_kernel=(ns.skrull_attention_kernel
                                       or os.environ.get(KERNEL_ENV_VAR) or "auto"),

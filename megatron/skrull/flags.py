@@ -108,6 +108,14 @@ def _parallel_flags(ap: argparse.ArgumentParser) -> None:
                    help="interleaved pipeline schedule: not supported (exits with an error)")
     g.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron's sequence parallelism (TP > 1; disabled at TP 1)")
+    g.add_argument("--hybrid-context-parallel", action="store_true",
+                   help="Megatron's hybrid CP: the DP x CP ranks form one pool and each "
+                        "sample is sharded over a power-of-two group of them (policy "
+                        "hybrid-cp; add --skrull-scheduler skrull for Skrull on the same "
+                        "pool); needs --max-seqlen-per-dp-cp-rank")
+    g.add_argument("--max-seqlen-per-dp-cp-rank", type=int, metavar="N",
+                   help="Megatron's name for --skrull-bucket-size: tokens one rank holds per "
+                        "micro-batch")
 
 
 def _optimizer_flags(ap: argparse.ArgumentParser) -> None:
@@ -128,12 +136,20 @@ def _optimizer_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--adam-eps", type=float, default=1e-8)
     g.add_argument("--clip-grad", type=float, default=1.0)
     g.add_argument("--use-distributed-optimizer", action="store_true",
-                   help="shard optimizer state (and fp32 main params) over DP x CP")
+                   help="shard optimizer state (and fp32 main params) over DP x CP (also "
+                        "runs at DP x CP = 1, as in Megatron)")
     g.add_argument("--overlap-grad-reduce", action="store_true")
     g.add_argument("--overlap-param-gather", action="store_true")
     g.add_argument("--loss-scale", type=float, help="fp16 static loss scale (default dynamic)")
     g.add_argument("--initial-loss-scale", type=float, default=2.0 ** 32)
     g.add_argument("--train-iters", type=int, required=True)
+    g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
+                   dest="override_opt_param_scheduler", action="store_true",
+                   help="on --load, the LR schedule flags win over the checkpoint's schedule")
+    g.add_argument("--use-checkpoint-opt_param-scheduler",
+                   "--use-checkpoint-opt-param-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
+                   help="on --load, the checkpoint's LR schedule wins over the flags")
     g.add_argument("--seed", type=int, default=1234)
 
 
@@ -188,8 +204,10 @@ def _checkpoint_flags(ap: argparse.ArgumentParser) -> None:
 
 def _skrull_flags(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("skrull")
-    g.add_argument("--skrull-bucket-size", type=int, required=True, help="tokens per CP rank")
-    g.add_argument("--skrull-scheduler", default="skrull", choices=SCHEDULERS)
+    g.add_argument("--skrull-bucket-size", type=int, help="tokens per CP rank per micro-batch "
+                   "(required; Megatron's --max-seqlen-per-dp-cp-rank is the same)")
+    g.add_argument("--skrull-scheduler", choices=SCHEDULERS,
+                   help="default skrull (hybrid-cp with --hybrid-context-parallel)")
     g.add_argument("--skrull-objective", default="ring", choices=("paper", "ring"),
                    help="micro-batch time the scheduler minimises: paper (docs/design.md section 3) "
                         "or ring (ours: step by step as the DACP ring runs)")

@@ -77,14 +77,18 @@ def build_scheduler(optimizer: MegatronOptimizer, args: OptimArgs,
     """Megatron's LR schedule in iterations (one step per global batch).
 
     Iteration ``i`` (1-based) trains with the LR of step ``i - 1``: warmup starts at 0, as in
-    Megatron.  Weight decay is constant.
+    Megatron.  Weight decay is constant.  On resume Megatron's switches decide whose schedule
+    wins (``--override-opt_param-scheduler``: the flags', ``--use-checkpoint-opt_param-
+    scheduler``: the checkpoint's); without either they must agree (checked on load).
     """
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
         lr_warmup_steps=args.lr_warmup_iters,
         lr_decay_steps=args.lr_decay_iters or args.train_iters,
         lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
-        end_wd=args.weight_decay, wd_incr_steps=args.train_iters, wd_incr_style="constant")
+        end_wd=args.weight_decay, wd_incr_steps=args.train_iters, wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
+        override_opt_param_scheduler=args.override_opt_param_scheduler)
     if num_steps:
         scheduler.step(increment=num_steps)
     return scheduler

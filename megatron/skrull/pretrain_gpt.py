@@ -99,14 +99,18 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     from megatron.skrull.optimizer import build_optimizer, build_scheduler, wrap_ddp
     from megatron.skrull.batch_schedule import make_batch_scheduler, model_spec
     from megatron.skrull.training import ParallelGroups, Trainer
+<<<<<<< HEAD
     from skrull_ext.costmodel.flops import model_flops
+=======
+    from megatron.skrull.vocab import padded_vocab_size
+>>>>>>> m-resume
 
     source = source if source is not None else build_sample_source(cfg)
     tp = cfg.parallel.tensor_model_parallel_size
-    vocab = cfg.model.padded_vocab_size(cfg.model.vocab_size or source.vocab_size, tp)
     if cfg.model.vocab_size is not None and cfg.model.vocab_size < source.vocab_size:
         raise ValueError(f"--vocab-size {cfg.model.vocab_size} is smaller than the data's "
                          f"vocabulary {source.vocab_size}; drop --vocab-size or raise it")
+    vocab = padded_vocab_size(cfg, source.vocab_size)  # a resumed model keeps its own
     attention_kernel = _attention_kernel(cfg, device)
     model = build_model(cfg.model, vocab_size=vocab, tp_size=tp,
                         cp_size=cfg.parallel.context_parallel_size, dtype=cfg.params_dtype,
@@ -263,6 +267,11 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
             from megatron.skrull.rope import describe
 
             printer(f" skrull: {describe(cfg.model, cfg.model.max_position_embeddings)}")
+        if cfg.parallel.hybrid_context_parallel:
+            printer(f" skrull: --hybrid-context-parallel: the DP x CP ranks form one pool of "
+                    f"{cfg.parallel.context_parallel_size} (CP here, as Megatron's hybrid CP "
+                    f"shards each sample over a power-of-two group of them), "
+                    f"{cfg.skrull.bucket_size} tokens per rank, policy {cfg.skrull.scheduler}")
         if cfg.sequence_parallel and not cfg.sequence_parallel_active:
             # Megatron's arguments.py does the same at TP = 1.
             printer(" skrull: warning: disabling --sequence-parallel because tensor model "
