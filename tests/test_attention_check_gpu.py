@@ -44,6 +44,12 @@ def test_dry_run_plans_every_section(tmp_path):
     assert cp2[cp2.index("--skrull-attention-kernel") + 1] == "auto" and "--bf16" in cp2
     assert "SKRULL_DIST_BACKEND=gloo" in text and "gpu_check_cp.py attention torch" in text
     assert "--skrull-attention-kernel auto" in text and "calibrate_gpu.py" in text
+    from megatron.skrull.arguments import parse_args
+
+    for label, argv in plan["training"].items():  # the launcher accepts every flag
+        flags = argv[argv.index("megatron.skrull.pretrain_gpt") + 1:]
+        assert parse_args(flags, world_size=int(label[-1])).bf16
+    assert parse_args(check_gpu.QWEN_FLAGS).skrull.attention_kernel == "auto"
     default = io.StringIO()
     check_gpu.main(["--dry-run"], out=default)
     assert "== train:" not in default.getvalue() and "== parity:" in default.getvalue()
