@@ -40,6 +40,24 @@ def reference_attention(q, k, v, scale):
     return out.transpose(0, 1)
 
 
+def single_rank_parity(backend):
+    """``dacp_attention`` with ``backend`` and no CP group (local and whole distributed
+    documents, GQA) against whole-sequence attention in float64: outputs and gradients."""
+    g = torch.Generator().manual_seed(20)
+    lengths = [7, 1, 12, 4]
+    lay = build_rank_layout(lengths, [2, 0], [[3, 1]], 0, 1)
+    qs, ks, vs = ([torch.randn(n, h, 8, generator=g, dtype=torch.float64).requires_grad_()
+                   for n in lengths] for h in (4, 2, 2))
+    out = dacp_attention(*(lay.pack(t) for t in (qs, ks, vs)), lay, None, backend=backend)
+    ref = lay.pack([reference_attention(q, k, v, 1 / math.sqrt(8)) for q, k, v in zip(qs, ks, vs)])
+    w = torch.randn(*out.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad((out * w).sum(), qs + ks + vs)
+    want = torch.autograd.grad((ref * w).sum(), qs + ks + vs)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
 def placement(kind, world):
     """``(lengths, distributed, local)`` of a named micro-batch for ``world`` CP ranks."""
     rest = [[] for _ in range(world - 1)]

@@ -2,18 +2,16 @@
 PyTorch's ATen varlen ops (tests/fakes/aten.py) in float64 on CPU, and the kernel choice
 on CUDA without Transformer Engine or flash-attn."""
 import logging
-import math
 
 import pytest
 import torch
 
 from fakes import aten as fake_aten
-from skrull_ext.attention import ReferenceKernel, choice, dacp_attention, get_kernel
+from skrull_ext.attention import ReferenceKernel, choice, get_kernel
 from skrull_ext.attention import aten
 from skrull_ext.attention.kernels import segments
-from skrull_ext.attention.layout import build_rank_layout
 
-from _attn_worker import reference_attention
+from _attn_worker import single_rank_parity
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 KERNELS = [("torch", v) for v in fake_aten.FLASH_VARIANTS] + [("cudnn", "2.13")]
@@ -165,17 +163,4 @@ def test_auto_on_cuda_takes_torch_after_te_and_flash_and_logs_once(monkeypatch, 
 
 @pytest.mark.parametrize("kind", ["torch", "cudnn"])
 def test_dacp_attention_single_rank_through_the_fake_ops(kind):
-    kernel, _ = make(kind, "2.13")
-    lengths = [7, 1, 12, 4]
-    lay = build_rank_layout(lengths, [2, 0], [[3, 1]], 0, 1)
-    qs = [rand(n, 4, 8, seed=20 + i).requires_grad_() for i, n in enumerate(lengths)]
-    ks = [rand(n, 2, 8, seed=30 + i).requires_grad_() for i, n in enumerate(lengths)]
-    vs = [rand(n, 2, 8, seed=40 + i).requires_grad_() for i, n in enumerate(lengths)]
-    out = dacp_attention(*(lay.pack(t) for t in (qs, ks, vs)), lay, None, backend=kernel)
-    ref = lay.pack([reference_attention(q, k, v, 1 / math.sqrt(8)) for q, k, v in zip(qs, ks, vs)])
-    w = rand(*out.shape, seed=9)
-    got = torch.autograd.grad((out * w).sum(), qs + ks + vs)
-    want = torch.autograd.grad((ref * w).sum(), qs + ks + vs)
-    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
-    for g, r in zip(got, want):
-        torch.testing.assert_close(g, r, atol=1e-12, rtol=1e-12)
+    single_rank_parity(make(kind, "2.13")[0])

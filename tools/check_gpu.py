@@ -151,14 +151,21 @@ def _cp_kernel(kernels) -> str:
     return next((k for k in kernels if k in ("torch", "flash", "cudnn")), "torch")
 
 
-def section_cp_attention(kernels, dtypes, timeout) -> dict:
+def _cp_worker(what: str, kernels, timeout):
+    """``(kernel, last JSON line or None, error text)`` of a torchrun of gpu_check_cp.py."""
     kernel = _cp_kernel(kernels)
-    run = _spawn(torchrun(2) + [os.path.join(ROOT, "tools", "gpu_check_cp.py"), "attention",
-                                kernel], timeout - 5)
+    run = _spawn(torchrun(2) + [os.path.join(ROOT, "tools", "gpu_check_cp.py"), what, kernel],
+                 timeout - 5)
     lines = _json_lines(run["out"])
-    if run["rc"] != 0 or not lines:
-        return {"ok": False, "kernel": kernel, "error": run["out"][-3000:]}
-    ranks = lines[-1]["ranks"]
+    ok = run["rc"] == 0 and lines
+    return kernel, (lines[-1] if ok else None), run["out"][-3000:]
+
+
+def section_cp_attention(kernels, dtypes, timeout) -> dict:
+    kernel, res, error = _cp_worker("attention", kernels, timeout)
+    if res is None:
+        return {"ok": False, "kernel": kernel, "error": error}
+    ranks = res["ranks"]
     worst = {key: max(max(r[key].values()) for r in ranks)
              for key in ("vs_fp64", "vs_one_process")}
     problems = [p for r in ranks for p in r["stream_order"]["problems"]]
@@ -192,13 +199,8 @@ def section_cp_training(kernels, dtypes, timeout) -> dict:
 
 
 def section_cp_timing(kernels, dtypes, timeout) -> dict:
-    kernel = _cp_kernel(kernels)
-    run = _spawn(torchrun(2) + [os.path.join(ROOT, "tools", "gpu_check_cp.py"), "timing",
-                                kernel], timeout - 5)
-    lines = _json_lines(run["out"])
-    if run["rc"] != 0 or not lines:
-        return {"ok": False, "error": run["out"][-3000:]}
-    return {"ok": True, "rows": lines[-1]["rows"]}
+    kernel, res, error = _cp_worker("timing", kernels, timeout)
+    return {"ok": False, "error": error} if res is None else {"ok": True, "rows": res["rows"]}
 
 
 def section_train(kernels, dtypes, timeout) -> dict:

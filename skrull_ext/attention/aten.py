@@ -34,7 +34,7 @@ from typing import Optional
 
 import torch
 
-from skrull_ext.attention.kernels import AttentionKernel, _check_block, as_segments, lse_dtype
+from skrull_ext.attention.kernels import AttentionKernel, _check_block, as_segments, empty_block
 
 FLASH_OPS = ("_flash_attention_forward", "_flash_attention_backward")
 CUDNN_OPS = ("_cudnn_attention_forward", "_cudnn_attention_backward")
@@ -171,8 +171,7 @@ class _AtenVarlenKernel(AttentionKernel):
     def forward(self, q, k, v, cu_q, cu_k, *, causal, scale):
         _check_block(q, k, v, cu_q, cu_k, causal)
         if q.shape[0] == 0 or k.shape[0] == 0:
-            return torch.zeros_like(q), torch.full((q.shape[1], q.shape[0]), -math.inf,
-                                                   dtype=lse_dtype(q.dtype), device=q.device)
+            return empty_block(q)
         cu_q, cu_k = as_segments(cu_q, q.device), as_segments(cu_k, q.device)
         group = q.shape[1] // k.shape[1]
         if group > 1 and self._expand(cu_q, q.shape[1], k.shape[1]):
