@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 KIT=${1:-$ROOT/.gpu_kit}
 OUT=${2:-${OUT:-$ROOT/gpu_check_out}}
-BUDGET=${BUDGET:-450}
+BUDGET=${BUDGET:-420}
 PY=${PYTHON:-python3}
 SITE=${SKRULL_GPU_SITE:-/tmp/skrull_gpu_site}
 mkdir -p "$OUT"

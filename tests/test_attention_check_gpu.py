@@ -232,3 +232,38 @@ def test_cp_worker_parity_and_order_at_world_2(tmp_path):
         assert res["order"]["problems"] == [], res["order"]
         assert res["side_stream_off_max_diff"] == 0.0 and res["staged"]
         assert math.isfinite(res["vs_fp64"]["dk"])
+
+
+def _loss_log(losses, extra=""):
+    return extra + "".join(f" iteration {i + 1:8d}/{len(losses):8d} | loss {x:.6E} | lr 1E-04 |"
+                           f" tokens/s {5000 + i}\n" for i, x in enumerate(losses))
+
+
+def test_section_results_from_their_outputs(monkeypatch):
+    """What the GPU sections conclude from their children's outputs (faked here)."""
+    runs = {"cp1": {"rc": 0, "out": _loss_log([5.0, 4.5, 4.0])},
+            "cp2": {"rc": 0, "out": _loss_log([5.01, 4.52, 4.01])}}
+    monkeypatch.setattr(check_gpu, "_spawn_many", lambda cmds, timeout, env=None: runs)
+    res = check_gpu.section_cp_training(["torch"], ["bf16"], 60)
+    assert res["ok"] and res["max_rel_diff"] == pytest.approx(0.02 / 4.5, rel=1e-3)
+    runs["cp2"] = {"rc": 1, "out": "Traceback...\nRuntimeError: Invalid backend"}
+    res = check_gpu.section_cp_training(["torch"], ["bf16"], 60)
+    assert not res["ok"] and "Invalid backend" in res["error"]
+    log = _loss_log([5.1, 4.9, 4.2], "x skrull_ext.attention INFO: attention kernel auto -> "
+                                     "torch on cuda\n")
+    monkeypatch.setattr(check_gpu, "_spawn", lambda argv, timeout, env=None: {"rc": 0, "out": log})
+    res = check_gpu.section_train(["torch"], ["bf16"], 60)
+    assert res["ok"] and res["auto_kernel"] == ["torch"] and res["tokens_per_s"][-1] == 5002
+    assert "auto -> torch, loss 5.10 -> 4.20, 5002 tokens/s" == check_gpu.detail("train", res)
+    rank = {"backend": "gloo", "vs_fp64": {"out": 5e-3, "dq": 8e-3, "dk": 9e-3, "dv": 7e-3},
+            "vs_one_process": {"out": 4e-3, "dq": 6e-3, "dk": 6e-3, "dv": 5e-3},
+            "stream_order": {"problems": []}}
+    monkeypatch.setattr(check_gpu, "_cp_worker", lambda what, k, t: ("torch", {
+        "ranks": [rank, dict(rank, vs_fp64=dict(rank["vs_fp64"], out=3e-2))]}, ""))
+    res = check_gpu.section_cp_attention(["torch"], ["bf16"], 60)
+    assert not res["ok"] and res["worst"]["vs_fp64"] == 3e-2  # rank 1's output is off
+    monkeypatch.setattr(check_gpu, "_cp_worker", lambda what, k, t: ("torch", {
+        "ranks": [rank, rank]}, ""))
+    res = check_gpu.section_cp_attention(["torch"], ["bf16"], 60)
+    assert res["ok"] and check_gpu.detail("cp_attention", res).startswith(
+        "torch over gloo: vs fp64 9.0e-03, vs 1 proc 6.0e-03, order ok")

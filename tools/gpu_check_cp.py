@@ -11,6 +11,7 @@ Rank 0 prints one JSON line per result.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import math
 import os
@@ -39,7 +40,8 @@ def init() -> tuple[int, int, torch.device, str]:
     local, gpus = int(os.environ.get("LOCAL_RANK", rank)), torch.cuda.device_count()
     backend = "nccl" if gpus >= int(os.environ.get("LOCAL_WORLD_SIZE", world)) else "gloo"
     torch.cuda.set_device(local % gpus)
-    dist.init_process_group(backend)
+    # A short timeout: a rank that failed makes its peer fail soon, not hang the section.
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=120))
     return rank, world, torch.device("cuda", local % gpus), backend
 
 
