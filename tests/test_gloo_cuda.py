@@ -72,3 +72,42 @@ def test_coalescing_shim_matches_upstream():
     with pytest.raises(RuntimeError, match="drop --overlap-grad-reduce"):
         with cpu_compat._one_by_one_coalescing(None, async_ops=True):
             pass
+
+
+def _shim_worker(rank, world, tmp):
+    """One CP=2 training step (fp64) with mcore's coalescing manager, then with the shim:
+    the shim is what DDP's gradient reduction goes through, and nothing changes."""
+    import os
+
+    from megatron.core.distributed import param_and_grad_buffer as buffers
+    from test_skrull_training import CP2, _setup
+
+    cpu_compat.apply_cpu_compat("cpu")
+    cfg = tiny_config(["--fp64", "--context-parallel-size", "2"], world_size=2)
+
+    def step():
+        trainer = _setup(cfg, batch_scheduler=CP2)
+        ids, plan = trainer.next_plan()
+        return trainer.compute_gradients(ids, plan), trainer.gradients()
+
+    before = step()
+    assert cpu_compat.apply_gloo_cuda_compat() == ("param_and_grad_buffer._coalescing_manager",)
+    calls, shim = [], buffers._coalescing_manager
+    assert shim is cpu_compat._one_by_one_coalescing
+    buffers._coalescing_manager = lambda *a, **k: calls.append(k) or shim(*a, **k)
+    after = step()
+    torch.save({"before": before, "after": after, "calls": calls},
+               os.path.join(tmp, f"out{rank}.pt"))
+
+
+@pytest.mark.multiprocess
+def test_ddp_reduces_through_the_shim_unchanged(tmp_path):
+    from mcore_helpers import spawn
+
+    spawn(_shim_worker, 2, tmp_path, timeout=240)
+    for rank in range(2):
+        out = torch.load(tmp_path / f"out{rank}.pt", weights_only=False)
+        assert out["calls"] and all(not c.get("async_ops") for c in out["calls"])
+        assert out["before"][0] == out["after"][0]
+        for name, g in out["before"][1].items():
+            torch.testing.assert_close(out["after"][1][name], g, rtol=0, atol=0)
