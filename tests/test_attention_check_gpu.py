@@ -181,6 +181,10 @@ def test_hook_runs_a_present_script_and_skips_a_missing_one(monkeypatch, tmp_pat
     res = check_gpu.section_hook("a", 60)
     assert res["ok"] and res["report"] == {"fit": 0.9} and "budget 60" in res["log_tail"]
     assert check_gpu.section_hook("b", 60)["skipped"].endswith("not in this checkout")
+    old = tmp_path / "old.py"  # a CPU-only version of a hook's script
+    old.write_text("import argparse\nargparse.ArgumentParser().parse_args()\n")
+    monkeypatch.setattr(check_gpu, "HOOKS", (("c", str(old), ["--device", "cuda"], 60),))
+    assert check_gpu.section_hook("c", 60)["skipped"].endswith("does not take --device cuda yet")
 
 
 def test_stream_order_problems_are_named():
