@@ -70,7 +70,7 @@ def small(monkeypatch):
     monkeypatch.setattr(gk, "HEADS", 4)
     monkeypatch.setattr(gk, "KV_HEADS", 2)
     monkeypatch.setattr(gk, "HEAD_DIM", 8)
-    monkeypatch.setattr(gk, "BLOCK_CU", (0, 6, 7, 16, 20))
+    monkeypatch.setattr(gk, "BLOCK_CHUNKS", (3, 1, 4, 2))
     monkeypatch.setattr(gk, "MB_LENGTHS", [5, 1, 9, 14])
 
 

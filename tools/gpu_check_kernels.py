@@ -29,7 +29,9 @@ KERNELS = ("torch", "cudnn", "flash", "te")
 TOLERANCE = {"bf16": {"out": 2e-2, "grad": 4e-2, "lse": 5e-2},
              "fp16": {"out": 3e-3, "grad": 6e-3, "lse": 1e-2}}
 HEADS, KV_HEADS, HEAD_DIM = 16, 4, 128
-BLOCK_CU = (0, 1000, 1001, 3000, 4096)  # document lengths 1000, 1, 1999, 1096
+#: Per document the zigzag chunk size ``c`` of the ring blocks: shards of ``2c`` tokens (one
+#: document of 2 tokens, chunks of 1), first chunks of ``c``; every chunk holds a token.
+BLOCK_CHUNKS = (500, 1, 1000, 548)
 MB_LENGTHS = [300 + 97 * i for i in range(12)] + [3000]  # parity micro-batch (last one long)
 #: (label, heads, KV heads, head dim) of the timed shapes, and the timed document mixes.
 TIMING_SHAPES = (("Qwen2.5-0.5B 14/2x64", 14, 2, 64), ("Qwen2.5-1.5B 12/2x128", 12, 2, 128))
@@ -56,10 +58,14 @@ def rel_err(got, ref) -> float:
 
 def block_cases():
     """``(label, cu_q, cu_k, causal)`` of the varlen blocks the ring calls."""
-    half = tuple(x // 2 for x in BLOCK_CU)
-    return [("block causal (local, ring step 0)", BLOCK_CU, BLOCK_CU, True),
-            ("block q x first chunks (src < rank)", BLOCK_CU, half, False),
-            ("block second chunks x k (src > rank)", half, BLOCK_CU, False)]
+    half, full = [0], [0]
+    for c in BLOCK_CHUNKS:
+        half.append(half[-1] + c)
+        full.append(full[-1] + 2 * c)
+    half, full = tuple(half), tuple(full)
+    return [("block causal (local, ring step 0)", full, full, True),
+            ("block q x first chunks (src < rank)", full, half, False),
+            ("block second chunks x k (src > rank)", half, full, False)]
 
 
 def micro_batch_layout():
