@@ -139,7 +139,15 @@ def _spawn_many(cmds: dict, timeout: float, extra_env: Optional[dict] = None) ->
 
 
 def _json_lines(text: str) -> list:
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    """The JSON objects among ``text``'s lines (a worker's result; other lines are logs)."""
+    found = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                pass
+    return found
 
 
 # --- the sections, each run in a child process (``--section NAME``) ---------------------------
