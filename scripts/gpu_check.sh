@@ -5,6 +5,7 @@
 # scheduler runs), then `tools/check_gpu.py --all` within the time left of BUDGET seconds.
 #
 #   bash scripts/gpu_check.sh [KIT=.gpu_kit] [OUT=$OUT or ./gpu_check_out]
+#   SECTIONS=cp_training,train bash scripts/gpu_check.sh ...   # a rerun of some sections
 #
 # Writes OUT/gpu_check.json (the report, rewritten after each section) and OUT/gpu_check.log;
 # prints a summary table last.  Exit status: check_gpu.py's (0 when every section passed).
@@ -66,7 +67,8 @@ fi
 
 left=$(( BUDGET - ($(date +%s) - start) ))
 say "== tools/check_gpu.py --all with ${left} s left of ${BUDGET} s"
-timeout $(( left + 60 )) $PY tools/check_gpu.py --all --out "$OUT" --budget "$(( left - 15 ))"
+timeout $(( left + 60 )) $PY tools/check_gpu.py --all --out "$OUT" --budget "$(( left - 15 ))" \
+  ${SECTIONS:+--sections "$SECTIONS"}
 status=$?
 if [ -n "${builder:-}" ]; then kill -- -"$builder" 2>/dev/null; wait "$builder" 2>/dev/null; fi
 say "== scheduler backend at the end: $($PY -c 'import skrull_ext; print(skrull_ext.BACKEND)' 2>&1 | tail -1)"
