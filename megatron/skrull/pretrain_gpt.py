@@ -4,8 +4,9 @@ Also runs as a single process without torchrun (world size 1, a file store in a 
 directory, no port).  Invalid flags print one ``error:`` line per problem and exit 2.
 
 Steps: parse flags -> CPU shims (CPU only) -> ``torch.distributed`` (gloo on CPU, NCCL on
-GPU) -> ``parallel_state.initialize_model_parallel(TP, CP)`` -> seeds -> data source, model,
-mcore DDP + optimizer + LR schedule, sampler, batch scheduler -> optional ``--load`` -> train (log,
+GPU; gloo there too with ``SKRULL_DIST_BACKEND=gloo``) ->
+``parallel_state.initialize_model_parallel(TP, CP)`` -> seeds -> data source, model, mcore DDP
++ optimizer + LR schedule, sampler, batch scheduler -> optional ``--load`` -> train (log,
 TensorBoard, ``--save`` every ``--save-interval`` and at the end).
 """
 from __future__ import annotations
@@ -27,9 +28,38 @@ from skrull_ext.attention.comm import RingComm
 
 from megatron.skrull import errors
 from megatron.skrull.arguments import ConfigError, RunConfig, parse_args
-from megatron.skrull.cpu_compat import apply_cpu_compat, resolve_device
+from megatron.skrull.cpu_compat import apply_cpu_compat, apply_gloo_cuda_compat, resolve_device
 
 logger = logging.getLogger("megatron.skrull")
+
+
+#: ``SKRULL_DIST_BACKEND=gloo`` runs CUDA ranks over gloo, so several can share one GPU
+#: (function, not speed: the one-GPU CP checks of ``tools/check_gpu.py``).
+DIST_BACKEND_ENV = "SKRULL_DIST_BACKEND"
+
+
+def dist_backend(device: torch.device, cfg: Optional[RunConfig] = None) -> str:
+    """The process-group backend: gloo on CPU; NCCL on CUDA unless ``$SKRULL_DIST_BACKEND``
+    is ``gloo`` (ranks may then share a GPU; the ring stages through host memory).
+
+    Raises:
+        ValueError: An unknown backend, NCCL without CUDA, more local ranks than GPUs under
+            NCCL, or overlapped gradient reduction over gloo on CUDA (naming the fix).
+    """
+    name = os.environ.get(DIST_BACKEND_ENV, "").strip().lower()
+    name = name or ("nccl" if device.type == "cuda" else "gloo")
+    if name not in ("nccl", "gloo") or (name == "nccl" and device.type != "cuda"):
+        raise ValueError(f"{DIST_BACKEND_ENV}={name}: use gloo (any device) or nccl (CUDA)")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if name == "nccl" and local > torch.cuda.device_count():
+        raise ValueError(f"{local} processes per node but {torch.cuda.device_count()} GPU(s): "
+                         "NCCL cannot run two ranks on one GPU; launch one process per GPU, "
+                         f"or set {DIST_BACKEND_ENV}=gloo for a functional (slow) run")
+    if name == "gloo" and device.type == "cuda" and cfg is not None and (
+            cfg.optim.overlap_grad_reduce or cfg.optim.overlap_param_gather):
+        raise ValueError(f"{DIST_BACKEND_ENV}=gloo on CUDA cannot overlap the gradient "
+                         "reduction: drop --overlap-grad-reduce / --overlap-param-gather")
+    return name
 
 
 def init_distributed(device: torch.device, init_method: Optional[str] = None) -> None:
@@ -45,10 +75,13 @@ def init_distributed(device: torch.device, init_method: Optional[str] = None) ->
             init_method = f"file://{tempfile.mkdtemp(prefix='skrull-store-')}/store"
         else:
             raise RuntimeError(f"WORLD_SIZE={world} without MASTER_ADDR: launch with torchrun")
-    if device.type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            init_method=init_method, rank=rank, world_size=world)
+    backend = dist_backend(device)
+    if device.type == "cuda":  # over gloo, ranks may share a GPU
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local % torch.cuda.device_count() if backend == "gloo" else local)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
+    if backend == "gloo" and device.type == "cuda":
+        apply_gloo_cuda_compat()
 
 
 def init_model_parallel(cfg: RunConfig, device: torch.device) -> None:
@@ -160,9 +193,15 @@ def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
     from skrull_ext.attention import get_kernel
 
     try:
-        return get_kernel(cfg.skrull.attention_kernel, device, torch.float32).name
+        name = get_kernel(cfg.skrull.attention_kernel, device, torch.float32).name
     except RuntimeError as exc:  # the kernel's library is missing: exit 2 naming the fix
         raise ValueError(f"--skrull-attention-kernel {cfg.skrull.attention_kernel}: {exc}") from exc
+    half = cfg.bf16 or cfg.fp16
+    if device.type == "cuda" and name in ("torch", "flash", "cudnn") and not half:
+        raise ValueError(f"--skrull-attention-kernel {cfg.skrull.attention_kernel} runs the "
+                         f"{name} kernel, fp16/bf16 only on CUDA: add --bf16 (or --fp16), or "
+                         "use --skrull-attention-kernel reference (float64, slow)")
+    return name
 
 
 class ExitSignalHandler:
@@ -307,7 +346,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
         cfg = errors.parse_quietly(lambda a: parse_args(a, world_size=world), argv)
-        resolve_device(cfg.device)
+        dist_backend(resolve_device(cfg.device), cfg)
     except SystemExit as exc:  # argparse (already reported on rank 0) or --help
         return exc.code if isinstance(exc.code, int) else errors.EXIT_BAD_INPUT
     except ConfigError as exc:
