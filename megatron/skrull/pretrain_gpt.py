@@ -132,11 +132,8 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     from megatron.skrull.optimizer import build_optimizer, build_scheduler, wrap_ddp
     from megatron.skrull.batch_schedule import make_batch_scheduler, model_spec
     from megatron.skrull.training import ParallelGroups, Trainer
-<<<<<<< HEAD
-    from skrull_ext.costmodel.flops import model_flops
-=======
     from megatron.skrull.vocab import padded_vocab_size
->>>>>>> m-resume
+    from skrull_ext.costmodel.flops import model_flops
 
     source = source if source is not None else build_sample_source(cfg)
     tp = cfg.parallel.tensor_model_parallel_size
