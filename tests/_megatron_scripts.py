@@ -121,8 +121,8 @@ def _gpt2_files(tmp: str) -> None:
         f.write("#version: 0.2\n")
 
 
-def main(tmp: str, keep) -> None:
-    """Runs every script; ``keep(argv)`` drops flags this branch cannot parse yet."""
+def main(tmp: str) -> None:
+    """Runs every script through the launcher, in this process."""
     from megatron.skrull.preprocess import main as preprocess
 
     prefix = f"{tmp}/gpt3_text_document"
@@ -132,13 +132,10 @@ def main(tmp: str, keep) -> None:
     runs = {"llama_fp8": llama3_8b_fp8(tmp, fp8=True), "llama": llama3_8b_fp8(tmp, fp8=False),
             "gpt3_ramp": gpt3_175b(tmp, prefix, ramp=True),
             "gpt3": gpt3_175b(tmp, prefix, ramp=False), "qwen": qwen25_7b(tmp)}
-    results = {name: _run(keep(argv)) for name, argv in runs.items()}
+    results = {name: _run(argv) for name, argv in runs.items()}
     with open(os.path.join(tmp, "results.json"), "w") as f:
         json.dump(results, f)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from test_megatron_scripts import runnable_here
-
-    main(sys.argv[1], runnable_here)
+    main(sys.argv[1])

@@ -28,14 +28,20 @@ MODELS = {"llama": ("LlamaConfig", dict(tie_word_embeddings=True, rope_theta=100
           "qwen3": ("Qwen3Config", dict(tie_word_embeddings=True, head_dim=24))}
 
 
-def make_hf_model(directory: str, kind: str, tokenizer_dir: str) -> str:
-    """A random tiny model saved with save_pretrained (+ the chat tokenizer files)."""
+def make_hf_model(directory: str, kind, tokenizer_dir: str) -> str:
+    """A random tiny model saved with save_pretrained (+ the chat tokenizer files).
+
+    ``kind``: a name of :data:`MODELS` or a transformers config.
+    """
     import shutil
 
     import transformers
 
-    cls, extra = MODELS[kind]
-    config = getattr(transformers, cls)(**COMMON, **extra)
+    if isinstance(kind, str):
+        cls, extra = MODELS[kind]
+        config = getattr(transformers, cls)(**COMMON, **extra)
+    else:
+        config = kind
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).float()
     with torch.no_grad():  # non-trivial norms and biases (HF initialises them to 1 and 0)
@@ -105,12 +111,16 @@ def _worker(rank, world, tmp):
 
 
 def _transformers_loss(tmp, kind):
+    return transformers_loss(f"{tmp}/data", f"{tmp}/{kind}")
+
+
+def transformers_loss(data_prefix, model_dir, dtype=torch.float32) -> float:
     """Masked mean token loss of the whole dataset (= the global batch) by transformers."""
     import transformers
     from megatron.skrull.data import load_sft_dataset
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(f"{tmp}/{kind}").float()
-    data = load_sft_dataset(f"{tmp}/data")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).to(dtype)
+    data = load_sft_dataset(data_prefix)
     total, count = 0.0, 0.0
     with torch.no_grad():
         for i in range(len(data)):
@@ -122,20 +132,25 @@ def _transformers_loss(tmp, kind):
     return total / count
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
+def write_chat_data(tmp, tok: str, last) -> None:
+    """``tmp/data``: six conversations (the last one ``last``) tokenized at --seq-length 200."""
     from megatron.skrull import preprocess
 
-    tmp = tmp_path_factory.mktemp("hf")
-    tok = make_template_tokenizer(str(tmp / "tok"), CHATML)
-    for kind in MODELS:
-        make_hf_model(str(tmp / kind), kind, tok)
     convs = [CONVERSATION[:2], CONVERSATION, CONVERSATION[2:], CONVERSATION[:2] * 3,
-             [{"role": "system", "content": "the lazy dog"}] + CONVERSATION, CONVERSATION[2:] * 2]
+             [{"role": "system", "content": "the lazy dog"}] + CONVERSATION, last]
     (tmp / "chat.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
     assert preprocess.main(["--input", str(tmp / "chat.jsonl"), "--output-prefix",
                             str(tmp / "data"), "--tokenizer-type", "HFTokenizer",
                             "--tokenizer-model", tok, "--seq-length", "200"]) == 0
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hf")
+    tok = make_template_tokenizer(str(tmp / "tok"), CHATML)
+    for kind in MODELS:
+        make_hf_model(str(tmp / kind), kind, tok)
+    write_chat_data(tmp, tok, CONVERSATION[2:] * 2)
     spawn(_worker, 2, tmp, timeout=300)
     return tmp, torch.load(tmp / "out0.pt", weights_only=False)
 

@@ -24,7 +24,8 @@ from mcore_helpers import TINY_FLAGS, tiny_config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Implemented flags whose values this stack takes differently from Megatron-LM's parser
 # (a list where Megatron-LM also takes none; one dataset prefix).
-KNOWN_ARITY = {"--data-path": ("str*", "+"), "--valid-data-path": ("str*", "+")}
+KNOWN_ARITY = {"--data-path": ("str*", "+"), "--valid-data-path": ("str*", "+"),
+               "--train-data-path": ("str*", "+")}
 
 
 def _sample_value(kind: str) -> list[str]:
@@ -48,16 +49,15 @@ def test_header_names_the_commit_and_every_name_is_megatrons():
     kinds = ma.megatron_kinds()
     assert len(kinds) > 800
     listed = [n for rows in (ma.ACCEPTED, ma.REFUSED) for _, names in rows
-              for n in names.split()] + sorted(ma.pending_names())
+              for n in names.split()]
     assert [n for n, c in collections.Counter(listed).items() if c > 1] == []
     assert [n for n in listed if n not in kinds] == []  # no typo in the tables
 
 
 def test_every_megatron_name_falls_in_exactly_one_kind():
     implemented = ma.implemented_names(build_parser())
-    table, pending = ma.classified(), ma.pending_names()
-    kinds_of = {n: [k for k, member in (("implemented", n in implemented),
-                                        ("table", n in table), ("pending", n in pending))
+    table = ma.classified()
+    kinds_of = {n: [k for k, member in (("implemented", n in implemented), ("table", n in table))
                     if member] for n in ma.megatron_kinds()}
     assert {n: k for n, k in kinds_of.items() if len(k) != 1} == {}
 

@@ -24,33 +24,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def runnable_here(argv: list[str]) -> list[str]:
-    """TEMPORARY (until the lead merges this wave): drops the flags other branches add
-    (``megatron_args.PENDING_ELSEWHERE``) that this branch's parser lacks, and
-    ``--use-distributed-optimizer``/``--overlap-param-gather`` while DP x CP = 1 still
-    refuses them (m-resume, issue 26 item 3).  Once those land it returns ``argv``."""
-    from megatron.skrull.arguments import ConfigError, parse_args
-    from megatron.skrull.flags import build_parser
-    from megatron.skrull.megatron_args import implemented_names, megatron_kinds, pending_names
-
-    implemented, kinds = implemented_names(build_parser()), megatron_kinds()
-    pending = pending_names()
-    out, i = [], 0
-    while i < len(argv):
-        if argv[i] in pending and argv[i] not in implemented:
-            i += 1 if kinds[argv[i]] == "flag" else 2
-            continue
-        out.append(argv[i])
-        i += 1
-    try:
-        parse_args(out)
-    except ConfigError as exc:
-        if any("--use-distributed-optimizer has nothing to shard" in p for p in exc.problems):
-            out = [a for a in out
-                   if a not in ("--use-distributed-optimizer", "--overlap-param-gather")]
-    return out
-
-
 def _errors(run: dict) -> list[str]:
     return [line for line in run["stderr"].splitlines() if "error:" in line]
 

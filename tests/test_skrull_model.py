@@ -73,12 +73,14 @@ def _worker(rank, world, tmp):
                             for i, n in enumerate(LENGTHS)], dim=1)
     positions = torch.tensor([3, 0, 17, 5, 5, 90])
     rope = model.decoder.layers[0].self_attention.core_attention.rope
+    mcore_rope = rotary_pos_embedding.RotaryEmbedding(16, 1.0, rotary_base=cfg.model.rotary_base,
+                                                      use_cpu_initialization=True)
     small = build_model(cfg.model, vocab_size=vocab, dtype=torch.float64)
     torch.save({
         "logits": logits.detach(), "ref_logits": ref_logits.detach(), "losses": losses.detach(),
         "labels": labels, "shapes": [s[:3] for s in seen], "kw": [s[5] for s in seen],
         "layout_ok": all(s[3] is layout for s in seen), "num_calls": len(seen),
-        "table": rotary_table(rope, positions), "get_emb": rope.get_emb(91),
+        "table": rotary_table(rope, positions), "get_emb": mcore_rope.get_emb(91),
         "positions": positions, "param_dtypes": {p.dtype for p in small.parameters()},
     }, os.path.join(tmp, "out.pt"))
 

@@ -16,10 +16,13 @@ from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICE
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS
 from skrull_ext.sharding import shard_tokens
 
+from megatron.skrull import hybrid_cp
 from megatron.skrull.errors import ConfigError  # public here too
 from megatron.skrull.flags import SCHEDULERS, build_parser  # noqa: F401 - public here too
 from megatron.skrull.loggers import LoggingArgs  # public here too
-from megatron.skrull.run_args import MegatronRunArgs, from_namespace, schedule_problems
+from megatron.skrull.rope import RopeArgs, flag_problems as rope_flag_problems, rope_kwargs
+from megatron.skrull.run_args import (MegatronRunArgs, from_namespace, run_problems,
+                                      schedule_problems)
 
 
 def _raise_if(problems: list[str]) -> None:
@@ -28,8 +31,11 @@ def _raise_if(problems: list[str]) -> None:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelArgs:
-    """GPT architecture (``--num-layers`` ...); ``None`` sizes take Megatron's defaults."""
+class ModelArgs(RopeArgs):
+    """GPT architecture (``--num-layers`` ...); ``None`` sizes take Megatron's defaults.
+
+    The RoPE flags are the fields of its base :class:`megatron.skrull.rope.RopeArgs`.
+    """
 
     num_layers: int
     hidden_size: int
@@ -75,6 +81,8 @@ class ModelArgs:
                      "dropout (SFT runs without it); use --attention-dropout 0")
         if self.vocab_size is not None and self.vocab_size < 1:
             p.append(f"--vocab-size must be >= 1, got {self.vocab_size}")
+        if self.num_attention_heads >= 1:
+            p.extend(self.rope_problems(self.head_dim))
         _raise_if(p)
 
     @property
@@ -134,6 +142,7 @@ class ParallelArgs:
     tensor_model_parallel_size: int = 1
     context_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    hybrid_context_parallel: bool = False  # CP is Megatron's DP x CP pool (hybrid_cp.py)
 
     def __post_init__(self) -> None:
         p = []
@@ -178,11 +187,12 @@ class OptimArgs:
     overlap_param_gather: bool = False
     loss_scale: Optional[float] = None  # fp16: None = dynamic loss scaling
     initial_loss_scale: float = 2.0 ** 32
-    # Megatron-LM's --lr-warmup-fraction (of the decay steps) and --decoupled-lr/-min-lr
-    # (the input embedding's and output layer's own LR, mcore's param-group override).
+    # Megatron-LM's (run_args.py): warmup as a fraction; embedding/output layer's own LR
     lr_warmup_fraction: Optional[float] = None
     decoupled_lr: Optional[float] = None
     decoupled_min_lr: Optional[float] = None
+    override_opt_param_scheduler: bool = False  # on --load: the flags' schedule wins
+    use_checkpoint_opt_param_scheduler: bool = False  # on --load: the checkpoint's wins
 
     def __post_init__(self) -> None:
         p = []
@@ -211,6 +221,9 @@ class OptimArgs:
             p.append(f"--loss-scale must be > 0, got {self.loss_scale}")
         if self.clip_grad < 0:
             p.append(f"--clip-grad must be >= 0 (0 disables clipping), got {self.clip_grad}")
+        if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
+            p.append("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler "
+                     "conflict (the flags' schedule or the checkpoint's): pick one")
         p.extend(schedule_problems(self))
         _raise_if(p)
 
@@ -225,12 +238,16 @@ class DataArgs:
     mock_data: bool = False
     mock_num_samples: int = 4096
     split: Optional[str] = None  # train,validation,test weights over the data (Megatron's)
-    valid_data_path: tuple[str, ...] = ()  # a separate validation dataset (one prefix)
+    valid_data_path: tuple[str, ...] = ()  # separate validation datasets (one loss each)
+    data_args_path: Optional[str] = None  # a file holding the --data-path list
+    train_data_path: tuple[str, ...] = ()  # the training blend, per-split style
+    per_split_data_args_path: Optional[str] = None  # JSON {"train", "valid", "test"} blends
 
     def __post_init__(self) -> None:
         p = []
         if self.data_path and self.mock_data:
             p.append("--data-path and --mock-data are exclusive; drop one of them")
+        p += _blend_problems(self)
         if self.split is not None:
             from megatron.skrull.samples import parse_split
 
@@ -241,16 +258,41 @@ class DataArgs:
         if self.valid_data_path and self.use_mock:
             p.append("--valid-data-path needs --data-path (the training data it was tokenized "
                      "like); with --mock-data use --split to hold out validation samples")
-        elif len(self.valid_data_path) > 1:
-            p.append(f"--valid-data-path takes one dataset prefix, got "
-                     f"{len(self.valid_data_path)}; preprocess the validation data into one")
         if self.mock_num_samples < 1:
             p.append(f"--mock-num-samples must be >= 1, got {self.mock_num_samples}")
         _raise_if(p)
 
     @property
     def use_mock(self) -> bool:
-        return self.mock_data or not self.data_path
+        return self.mock_data or not (self.data_path or self.data_args_path or
+                                      self.train_data_path or self.per_split_data_args_path)
+
+
+def _blend_problems(d: DataArgs) -> list[str]:
+    """Megatron's exclusivity rules of the blend flags, and the blends' syntax."""
+    from megatron.skrull.blend import parse_blend
+
+    p = []
+    given = [f for f, v in (("--data-path", d.data_path), ("--data-args-path", d.data_args_path),
+                            ("--train-data-path", d.train_data_path),
+                            ("--per-split-data-args-path", d.per_split_data_args_path)) if v]
+    if len(given) > 1:
+        p.append(f"{' and '.join(given)} are exclusive; give the training data once")
+    if d.per_split_data_args_path and d.valid_data_path:
+        p.append("--per-split-data-args-path holds the validation blend; drop --valid-data-path")
+    if d.split is not None and (d.train_data_path or d.per_split_data_args_path):
+        p.append("--split cuts --data-path; with per-split blends give --valid-data-path "
+                 "instead (drop --split)")
+    if d.mock_data and given and given[0] != "--data-path":  # that one is reported above
+        p.append(f"{given[0]} and --mock-data are exclusive; drop one of them")
+    for flag, items in (("--data-path", d.data_path), ("--train-data-path", d.train_data_path),
+                        ("--valid-data-path", d.valid_data_path)):
+        try:
+            if items:
+                parse_blend(items, flag)
+        except ValueError as exc:
+            p.append(str(exc))
+    return p
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -274,8 +316,7 @@ class CheckpointArgs:
     no_load_optim: bool = False
     no_load_rng: bool = False
     exit_signal_handler: bool = False
-    # Megatron-LM's --no-save-optim / --no-save-rng: checkpoints without the optimizer (and
-    # LR schedule) / RNG state; loading one needs --no-load-optim / --no-load-rng.
+    # --no-save-optim / --no-save-rng: loading such a checkpoint needs --no-load-optim/-rng
     no_save_optim: bool = False
     no_save_rng: bool = False
 
@@ -424,9 +465,12 @@ def cross_problems(cfg: RunConfig) -> list[str]:
                  f"sample needs {shard_tokens(cfg.seq_length, cp)} tokens per rank > "
                  f"--skrull-bucket-size {cfg.skrull.bucket_size} (about bucket x CP = "
                  f"{cfg.skrull.bucket_size * cp}); lower --seq-length or raise the bucket or CP")
-    if m.max_position_embeddings < cfg.seq_length:
+    if m.scaled_context(m.max_position_embeddings) < cfg.seq_length:
         p.append(f"--max-position-embeddings {m.max_position_embeddings} < --seq-length "
-                 f"{cfg.seq_length}; raise it to at least {cfg.seq_length}")
+                 f"{cfg.seq_length}; raise it to at least {cfg.seq_length}"
+                 + (f" (or scale RoPE further: {m.rope_type} covers "
+                    f"{m.scaled_context(m.max_position_embeddings)})"
+                    if m.rope_type != "default" else ""))
     if m.num_attention_heads % tp or m.query_groups % tp:
         p.append(f"--num-attention-heads {m.num_attention_heads} and --num-query-groups "
                  f"{m.query_groups} must both be divisible by --tensor-model-parallel-size {tp}")
@@ -443,13 +487,7 @@ def cross_problems(cfg: RunConfig) -> list[str]:
     if cfg.exit_interval is not None and cfg.exit_interval < 1:
         p.append(f"--exit-interval must be >= 1, got {cfg.exit_interval}")
     p.extend(_recompute_problems(cfg.recompute, m.num_layers))
-    if cfg.optim.use_distributed_optimizer and cfg.parallel.dp_size * cp == 1:
-        p.append("--use-distributed-optimizer has nothing to shard over with DP x CP = 1; "
-                 "drop the flag or launch more data/context-parallel ranks")
-    padded = cfg.run.padded_vocab_size
-    if padded is not None and padded % tp:
-        p.append(f"--padded-vocab-size {padded} is not divisible by "
-                 f"--tensor-model-parallel-size {tp}; pick a multiple of {tp}")
+    p.extend(run_problems(cfg))
     if sum((cfg.fp64, cfg.bf16, cfg.fp16)) > 1:
         chosen = [f for f, on in (("--fp64", cfg.fp64), ("--bf16", cfg.bf16),
                                   ("--fp16", cfg.fp16)) if on]
@@ -469,6 +507,8 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     """Builds the frozen :class:`RunConfig`; raises :class:`ConfigError` with every problem."""
     mx = from_namespace(ns)  # Megatron-LM's run-control, sample-based and accepted flags
     p: list[str] = list(mx.problems)
+    hybrid, hybrid_problems = hybrid_cp.resolve(ns, world_size)
+    p.extend(hybrid_problems)
     model = _group(ModelArgs, p, num_layers=ns.num_layers, hidden_size=ns.hidden_size,
                    num_attention_heads=ns.num_attention_heads, ffn_hidden_size=ns.ffn_hidden_size,
                    num_query_groups=ns.num_query_groups, kv_channels=ns.kv_channels,
@@ -480,11 +520,14 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                    qk_layernorm=ns.qk_layernorm,
                    untie_embeddings_and_output_weights=ns.untie_embeddings_and_output_weights,
                    rotary_base=ns.rotary_base, hidden_dropout=ns.hidden_dropout,
-                   init_method_std=ns.init_method_std, attention_dropout=ns.attention_dropout)
+                   init_method_std=ns.init_method_std, attention_dropout=ns.attention_dropout,
+                   **rope_kwargs(ns))
+    p.extend(rope_flag_problems(ns))
     parallel = _group(ParallelArgs, p, world_size=world_size,
                       tensor_model_parallel_size=ns.tensor_model_parallel_size,
-                      context_parallel_size=ns.context_parallel_size,
-                      pipeline_model_parallel_size=ns.pipeline_model_parallel_size)
+                      context_parallel_size=hybrid.context_parallel_size,
+                      pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
+                      hybrid_context_parallel=ns.hybrid_context_parallel)
     if ns.num_layers_per_virtual_pipeline_stage is not None:
         # Megatron's interleaved schedule needs the same micro-batch shapes per model chunk
         # round; not wired to Skrull's variable per-rank layouts (docs/training.md).
@@ -497,15 +540,20 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                    use_distributed_optimizer=ns.use_distributed_optimizer,
                    overlap_grad_reduce=ns.overlap_grad_reduce,
                    overlap_param_gather=ns.overlap_param_gather, loss_scale=ns.loss_scale,
-                   initial_loss_scale=ns.initial_loss_scale)
+                   initial_loss_scale=ns.initial_loss_scale,
+                   override_opt_param_scheduler=ns.override_opt_param_scheduler,
+                   use_checkpoint_opt_param_scheduler=ns.use_checkpoint_opt_param_scheduler)
     data = _group(DataArgs, p, data_path=tuple(ns.data_path),
                   tokenizer_type=ns.tokenizer_type, tokenizer_model=ns.tokenizer_model,
                   mock_data=ns.mock_data, mock_num_samples=ns.mock_num_samples,
-                  split=ns.split, valid_data_path=tuple(ns.valid_data_path or ()))
+                  split=ns.split, valid_data_path=tuple(ns.valid_data_path or ()),
+                  data_args_path=ns.data_args_path,
+                  train_data_path=tuple(ns.train_data_path or ()),
+                  per_split_data_args_path=ns.per_split_data_args_path)
     validation = _group(ValidationArgs, p, eval_interval=ns.eval_interval,
                         eval_iters=ns.eval_iters)
-    skrull = _group(SkrullArgs, p, bucket_size=ns.skrull_bucket_size,
-                    scheduler=ns.skrull_scheduler, hardware=ns.skrull_hardware,
+    skrull = _group(SkrullArgs, p, bucket_size=hybrid.bucket_size,
+                    scheduler=hybrid.scheduler, hardware=ns.skrull_hardware,
                     objective=ns.skrull_objective,
                     attention_kernel=mx.attention_kernel,
                     cost_model_config=ns.skrull_cost_model_config,
@@ -518,7 +566,8 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                   no_load_optim=ns.no_load_optim, no_load_rng=ns.no_load_rng,
                   exit_signal_handler=ns.exit_signal_handler, **mx.checkpoint)
     log = _group(LoggingArgs, p, log_interval=ns.log_interval,
-                 tensorboard_dir=ns.tensorboard_dir, **mx.logging)
+                 tensorboard_dir=ns.tensorboard_dir, log_throughput=ns.log_throughput,
+                 **mx.logging)
     run = _group(MegatronRunArgs, p, **mx.run)
     _raise_if(p)
     return RunConfig(model=model, parallel=parallel, optim=optim, data=data, skrull=skrull,

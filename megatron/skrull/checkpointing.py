@@ -341,6 +341,10 @@ def _check_saved_parts(path: str, saved: dict, opts: LoadOptions) -> None:
                               "resume with --no-load-rng or --finetune")
 
 
+# A padding rule, not the model: the checkpoint's padded vocabulary wins (vocab.py).
+_NOT_THE_MODEL = ("make_vocab_size_divisible_by",)
+
+
 def _check_compatible(path: str, config: Optional[dict],
                       opts: LoadOptions = LoadOptions()) -> Optional[dict]:
     """Saved layout; raises :class:`CheckpointError` when the model flags differ."""
@@ -349,13 +353,69 @@ def _check_compatible(path: str, config: Optional[dict],
     saved = load_common_state_dict(path).get("skrull", {})
     _check_saved_parts(path, saved.get("saved") or {}, opts)
     want, have = (config or {}).get("model"), saved.get("model")
-    if want is not None and have is not None and want != have:
-        diff = sorted(k for k in have if have.get(k) != want.get(k))
+    if have is not None:  # flags added since it was saved (e.g. RoPE scaling) at their default
+        have = {**_model_defaults(), **have}
+    diff = sorted(k for k in (have or {}) if k not in _NOT_THE_MODEL
+                  and want is not None and have.get(k) != want.get(k))
+    if diff:
         raise CheckpointError(
             f"--load {path} is a checkpoint of another model (differs in "
             + ", ".join(f"{k}: saved {have[k]!r}, now {want.get(k)!r}" for k in diff)
             + "); resume with the flags it was saved with or point --load elsewhere")
     return saved.get("layout")
+
+
+def _model_defaults() -> dict[str, Any]:
+    from megatron.skrull.arguments import ModelArgs
+
+    return {f.name: f.default for f in dataclasses.fields(ModelArgs)
+            if f.default is not dataclasses.MISSING}
+
+
+# OptimizerParamScheduler.state_dict() keys, with the flags that set them here.
+_SCHEDULE_FLAGS = {
+    "max_lr": "--lr", "min_lr": "--min-lr", "lr_warmup_steps": "--lr-warmup-iters",
+    "lr_decay_steps": "--lr-decay-iters, default --train-iters",
+    "lr_decay_style": "--lr-decay-style", "start_wd": "--weight-decay",
+    "end_wd": "--weight-decay", "wd_incr_steps": "--train-iters",
+    "wd_incr_style": "weight decay increment style",
+}
+
+
+def _check_schedule(path: str, scheduler) -> None:
+    """Megatron's rule: without ``--override-opt_param-scheduler`` or ``--use-checkpoint-
+    opt_param-scheduler`` the flags' LR schedule must be the checkpoint's (mcore's
+    ``OptimizerParamScheduler.load_state_dict`` asserts it; this says which flags differ
+    before anything is loaded or written)."""
+    from megatron.core.dist_checkpointing import load_common_state_dict
+
+    chosen = any(getattr(scheduler, f"{who}_opt_param_scheduler", False)
+                 for who in ("override", "use_checkpoint"))
+    if chosen or not hasattr(scheduler, "state_dict"):
+        return
+    saved, now = load_common_state_dict(path).get("opt_param_scheduler"), scheduler.state_dict()
+    diff = [f"{key} ({flag}): saved {saved[key]!r}, now {now[key]!r}"
+            for key, flag in _SCHEDULE_FLAGS.items()
+            if saved is not None and key in saved and saved[key] != now.get(key)]
+    if diff:
+        raise CheckpointError(
+            f"--load {path}: the LR schedule of the flags differs from the checkpoint's ("
+            + "; ".join(diff) + "); add --override-opt_param-scheduler to train on with the "
+            "flags' schedule or --use-checkpoint-opt_param-scheduler to keep the checkpoint's")
+
+
+def _after_schedule_load(trainer) -> None:
+    """With ``--override-opt_param-scheduler`` the loaded optimizer's parameter groups keep
+    the checkpoint's ``max_lr``/``min_lr``, which mcore's schedule reads first: put the
+    flags' back (as Megatron-LM's ``load_checkpoint`` does).  Then recompute this step's LR
+    and weight decay from the final schedule (mcore's ``load_state_dict`` steps before it
+    has set the weight-decay values)."""
+    scheduler = _scheduler(trainer)
+    if getattr(scheduler, "override_opt_param_scheduler", False):
+        for group in trainer.optimizer.param_groups:
+            if "max_lr" in group:
+                group["max_lr"], group["min_lr"] = scheduler.max_lr, scheduler.min_lr
+    scheduler.step(increment=0)
 
 
 def _single(optimizer):
@@ -388,6 +448,8 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
 
     with cpu_checkpoint_io(meta.device), cuda_to_cpu(meta.device):
         layout = _check_compatible(path, config, opts)
+        if opts.load_optim and not opts.finetune:  # the schedule is loaded with the optimizer
+            _check_schedule(path, _scheduler(trainer))
         request = _state(trainer, meta, config, is_loading=True, opts=opts, saved_layout=layout)
         other_kind = _other_optimizer_kind(path, trainer.optimizer, request)
         try:
@@ -415,6 +477,7 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
         scheduler = _scheduler(trainer)
         scheduler.num_steps = 0  # mcore's load_state_dict steps by the saved num_steps
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
+        _after_schedule_load(trainer)
     if "rng_state" in loaded:
         _set_rng_state(loaded["rng_state"])
     elif opts.load_rng:

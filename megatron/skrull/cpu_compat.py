@@ -37,6 +37,9 @@ Not patched because our stack never reaches them: RoPE's CP slicing
 builds ``GPTModel`` without RoPE and applies it in its ``core_attention`` from the global
 position ids of the packed stream, so ``RotaryEmbedding.forward`` / ``get_emb`` never run.
 
+One shim is for CUDA, not CPU: :func:`apply_gloo_cuda_compat` lets mcore's DDP reduce CUDA
+gradients over gloo, for ranks sharing one GPU (see its section at the end).
+
 ``tests/test_cpu_compat.py`` fails when upstream changes under these shims.
 """
 from __future__ import annotations
@@ -49,7 +52,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["apply_cpu_compat", "cpu_checkpoint_io", "cpu_compat_applied", "cpu_pipeline_p2p",
+__all__ = ["apply_cpu_compat", "apply_gloo_cuda_compat", "cpu_checkpoint_io", "cpu_compat_applied", "cpu_pipeline_p2p",
            "cuda_to_cpu", "resolve_device", "original", "ORIGINALS"]
 
 # name -> object that was replaced (kept so tests can check the upstream behaviour).
@@ -325,3 +328,42 @@ def cpu_pipeline_p2p(device: Union[str, torch.device, None] = "cpu"):
         yield
     finally:
         torch.cuda.synchronize = saved
+
+
+# --- gloo with CUDA tensors (ranks sharing one GPU: SKRULL_DIST_BACKEND=gloo) -----------------
+#
+# Two processes on one GPU cannot share an NCCL communicator, so the one-GPU CP checks run
+# CUDA ranks over gloo.  gloo's all-reduce, broadcast and all-gather take CUDA tensors
+# (staged through pinned host memory), but mcore's DDP reduces gradient buckets inside
+# ``torch.distributed._coalescing_manager``, which hands the captured all-reduces to
+# ``allreduce_coalesced``: gloo implements that for CPU tensors only ("Invalid backend").
+# ``param_and_grad_buffer`` imports the manager by name; in this mode it gets one that lets
+# the collectives run one by one, synchronously.  Overlapped reduction (async) is refused at
+# startup (megatron.skrull.pretrain_gpt.dist_backend).
+
+class _Done:
+    """What the coalescing manager yields: every collective in it has already finished."""
+
+    def wait(self) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def _one_by_one_coalescing(group=None, device=None, async_ops: bool = False):
+    """Stand-in for ``torch.distributed._coalescing_manager``: no capture, collectives
+    inside run eagerly (gloo has no CUDA ``allreduce_coalesced``)."""
+    if async_ops:
+        raise RuntimeError("overlapped gradient reduction cannot run over gloo with CUDA "
+                           "tensors; drop --overlap-grad-reduce / --overlap-param-gather")
+    yield _Done()
+
+
+def apply_gloo_cuda_compat() -> tuple[str, ...]:
+    """Lets mcore's DDP reduce CUDA gradients over gloo (idempotent); returns the names of
+    the patched objects."""
+    from megatron.core.distributed import param_and_grad_buffer as buffers
+
+    key = "param_and_grad_buffer._coalescing_manager"
+    if buffers._coalescing_manager is not _one_by_one_coalescing:
+        _patch(buffers, "_coalescing_manager", _one_by_one_coalescing, key)
+    return (key,)

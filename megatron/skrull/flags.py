@@ -11,6 +11,8 @@ import signal
 from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICES
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_ms_arg
 
+from megatron.skrull.rope import POSITION_EMBEDDING_TYPES
+
 SCHEDULERS = ("skrull", "per-seq-cp", "all-cp", "sorted", "hybrid-cp", "kk")
 
 
@@ -19,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pretrain_gpt", description="Skrull-Megatron SFT training",
                                  allow_abbrev=False)
     _model_flags(ap)
+    _position_flags(ap)
     _parallel_flags(ap)
     _optimizer_flags(ap)
     _data_flags(ap)
@@ -64,6 +67,44 @@ def _model_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute-num-layers", type=int)
 
 
+def _position_flags(ap: argparse.ArgumentParser) -> None:
+    """RoPE and its scalings (docs/models.md, long context); Megatron's names and defaults,
+    except the type's default: rope (every supported model rotates q/k)."""
+    g = ap.add_argument_group("position embedding")
+    g.add_argument("--position-embedding-type", default="rope", choices=POSITION_EMBEDDING_TYPES,
+                   help="rope or yarn (the others are refused with the reason)")
+    g.add_argument("--use-rotary-position-embeddings", action="store_const", const="rope",
+                   dest="position_embedding_type", help="deprecated: --position-embedding-type "
+                   "rope")
+    g.add_argument("--no-position-embedding", action="store_false", dest="add_position_embedding",
+                   help="deprecated; with rope there is no learned table to drop")
+    g.add_argument("--rotary-percent", type=float, default=1.0,
+                   help="fraction of each head's dims that RoPE rotates")
+    g.add_argument("--rotary-seq-len-interpolation-factor", type=float,
+                   help="linear position interpolation (Hugging Face rope_type linear)")
+    g.add_argument("--use-rope-scaling", action="store_true",
+                   help="Llama 3.x RoPE scaling (rope_type llama3)")
+    g.add_argument("--rope-scaling-factor", type=float, default=8.0,
+                   help="factor of --use-rope-scaling")
+    g.add_argument("--rotary-scaling-factor", type=float, default=1.0,
+                   help="YaRN's factor (with --position-embedding-type yarn)")
+    g.add_argument("--yarn-original-max-position-embeddings", type=int,
+                   help="YaRN: the context the model was pretrained for (default 4096, or the "
+                        "--pretrained-hf config's max_position_embeddings)")
+    g.add_argument("--yarn-beta-fast", type=float, help="YaRN ramp start (default 32)")
+    g.add_argument("--yarn-beta-slow", type=float, help="YaRN ramp end (default 1)")
+    g.add_argument("--yarn-correction-range-round-to-int", action="store_true", default=None,
+                   help="round the YaRN ramp's ends to whole dims (default)")
+    g.add_argument("--no-yarn-correction-range-round-to-int", action="store_false",
+                   dest="yarn_correction_range_round_to_int")
+    g.add_argument("--mscale", type=float, default=1.0, help="YaRN attention-factor mscale")
+    g.add_argument("--mscale-all-dim", type=float, default=0.0,
+                   help="YaRN attention-factor mscale_all_dim")
+    g.add_argument("--no-rope-fusion", action="store_false", dest="apply_rope_fusion",
+                   help="accepted: RoPE is never fused here (the unfused path is exact)")
+    g.add_argument("--no-rope-freq", help="refused: RoPE runs in every layer")
+
+
 def _parallel_flags(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("parallelism")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
@@ -74,6 +115,14 @@ def _parallel_flags(ap: argparse.ArgumentParser) -> None:
                    help="interleaved pipeline schedule: not supported (exits with an error)")
     g.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron's sequence parallelism (TP > 1; disabled at TP 1)")
+    g.add_argument("--hybrid-context-parallel", action="store_true",
+                   help="Megatron's hybrid CP: the DP x CP ranks form one pool and each "
+                        "sample is sharded over a power-of-two group of them (policy "
+                        "hybrid-cp; add --skrull-scheduler skrull for Skrull on the same "
+                        "pool); needs --max-seqlen-per-dp-cp-rank")
+    g.add_argument("--max-seqlen-per-dp-cp-rank", type=int, metavar="N",
+                   help="Megatron's name for --skrull-bucket-size: tokens one rank holds per "
+                        "micro-batch")
 
 
 def _optimizer_flags(ap: argparse.ArgumentParser) -> None:
@@ -94,18 +143,32 @@ def _optimizer_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--adam-eps", type=float, default=1e-8)
     g.add_argument("--clip-grad", type=float, default=1.0)
     g.add_argument("--use-distributed-optimizer", action="store_true",
-                   help="shard optimizer state (and fp32 main params) over DP x CP")
+                   help="shard optimizer state (and fp32 main params) over DP x CP (also "
+                        "runs at DP x CP = 1, as in Megatron)")
     g.add_argument("--overlap-grad-reduce", action="store_true")
     g.add_argument("--overlap-param-gather", action="store_true")
     g.add_argument("--loss-scale", type=float, help="fp16 static loss scale (default dynamic)")
     g.add_argument("--initial-loss-scale", type=float, default=2.0 ** 32)
     g.add_argument("--train-iters", type=int, help="iterations to train (or --train-samples)")
+    g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
+                   dest="override_opt_param_scheduler", action="store_true",
+                   help="on --load, the LR schedule flags win over the checkpoint's schedule")
+    g.add_argument("--use-checkpoint-opt_param-scheduler",
+                   "--use-checkpoint-opt-param-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
+                   help="on --load, the checkpoint's LR schedule wins over the flags")
     g.add_argument("--seed", type=int, default=1234)
 
 
 def _data_flags(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("data")
-    g.add_argument("--data-path", nargs="+", default=[])
+    g.add_argument("--data-path", nargs="+", default=[], help="a prefix, or a weighted blend "
+                   "W1 P1 W2 P2 ... (or P1 P2 ...: weights by size), docs/data.md")
+    g.add_argument("--data-args-path", help="a file holding the --data-path list")
+    g.add_argument("--train-data-path", nargs="+", help="training blend (instead of "
+                   "--data-path; no --split)")
+    g.add_argument("--per-split-data-args-path", help='JSON {"train": ..., "valid": ...} '
+                   "blends (instead of --train-data-path/--valid-data-path)")
     g.add_argument("--tokenizer-type")
     g.add_argument("--tokenizer-model")
     g.add_argument("--mock-data", action="store_true", help="synthetic learnable task (default "
@@ -113,8 +176,8 @@ def _data_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--mock-num-samples", type=int, default=4096)
     g.add_argument("--split", help="train,validation,test weights over --data-path (or "
                    "--mock-data), e.g. 969,30,1; default: all samples train")
-    g.add_argument("--valid-data-path", nargs="+", help="a separate validation dataset "
-                   "(replaces the --split validation part)")
+    g.add_argument("--valid-data-path", nargs="+", help="separate validation datasets, one "
+                   "loss each (replaces the --split validation part)")
     g.add_argument("--eval-interval", type=int, help="validate every N iterations (and after "
                    "the last one)")
     g.add_argument("--eval-iters", type=int, help="validation global batches per evaluation "
@@ -141,12 +204,17 @@ def _checkpoint_flags(ap: argparse.ArgumentParser) -> None:
                         "exit 0")
     g.add_argument("--log-interval", type=int, default=100)
     g.add_argument("--tensorboard-dir")
+    g.add_argument("--log-throughput", action="store_true",
+                   help="log model TFLOP/s per GPU of every interval, from the documents' real "
+                        "lengths (Megatron's count; docs/gpu.md)")
 
 
 def _skrull_flags(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("skrull")
-    g.add_argument("--skrull-bucket-size", type=int, required=True, help="tokens per CP rank")
-    g.add_argument("--skrull-scheduler", default="skrull", choices=SCHEDULERS)
+    g.add_argument("--skrull-bucket-size", type=int, help="tokens per CP rank per micro-batch "
+                   "(required; Megatron's --max-seqlen-per-dp-cp-rank is the same)")
+    g.add_argument("--skrull-scheduler", choices=SCHEDULERS,
+                   help="default skrull (hybrid-cp with --hybrid-context-parallel)")
     g.add_argument("--skrull-objective", default="ring", choices=("paper", "ring"),
                    help="micro-batch time the scheduler minimises: paper (docs/design.md section 3) "
                         "or ring (ours: step by step as the DACP ring runs)")

@@ -24,6 +24,7 @@ class LoggingArgs:
 
     log_interval: int = 100
     tensorboard_dir: Optional[str] = None
+    log_throughput: bool = False  # --log-throughput: TFLOP/s per GPU in the log line
     log_timers_to_tensorboard: bool = False
     log_validation_ppl_to_tensorboard: bool = False
     wandb_project: Optional[str] = None

@@ -24,23 +24,6 @@ MEGATRON_LM_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 ARGUMENTS_FILE = os.path.join(os.path.dirname(__file__), "megatron_lm_arguments.txt")
 DEST_PREFIX = "megatron_lm__"  # namespace attributes of accepted/refused flags
 
-# TEMPORARY (remove at merge): flags other branches of this wave add to build_parser().
-# The coverage test counts them as covered; nothing here registers them.
-PENDING_ELSEWHERE = {
-    "l-calib": "--log-throughput",
-    "o-rope": "--position-embedding-type --rotary-percent --rotary-seq-len-interpolation-factor "
-              "--use-rope-scaling --rope-scaling-factor --rotary-scaling-factor "
-              "--yarn-original-max-position-embeddings --yarn-beta-fast --yarn-beta-slow "
-              "--yarn-correction-range-round-to-int --no-yarn-correction-range-round-to-int "
-              # not in o-rope's explicit list, but RoPE/position flags it implements:
-              "--use-rotary-position-embeddings --no-rope-freq --no-position-embedding "
-              "--mscale --mscale-all-dim --no-rope-fusion",
-    "m-resume": "--override-opt_param-scheduler --override-opt-param-scheduler "
-                "--use-checkpoint-opt_param-scheduler --use-checkpoint-opt-param-scheduler "
-                "--hybrid-context-parallel --max-seqlen-per-dp-cp-rank",
-    "p-data": "--data-args-path --per-split-data-args-path --train-data-path",
-}
-
 _MOE = "only used with MoE (--num-experts, refused)"
 _FP8 = "only used with fp8/fp4 training (--fp8-format / --fp4-format, refused)"
 
@@ -402,11 +385,6 @@ def _names(text: str) -> list[str]:
     return text.split()
 
 
-def pending_names() -> set[str]:
-    """Names other branches add (:data:`PENDING_ELSEWHERE`)."""
-    return {n for text in PENDING_ELSEWHERE.values() for n in _names(text)}
-
-
 @functools.lru_cache(maxsize=1)
 def megatron_kinds() -> dict[str, str]:
     """``{--name: kind}`` of every Megatron-LM argument (``megatron_lm_arguments.txt``)."""
@@ -524,9 +502,5 @@ def markdown(implemented: Iterable[str]) -> str:
         out += [f"| {reason} | {' '.join(f'`{n}`' for n in _names(names))} |"
                 for reason, names in rows]
         out.append("")
-    pending = sorted(pending_names())
-    if pending:
-        out += [f"## Added by other branches of this release ({len(pending)})", "",
-                " ".join(f"`{n}`" for n in pending), ""]
     return "\n".join(out)
 

@@ -20,9 +20,12 @@ Only mcore's public extension points are used (no private method is overridden):
   so mcore computes no rotary table of its own: its table is indexed by stream row and
   its THD path re-slices every document for CP as if each were zigzag-sharded, neither
   of which holds for Skrull's mix of whole local and sharded distributed documents.
-  Same frequencies as mcore's ``RotaryEmbedding`` (one instance per layer; the table of a
-  micro-batch is built once and shared by every layer).  There are no RoPE parameters,
-  so checkpoints and Hugging Face weights are those of a ``rope`` GPTModel.
+  The frequencies (plain, ``linear``, ``llama3`` or ``yarn`` scaled:
+  :mod:`megatron.skrull.rope`) equal mcore's and transformers'; the table of a micro-batch
+  is built once and shared by every layer.  YaRN's attention factor multiplies cos and sin
+  (mcore's ``mscale``, transformers' ``attention_scaling``), so q and k reach every DACP
+  kernel already scaled.  There are no RoPE parameters, so checkpoints and Hugging Face
+  weights are those of a ``rope`` GPTModel.
 """
 from __future__ import annotations
 
@@ -35,7 +38,6 @@ import torch
 import torch.nn.functional as F
 
 from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
-from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.packed_seq_params import PackedSeqParams
@@ -50,6 +52,7 @@ from skrull_ext.attention import dacp_attention
 from skrull_ext.attention.layout import RankLayout
 
 from megatron.skrull.arguments import ModelArgs, RecomputeArgs
+from megatron.skrull.rope import RopeArgs, RopeFrequencies, rope_args
 
 AttentionFn = Callable[..., torch.Tensor]
 
@@ -100,32 +103,23 @@ def stream_cu_seqlens(layout: RankLayout) -> torch.Tensor:
 _ROPE_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def rotary_table(rope: RotaryEmbedding, positions: torch.Tensor) -> torch.Tensor:
-    """RoPE angles of every packed token, laid out like ``RotaryEmbedding.get_emb``.
+def rotary_table(rope: RopeFrequencies, positions: torch.Tensor) -> torch.Tensor:
+    """RoPE angles of every packed token, laid out like mcore's ``RotaryEmbedding.get_emb``.
 
     ``get_emb(n)`` numbers rows ``0..n-1``; a packed stream needs row ``i`` at the
     position of token ``i`` in its own sample, so the angles are computed from positions.
 
     Args:
-        rope: mcore ``RotaryEmbedding`` (its ``inv_freq``, interleaving, interpolation).
+        rope: The layer's frequencies.
         positions: ``[T]`` int64 position of each token inside its sample.
 
     Returns:
         ``[T, 1, 1, rot_dim]`` float32 angles (row ``i`` = ``get_emb(n)[positions[i]]``).
     """
-    inv_freq = rope.inv_freq.to(positions.device)
-    pos = positions.to(inv_freq.dtype)
-    if rope.seq_len_interpolation_factor is not None:
-        pos = pos * (1 / rope.seq_len_interpolation_factor)
-    freqs = torch.outer(pos, inv_freq)
-    if rope.rotary_interleaved:
-        emb = torch.stack((freqs, freqs), dim=-1).reshape(freqs.shape[0], -1)
-    else:
-        emb = torch.cat((freqs, freqs), dim=-1)
-    return emb[:, None, None, :]
+    return rope.angles(positions)
 
 
-def _layout_rotary_table(rope: RotaryEmbedding, rope_key: tuple, layout: RankLayout,
+def _layout_rotary_table(rope: RopeFrequencies, rope_key: tuple, layout: RankLayout,
                          device: torch.device) -> torch.Tensor:
     per_layout = _ROPE_TABLES.setdefault(layout, {})
     key = (rope_key, str(device))
@@ -143,13 +137,14 @@ class SkrullCoreAttention(MegatronModule):
     Args:
         rotary_base: RoPE base (``--rotary-base``); ``None`` disables RoPE.
         attention_fn: Replacement of ``dacp_attention`` (tests record calls with it).
+        rope: RoPE flags (scaling, ``--rotary-percent``); ``None``: plain RoPE.
     """
 
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type,
                  attention_type: str, attention_dropout: Optional[float] = None,
                  softmax_scale: Optional[float] = None, cp_comm_type: Optional[str] = None,
                  pg_collection=None, attention_fn: Optional[AttentionFn] = None,
-                 rotary_base: Optional[float] = 10000):
+                 rotary_base: Optional[float] = 10000, rope: Optional[RopeArgs] = None):
         super().__init__(config=config)
         dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         if dropout:
@@ -160,15 +155,14 @@ class SkrullCoreAttention(MegatronModule):
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1 / math.sqrt(head_dim)
         self._attention_fn = attention_fn or dacp_attention
         # Not a submodule: no parameters or buffers (inv_freq is a plain attribute upstream).
-        self._rope = None if rotary_base is None else RotaryEmbedding(
-            kv_channels=head_dim, rotary_percent=1.0,
-            rotary_interleaved=config.rotary_interleaved, rotary_base=rotary_base,
-            use_cpu_initialization=True)
-        self._rope_key = (head_dim, rotary_base, config.rotary_interleaved)
+        rope = rope or RopeArgs()
+        self._rope = None if rotary_base is None else RopeFrequencies.build(
+            rope, head_dim, rotary_base, config.rotary_interleaved)
+        self._rope_key = (head_dim, rotary_base, config.rotary_interleaved, rope)
 
     @property
-    def rope(self) -> Optional[RotaryEmbedding]:
-        """The mcore ``RotaryEmbedding`` whose frequencies this layer applies."""
+    def rope(self) -> Optional[RopeFrequencies]:
+        """The frequencies (and YaRN's attention factor) this layer applies."""
         return self._rope
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -202,7 +196,9 @@ class SkrullCoreAttention(MegatronModule):
             query, key, value = query[:tokens], key[:tokens], value[:tokens]
         if self._rope is not None:
             freqs = _layout_rotary_table(self._rope, self._rope_key, layout, query.device)
+            # mscale: cos and sin times YaRN's attention factor, as transformers does.
             query, key = (apply_rotary_pos_emb(x[:, None], freqs, self.config,
+                                               mscale=self._rope.attention_factor,
                                                cp_group=packed_seq_params.cp_group)[:, 0]
                           for x in (query, key))
         out = self._attention_fn(query, key, value, layout, packed_seq_params.cp_group,
@@ -294,7 +290,8 @@ def layer_spec(args: ModelArgs, attention_fn: Optional[AttentionFn] = None,
     attn = spec.submodules.self_attention
     attn.submodules.core_attention = ModuleSpec(
         module=SkrullCoreAttention,
-        params={"attention_fn": attention_fn, "rotary_base": args.rotary_base})
+        params={"attention_fn": attention_fn, "rotary_base": args.rotary_base,
+                "rope": rope_args(args)})
     if sequence_parallel:
         layer = spec.submodules
         for owner, name in ((layer, "input_layernorm"), (layer, "pre_mlp_layernorm"),

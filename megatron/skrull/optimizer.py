@@ -83,14 +83,19 @@ def build_scheduler(optimizer: MegatronOptimizer, args: OptimArgs,
     Iteration ``i`` (1-based) trains with the LR of step ``i - 1``: warmup starts at 0, as in
     Megatron.  Weight decay is constant.  Warmup and decay may be fractional iterations
     (``--lr-warmup-fraction``, ``--train-samples``): Megatron-LM counts those in samples,
-    and ``samples / global batch`` iterations give the same LR at every iteration.
+    and ``samples / global batch`` iterations give the same LR at every iteration.  On
+    resume Megatron's switches decide whose schedule wins (``--override-opt_param-scheduler``:
+    the flags', ``--use-checkpoint-opt_param-scheduler``: the checkpoint's); without either
+    they must agree (checked on load).
     """
     warmup, decay = lr_schedule_steps(args)
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
         lr_warmup_steps=warmup, lr_decay_steps=decay,
         lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
-        end_wd=args.weight_decay, wd_incr_steps=args.train_iters, wd_incr_style="constant")
+        end_wd=args.weight_decay, wd_incr_steps=args.train_iters, wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
+        override_opt_param_scheduler=args.override_opt_param_scheduler)
     if num_steps:
         scheduler.step(increment=num_steps)
     return scheduler

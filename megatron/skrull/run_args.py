@@ -78,6 +78,15 @@ def schedule_problems(o: Any) -> list[str]:
     return p
 
 
+def run_problems(cfg: Any) -> list[str]:
+    """Checks of :class:`MegatronRunArgs` against the rest of a ``RunConfig``."""
+    padded, tp = cfg.run.padded_vocab_size, cfg.parallel.tensor_model_parallel_size
+    if padded is not None and padded % tp:
+        return [f"--padded-vocab-size {padded} is not divisible by "
+                f"--tensor-model-parallel-size {tp}; pick a multiple of {tp}"]
+    return []
+
+
 def lr_schedule_steps(o: Any) -> tuple[float, float]:
     """``(warmup, decay)`` of an ``OptimArgs`` in iterations: decay ``--lr-decay-iters``
     (default ``--train-iters``); warmup ``--lr-warmup-fraction`` x decay when given (as

@@ -1,9 +1,10 @@
 """Hugging Face ``config.json`` <-> the launcher's model flags (no torch, no megatron imports).
 
 :func:`flags_from_hf_config` maps a Llama / Qwen2 / Mistral config onto Megatron flag
-destinations (``num_layers``, ``num_query_groups``, ...), refusing every feature the mcore
-model here does not implement (RoPE scaling, sliding windows shorter than the sequence, biases
-outside q/k/v, other activations): a silently different model is worse than an error.
+destinations (``num_layers``, ``num_query_groups``, ``use_rope_scaling``, ...), refusing every
+feature the mcore model here does not implement (RoPE scalings other than linear, llama3 and
+yarn, sliding windows shorter than the sequence, biases outside q/k/v, other activations): a
+silently different model is worse than an error.  RoPE's part is in :mod:`.rope`.
 :func:`hf_config_from_model` is the inverse, used by the exporter.
 """
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 import os
 from typing import Any, Optional, Sequence
 
+from megatron.skrull.hf.rope import ROPE_DESTS, extend_rope, hf_rope_theta, rope_flags_from_hf
+
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                  "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 # Flag destinations a pretrained config decides (the rest of the model flags keep defaults).
@@ -21,7 +24,7 @@ MODEL_DESTS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_he
                "make_vocab_size_divisible_by", "swiglu", "normalization", "norm_epsilon",
                "disable_bias_linear", "add_qkv_bias", "qk_layernorm",
                "untie_embeddings_and_output_weights",
-               "rotary_base")
+               "rotary_base") + ROPE_DESTS
 
 
 class HFConfigError(ValueError):
@@ -47,18 +50,6 @@ def read_hf_config(directory: str) -> dict[str, Any]:
             return json.load(fh)
     except (OSError, json.JSONDecodeError) as exc:
         raise HFConfigError([f"{path} is not a JSON file ({exc}); re-download or fix it"]) from exc
-
-
-def _rope_theta(cfg: dict[str, Any], where: str, problems: list[str]) -> float:
-    """RoPE base; transformers 5 nests it in ``rope_parameters``, 4.x has ``rope_theta``."""
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    for name, block in (("rope_scaling", scaling), ("rope_parameters", params)):
-        kind = block.get("rope_type", block.get("type", "default"))
-        if kind not in (None, "default"):
-            problems.append(f"{where}: {name} of type {kind!r} is not implemented here (plain "
-                            "RoPE only); use a model without RoPE scaling")
-    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
 def _unsupported(cfg: dict[str, Any], arch: str, seq_length: int, where: str) -> list[str]:
@@ -103,7 +94,8 @@ def flags_from_hf_config(cfg: dict[str, Any], *, seq_length: int, tp_size: int =
         raise HFConfigError([f"{where}: architectures {archs} not supported; supported: "
                              f"{', '.join(ARCHITECTURES)}"])
     p = _unsupported(cfg, arch, seq_length, where)
-    theta = _rope_theta(cfg, where, p)
+    rope = rope_flags_from_hf(cfg, where, p)
+    theta = hf_rope_theta(cfg)
     if theta != int(theta):
         p.append(f"{where}: rope_theta {theta} is not an integer (--rotary-base is)")
     heads = int(cfg["num_attention_heads"])
@@ -124,7 +116,7 @@ def flags_from_hf_config(cfg: dict[str, Any], *, seq_length: int, tp_size: int =
         "disable_bias_linear": True, "add_qkv_bias": arch == "qwen2",
         "qk_layernorm": arch == "qwen3",
         "untie_embeddings_and_output_weights": not cfg.get("tie_word_embeddings", False),
-        "rotary_base": int(theta),
+        "rotary_base": int(theta), **rope,
     }
 
 
@@ -144,7 +136,9 @@ def parse_with_pretrained(parser: argparse.ArgumentParser,
                           argv: Optional[Sequence[str]]) -> argparse.Namespace:
     """Parses ``argv``; with ``--pretrained-hf DIR`` the model flags come from its config.
 
-    Model flags become optional; one given explicitly must equal the config's value.
+    Model flags become optional; one given explicitly must equal the config's value, except
+    RoPE scaling flags on a config without scaling (a context extension:
+    :func:`megatron.skrull.hf.rope.extend_rope`).
 
     Raises:
         HFConfigError: Config problems and disagreeing flags, one line each.
@@ -157,16 +151,34 @@ def parse_with_pretrained(parser: argparse.ArgumentParser,
     values = flags_from_hf_config(read_hf_config(ns.pretrained_hf), seq_length=ns.seq_length,
                                   tp_size=ns.tensor_model_parallel_size, where=where)
     explicit = _explicit_dests(parser, argv)
+    values = extend_rope(values, ns, explicit)
     problems = []
     for dest, value in values.items():
-        given = getattr(ns, dest)
-        if dest in explicit and given != value:
+        given = getattr(ns, dest, None)  # config-only RoPE fields have no flag
+        if dest == "make_vocab_size_divisible_by" and dest in explicit:
+            problems.extend(_padding_problem(given, values["vocab_size"], where))
+        elif dest in explicit and given != value:
             problems.append(f"--{dest.replace('_', '-')} {given} disagrees with {where} "
                             f"({value}); drop the flag or fix it")
         setattr(ns, dest, value)
     if problems:
         raise HFConfigError(problems)
     return ns
+
+
+def _padding_problem(divisor: int, vocab: int, where: str) -> list[str]:
+    """An explicit ``--make-vocab-size-divisible-by`` with ``--pretrained-hf``.
+
+    The vocabulary was padded once, by the model's authors (``vocab_size``): more rows would
+    enter the softmax and the loss would no longer be transformers'.  Megatron's scripts for
+    these models pass a divisor of it (``1``, ``128``, ``1187`` for Qwen's 151936), which is
+    accepted and changes nothing.
+    """
+    if divisor >= 1 and vocab % divisor == 0:
+        return []
+    return [f"--make-vocab-size-divisible-by {divisor} would pad {where}'s vocab_size {vocab} "
+            "with rows that enter the softmax (the vocabulary is padded once, as the model "
+            f"has it); use a divisor of {vocab} such as 1, or drop the flag"]
 
 
 def hf_config_from_model(model: dict[str, Any], *, vocab_size: int) -> dict[str, Any]:

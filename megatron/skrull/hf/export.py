@@ -4,7 +4,7 @@
 (sharded with an index above 5 GB), ``generation_config.json`` and the tokenizer files (chat
 template included).  ``config.json``, generation config and tokenizer come from the
 ``--pretrained-hf`` directory recorded in the checkpoint when it is still there, else from the
-model flags and ``--tokenizer-model``.  Weights are written in the source model's dtype, so an
+model flags and ``--tokenizer-model``; the config carries the run's RoPE scaling either way.  Weights are written in the source model's dtype, so an
 import followed by an export without training gives the source tensors bit for bit.
 
 The checkpoint is read by :func:`read_checkpoint` alone (the one place that knows the format):
@@ -26,6 +26,7 @@ import torch
 from megatron.skrull.hf.config import hf_config_from_model, read_hf_config
 from megatron.skrull.hf.io import (MAX_SHARD_BYTES, SIDE_FILES, save_safetensors,
                                    staged_directory)
+from megatron.skrull.hf.rope import with_run_rope
 from megatron.skrull.hf.weights import AttentionShape, mcore_to_hf, rule_for
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -189,6 +190,7 @@ def export(root: str, output: str, *, iteration: Optional[int] = None,
     source = _source_dir(run)
     hf_config = read_hf_config(source) if source else hf_config_from_model(
         model, vocab_size=state["embedding.word_embeddings.weight"].shape[0])
+    hf_config = with_run_rope(hf_config, model)  # a RoPE scaling the run added
     heads = int(model["num_attention_heads"])
     shape = AttentionShape(heads=heads, groups=int(model.get("num_query_groups") or heads),
                            head_dim=int(model.get("kv_channels")
