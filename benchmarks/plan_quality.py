@@ -24,6 +24,7 @@ import sys
 import time
 
 import numpy as np
+import results_io
 
 from skrull_ext.costmodel.model import MODEL_PRESETS
 from skrull_ext.planner.evaluate import max_fitting_length
@@ -92,6 +93,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write every row here")
     args = parser.parse_args(argv)
+    run = results_io.start()
     try:
         hw = get_hardware(args.hardware)
         for path in [args.lengths] if args.lengths else []:
@@ -125,6 +127,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1)
+    results_io.record("plan_quality", rows, run, argv, objective=objective)
     return 0
 
 
