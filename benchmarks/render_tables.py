@@ -116,7 +116,7 @@ def commit_text(meta: dict) -> str:
 
 def link(run: dict, page: str, text: Optional[str] = None) -> str:
     rel = os.path.relpath(os.path.join(ROOT, run["file"]), os.path.dirname(page))
-    return f"[{text or os.path.basename(run['file'])}]({rel})"
+    return f"[{text or 'json'}]({rel})"
 
 
 def source_line(run: dict, page: str, history: str) -> str:
@@ -215,11 +215,12 @@ def e2e_cpu_history(page: str) -> list[str]:
     return table(head, rows, "rllll" + "r" * len(names) + "l")
 
 
-def _online_rows(page: str, only_quiet: bool) -> list[str]:
-    rows = []
-    for run in runs("bench_online_cost_model"):
+def _online_rows(page: str, only_current: bool) -> list[str]:
+    rows, every = [], runs("bench_online_cost_model")
+    calm = [r for r in every if quiet(r["meta"])]
+    for run in every:
         meta = run["meta"]
-        if only_quiet and not quiet(meta):
+        if only_current and not (quiet(meta) and meta.get("command") == calm[-1]["meta"]["command"]):
             continue
         by = {s["seed"]: s for s in run["rows"]}
         cells = []
@@ -234,7 +235,8 @@ def _online_rows(page: str, only_quiet: bool) -> list[str]:
 
 
 def online_refit(page: str) -> list[str]:
-    return [f"_Quiet runs only; {history_link(page, 'online-refit')} has every run._", "",
+    return [f"_The quiet runs of the newest command; {history_link(page, 'online-refit')} has "
+            "every run._", "",
             *_online_rows(page, True)]
 
 
