@@ -310,11 +310,13 @@ def headline(page: str) -> list[str]:
         rows.append(["simulated iteration time, the paper's 6 settings (H100 preset)",
                      "Skrull faster than all-CP **{:.2f}x**, KK {:.2f}x, per-sequence CP {:.2f}x "
                      "(mean)".format(means["all-cp"], means["kk"], means["per-seq-cp"]),
-                     doc("planner.md", "reproduction-of-the-papers-evaluation")])
+                     doc("planner.md", "reproduction-of-the-papers-evaluation-benchmarkspaper_tablepy")])
     e2e = current("bench_e2e_cpu", lambda r: all(p.get("total_s") for p in r["rows"]["policies"]))
     if e2e:
         others = [p["total_ratio"] for p in e2e["rows"]["policies"] if p["policy"] != "skrull"]
-        rows.append(["CPU training, 2 ranks, CP 2 (5 iterations x 9 repeats)",
+        meta = e2e["meta"]
+        rows.append([f"CPU training, 2 ranks, CP 2 ({flag(meta, '--iters', '8')} iterations x "
+                     f"{flag(meta, '--repeats', '3')} repeats)",
                      f"every other policy's total / Skrull's: **{num(_span(others), 2)}x**",
                      doc("scheduler.md", "end-to-end-training-on-cpu")])
     calm = [r for r in runs("bench_online_cost_model") if quiet(r["meta"])]
