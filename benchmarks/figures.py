@@ -107,7 +107,7 @@ def plan_figure(path: str) -> None:
 def speedup_figure(path: str) -> None:
     """Skrull's simulated speedup over each baseline, per setting of the paper."""
     plt = _pyplot()
-    run = render_tables.current("paper_table", lambda r: isinstance(r["rows"], list))
+    run = render_tables.current("paper_table", render_tables.per_setting)
     rows, baselines = run["rows"], ["all-cp", "sorted", "kk", "hybrid-cp"]
     fig, ax = plt.subplots(figsize=(8.5, 3.6))
     width = 0.8 / len(baselines)

@@ -149,9 +149,25 @@ def flag(meta: dict, name: str, default: str) -> str:
 
 # ---- the tables ----------------------------------------------------------------------
 
+def _timed_run(run: dict) -> bool:
+    """A bench_scheduler run that timed the core and schedule() on several cases."""
+    rows = run["rows"]
+    return isinstance(rows, list) and len(rows) >= 4 and all(
+        "schedule_ms" in r and "core_ms" in r for r in rows)
+
+
+def _totals_run(run: dict) -> bool:
+    """A bench_e2e_cpu run with every policy's total."""
+    return all(p.get("total_s") for p in run["rows"]["policies"])
+
+
+def per_setting(run: dict) -> bool:
+    """A paper_table run with a row per setting."""
+    return isinstance(run["rows"], list)
+
+
 def scheduler_speed(page: str) -> list[str]:
-    run = current("bench_scheduler", lambda r: isinstance(r["rows"], list) and len(r["rows"]) >= 4
-                  and all("schedule_ms" in x and "core_ms" in x for x in r["rows"]))
+    run = current("bench_scheduler", _timed_run)
     rows = []
     for r in run["rows"]:
         ratio = r.get("schedule_per_core") or r["schedule_ms"] / r["core_ms"]
@@ -188,8 +204,7 @@ def _pass_range(p: dict) -> str:
 
 
 def e2e_cpu(page: str) -> list[str]:
-    run = current("bench_e2e_cpu", lambda r: all(p.get("total_s") for p in
-                                                r["rows"]["policies"]))
+    run = current("bench_e2e_cpu", _totals_run)
     rows = [[p["policy"], num(p.get("median_iteration_ms"), 0), num(p.get("total_s"), 1),
              f"**{num(p.get('total_ratio'), 2)}**", _pass_range(p), pct(p.get("local_share")),
              num(p.get("predicted_ms"), 0)] for p in run["rows"]["policies"]]
@@ -220,7 +235,7 @@ def _online_rows(page: str, only_current: bool) -> list[str]:
     calm = [r for r in every if quiet(r["meta"])]
     for run in every:
         meta = run["meta"]
-        if only_current and not (quiet(meta) and meta.get("command") == calm[-1]["meta"]["command"]):
+        if only_current and not (quiet(meta) and meta["command"] == calm[-1]["meta"]["command"]):
             continue
         by = {s["seed"]: s for s in run["rows"]}
         cells = []
@@ -244,6 +259,7 @@ def online_refit_history(page: str) -> list[str]:
     return _online_rows(page, False)
 
 
+PAPER_ANCHOR = "reproduction-of-the-papers-evaluation-benchmarkspaper_tablepy"
 PAPER_POLICIES = ["per-seq-cp", "all-cp", "sorted", "hybrid-cp", "kk"]
 
 
@@ -258,7 +274,7 @@ def _means(run: dict) -> dict:
 
 
 def paper_table(page: str) -> list[str]:
-    run = current("paper_table", lambda r: isinstance(r["rows"], list))
+    run = current("paper_table", per_setting)
     rows = [[f"{r['model'].replace('qwen2.5-', '').upper()} {r['dataset']}",
              f"{r['dp']} x {r['cp']}", *(num(r["speedup"][p], 2) + "x" for p in PAPER_POLICIES),
              num(r["bound_ratio"], 2), pct(r["local_share"])] for r in run["rows"]]
@@ -288,46 +304,63 @@ def _span(values) -> list:
     return [min(flat), max(flat)] if len(set(flat)) > 1 else flat[0]
 
 
+def _doc(page: str, name: str, anchor: str) -> str:
+    rel = os.path.relpath(os.path.join(ROOT, "docs", name), os.path.dirname(page))
+    return f"[{name}]({rel}#{anchor})"
+
+
+def _speed_row(page: str) -> Optional[list[str]]:
+    run = current("bench_scheduler", _timed_run)
+    big = [r for r in run["rows"] if r["K"] == 65536] if run else []
+    if not big or not all("megatron_ms" in r for r in big):
+        return None
+    return ["planning one global batch (DP 4 x CP 8), `schedule()`",
+            f"K = 256: **{num(row_at(run['rows'], 256, 26000).get('schedule_ms'))} ms**; "
+            f"K = 65,536: **{num(_span(r['schedule_ms'] for r in big), 0)} ms** "
+            f"(Megatron-Core's `BalancedCPScheduler`: "
+            f"{num(_span(r['megatron_ms'] for r in big), 0)} ms)",
+            _doc(page, "scheduler.md", "speed")]
+
+
+def _paper_row(page: str) -> Optional[list[str]]:
+    run = current("paper_table", per_setting)
+    if not run:
+        return None
+    means = _means(run)
+    return ["simulated iteration time, the paper's 6 settings (H100 preset)",
+            f"Skrull faster than all-CP **{means['all-cp']:.2f}x**, KK {means['kk']:.2f}x, "
+            f"per-sequence CP {means['per-seq-cp']:.2f}x (mean)",
+            _doc(page, "planner.md", PAPER_ANCHOR)]
+
+
+def _e2e_row(page: str) -> Optional[list[str]]:
+    run = current("bench_e2e_cpu", _totals_run)
+    if not run:
+        return None
+    others = [p["total_ratio"] for p in run["rows"]["policies"] if p["policy"] != "skrull"]
+    meta = run["meta"]
+    return [f"CPU training, 2 ranks, CP 2 ({flag(meta, '--iters', '8')} iterations x "
+            f"{flag(meta, '--repeats', '3')} repeats)",
+            f"every other policy's total / Skrull's: **{num(_span(others), 2)}x**",
+            _doc(page, "scheduler.md", "end-to-end-training-on-cpu")]
+
+
+def _online_row(page: str) -> Optional[list[str]]:
+    calm = [r for r in runs("bench_online_cost_model") if quiet(r["meta"])]
+    newest = [r for r in calm if r["meta"]["date_utc"] == calm[-1]["meta"]["date_utc"]]
+    cpu = [s for r in newest for s in r["rows"] if s["seed"] == "cpu"]
+    if not cpu:
+        return None
+    return ["online cost-model refit, seeded with the built-in `cpu` preset",
+            f"median error {pct(_span([s['off'] for s in cpu]))} fixed -> "
+            f"**{pct(_span([s['on'] for s in cpu]))}** refitted",
+            _doc(page, "scheduler.md", "online-refit---skrull-online-cost-model")]
+
+
 def headline(page: str) -> list[str]:
     """README's one small table: the newest quiet number of each headline benchmark."""
-    def doc(name: str, anchor: str) -> str:
-        rel = os.path.relpath(os.path.join(ROOT, "docs", name), os.path.dirname(page))
-        return f"[{name}]({rel}#{anchor})"
-    rows = []
-    sched = current("bench_scheduler", lambda r: isinstance(r["rows"], list) and bool(
-        row_at(r["rows"], 256, 26000).get("schedule_ms")) and bool(r["rows"][-1].get("megatron_ms")))
-    if sched:
-        big = [r for r in sched["rows"] if r["K"] == 65536]
-        rows.append(["planning one global batch (DP 4 x CP 8), `schedule()`",
-                     f"K = 256: **{num(row_at(sched['rows'], 256, 26000)['schedule_ms'])} ms**; "
-                     f"K = 65,536: **{num(_span(r['schedule_ms'] for r in big), 0)} ms** "
-                     f"(Megatron-Core's `BalancedCPScheduler`: "
-                     f"{num(_span(r['megatron_ms'] for r in big), 0)} ms)",
-                     doc("scheduler.md", "speed")])
-    paper = current("paper_table", lambda r: isinstance(r["rows"], list))
-    if paper:
-        means = _means(paper)
-        rows.append(["simulated iteration time, the paper's 6 settings (H100 preset)",
-                     "Skrull faster than all-CP **{:.2f}x**, KK {:.2f}x, per-sequence CP {:.2f}x "
-                     "(mean)".format(means["all-cp"], means["kk"], means["per-seq-cp"]),
-                     doc("planner.md", "reproduction-of-the-papers-evaluation-benchmarkspaper_tablepy")])
-    e2e = current("bench_e2e_cpu", lambda r: all(p.get("total_s") for p in r["rows"]["policies"]))
-    if e2e:
-        others = [p["total_ratio"] for p in e2e["rows"]["policies"] if p["policy"] != "skrull"]
-        meta = e2e["meta"]
-        rows.append([f"CPU training, 2 ranks, CP 2 ({flag(meta, '--iters', '8')} iterations x "
-                     f"{flag(meta, '--repeats', '3')} repeats)",
-                     f"every other policy's total / Skrull's: **{num(_span(others), 2)}x**",
-                     doc("scheduler.md", "end-to-end-training-on-cpu")])
-    calm = [r for r in runs("bench_online_cost_model") if quiet(r["meta"])]
-    newest = [r for r in calm if calm and r["meta"]["date_utc"] == calm[-1]["meta"]["date_utc"]]
-    cpu = [s for r in newest for s in r["rows"] if s["seed"] == "cpu"]
-    if cpu:
-        rows.append(["online cost-model refit, seeded with the built-in `cpu` preset",
-                     f"median error {pct(_span([s['off'] for s in cpu]))} fixed -> "
-                     f"**{pct(_span([s['on'] for s in cpu]))}** refitted",
-                     doc("scheduler.md", "online-refit---skrull-online-cost-model")])
-    return table(["what", "result (newest quiet run)", "details"], rows, "lll")
+    rows = [row(page) for row in (_speed_row, _paper_row, _e2e_row, _online_row)]
+    return table(["what", "result (newest quiet run)", "details"], [r for r in rows if r], "lll")
 
 
 TABLES = {

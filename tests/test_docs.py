@@ -137,7 +137,8 @@ def _help(kind: str, target: str) -> str:
                     sys.path.insert(0, os.path.dirname(script))
                     runpy.run_path(script, run_name="__main__")
             except SystemExit as exc:
-                assert exc.code in (0, None), f"{target} --help exited {exc.code}:\n{out.getvalue()}"
+                assert exc.code in (0, None), \
+                    f"{target} --help exited {exc.code}:\n{out.getvalue()}"
     finally:
         sys.argv[:], sys.path[:] = argv, path
     return out.getvalue()
