@@ -21,7 +21,6 @@ import runpy
 import shlex
 import subprocess
 import sys
-import tomllib
 
 import pytest
 
@@ -66,8 +65,9 @@ def shown_commands(text: str) -> list[list[str]]:
 
 
 def _console_scripts() -> dict[str, str]:
-    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        return tomllib.load(f)["project"]["scripts"]
+    """pyproject.toml's ``[project.scripts]`` (read by hand: tomllib needs Python 3.11)."""
+    section = _read("pyproject.toml").split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    return dict(re.findall(r'^([\w-]+)\s*=\s*"([^"]+)"', section, re.M))
 
 
 def entry_point(cmd: list[str]):
