@@ -28,6 +28,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import numpy as np
 import results_io
