@@ -77,6 +77,8 @@ def entry_point(cmd: list[str]):
         return sorted({m for t in rest for m in re.findall(r"(?<![\w-])--[a-z][\w-]*", t)})
 
     prog = os.path.basename(cmd[0])
+    if prog == "...":  # "... --flag value": more flags of the launcher shown above
+        return "module", "megatron.skrull.pretrain_gpt", flags(cmd[1:])
     if prog == "bash":
         return "bash", cmd[1], []
     if "-m" in cmd:
