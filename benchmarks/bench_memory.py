@@ -39,6 +39,7 @@ from typing import Any, Optional
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_io  # noqa: E402
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
@@ -280,6 +281,7 @@ def main(argv=None) -> int:
                     help="with --device: recompute settings to measure, in this order")
     ap.add_argument("--time-budget-s", type=float, default=90.0)
     args, launcher = ap.parse_known_args(argv)
+    run = results_io.start()
     if args.device:
         from memory_allocator import main as allocator_main
 
@@ -287,6 +289,7 @@ def main(argv=None) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
+        results_io.record(f"bench_memory_{args.device}", result, run, argv)
         return 0
     if launcher:
         ap.error(f"unrecognized arguments: {' '.join(launcher)}")
@@ -297,6 +300,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    results_io.record("bench_memory", results, run, argv)
     return 0
 
 

@@ -174,12 +174,15 @@ def test_budget_and_timeouts_kill_the_whole_process_group(tmp_path):
 
 def test_hook_runs_a_present_script_and_skips_a_missing_one(monkeypatch, tmp_path):
     script = tmp_path / "hook.py"
-    script.write_text("import json, os\njson.dump({'fit': 0.9}, open(os.environ["
-                      "'SKRULL_GPU_REPORT'], 'w'))\nprint('budget', os.environ['SKRULL_GPU_BUDGET_S'])\n")
-    monkeypatch.setattr(check_gpu, "HOOKS", (("a", str(script), [], 60),
+    script.write_text("import json, os, sys\njson.dump({'fit': 0.9}, open(sys.argv[1], 'w'))\n"
+                      "print('budget', os.environ['SKRULL_GPU_BUDGET_S'], sys.argv[2:])\n")
+    monkeypatch.setenv("SKRULL_GPU_OUT", str(tmp_path))
+    monkeypatch.setattr(check_gpu, "HOOKS", (("a", str(script), ["{report}", "{budget}",
+                                                                 "{out}/cm.json"], 60),
                                              ("b", str(tmp_path / "missing.py"), [], 60)))
-    res = check_gpu.section_hook("a", 60)
-    assert res["ok"] and res["report"] == {"fit": 0.9} and "budget 60" in res["log_tail"]
+    res = check_gpu.section_hook("a", 60)  # placeholders filled: report path, budget, out folder
+    assert res["ok"] and res["report"] == {"fit": 0.9}
+    assert f"budget 20 ['20', '{tmp_path}/cm.json']" in res["log_tail"]
     assert check_gpu.section_hook("b", 60)["skipped"].endswith("not in this checkout")
     old = tmp_path / "old.py"  # a CPU-only version of a hook's script
     old.write_text("import argparse\nargparse.ArgumentParser().parse_args()\n")

@@ -67,10 +67,21 @@ QWEN_FLAGS = ["--num-layers", "24", "--hidden-size", "896", "--ffn-hidden-size",
               "--log-interval", "1", "--device", "cuda", "--seed", "7", "--skrull-bucket-size",
               "32768", "--bf16", "--recompute-granularity", "selective", "--train-iters", "6",
               "--skrull-attention-kernel", "auto"]
-#: (name, script, arguments, timeout s) of the benchmark hooks run by ``--all``.
-HOOKS = (("calibrate_gpu", "benchmarks/calibrate_gpu.py", [], 120),
-         ("bench_memory", "benchmarks/bench_memory.py", ["--device", "cuda"], 120),
-         ("bench_gpu", "benchmarks/bench_gpu.py", [], 150))
+#: (name, script, arguments, timeout s) of the benchmark hooks run by ``--all``.  In the
+#: arguments ``{report}`` is the hook's JSON result (merged into the report), ``{out}`` the
+#: ``--out`` folder and ``{budget}`` the hook's own time budget (its timeout less start-up).
+HOOKS = (("calibrate_gpu", "benchmarks/calibrate_gpu.py",
+          ["--shape", "qwen2.5-0.5b", "--device", "cuda", "--bf16", "--skrull-attention-kernel",
+           "auto", "--recompute-granularity", "selective", "--seq-length", "32768",
+           "--skrull-bucket-size", "32768", "--global-batch-size", "16", "--time-budget-s",
+           "{budget}", "--json", "{report}", "--cost-model-config",
+           "{out}/calibrated_cost_model.json"], 150),
+         ("bench_memory", "benchmarks/bench_memory.py",
+          ["--device", "cuda", "--skrull-attention-kernel", "auto", "--time-budget-s",
+           "{budget}", "--json", "{report}"], 100),
+         ("bench_gpu", "benchmarks/bench_gpu.py",
+          ["--device", "cuda", "--bf16", "--kernels", "torch,cudnn,flash,te", "--time-budget-s",
+           "{budget}", "--json", "{report}"], 150))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,8 +241,11 @@ def section_hook(name, timeout) -> dict:
         return {"ok": True, "skipped": f"{script} not in this checkout"}
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
-        run = _spawn([sys.executable, os.path.join(ROOT, script), *args], timeout - 5,
-                     {"SKRULL_GPU_REPORT": report, "SKRULL_GPU_BUDGET_S": str(int(timeout))})
+        fill = {"report": report, "out": os.environ.get("SKRULL_GPU_OUT") or tmp,
+                "budget": str(max(10, int(timeout) - 40))}
+        run = _spawn([sys.executable, os.path.join(ROOT, script),
+                      *(a.format(**fill) for a in args)], timeout - 5,
+                     {"SKRULL_GPU_REPORT": report, "SKRULL_GPU_BUDGET_S": fill["budget"]})
         data = json.load(open(report)) if os.path.exists(report) else None
     if run["rc"] == 2 and "unrecognized arguments" in run["out"]:  # not the GPU version yet
         return {"ok": True, "skipped": f"{script} does not take {' '.join(args)} yet",
@@ -464,6 +478,7 @@ def main(argv: Optional[list] = None, out=sys.stdout) -> int:
     args.budget = args.budget or (420 if args.all else 1e9)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
+        os.environ["SKRULL_GPU_OUT"] = os.path.abspath(args.out)  # the hooks' {out}
     rep = Reporter(args.json or (os.path.join(args.out, "gpu_check.json") if args.out else None),
                    os.path.join(args.out, "gpu_check.log") if args.out else None, out)
     rep.say(f"check_gpu: {json.dumps(rep.report['meta'])}")
