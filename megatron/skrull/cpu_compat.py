@@ -27,8 +27,10 @@ factory calls get ``device='cpu'``, ``.cuda()`` returns the CPU tensor, and ``ty
 CPU tensor reports the CUDA name mcore expects -- float64 reports ``torch.cuda.FloatTensor``
 and ``.float()`` keeps float64, because our parity mode (``--fp64``) gives float64 the role
 float32 has in mcore (full-precision params and gradients; the distributed optimizer's
-``shard_model_grad.float()`` would otherwise cast fp64 gradients down).  The training loop enters the mode around
-its mcore calls only; nothing outside it changes.
+``shard_model_grad.float()`` would otherwise cast fp64 gradients down); only in that mode
+(:func:`keep_float64`, set by ``build_trainer`` from ``--fp64``), so the fp16 loss scaler's
+deliberate ``double().reciprocal().float()`` stays float32.  The training loop enters the mode
+around its mcore calls only; nothing outside it changes.
 
 Not patched because our stack never reaches them: RoPE's CP slicing
 (``get_pos_emb_on_this_cp_rank``, which also calls ``.cuda()``) -- :mod:`megatron.skrull.model`
@@ -198,6 +200,15 @@ def _is_cuda_device(device: Any) -> bool:
     return device is not None and torch.device(device).type == "cuda"
 
 
+_KEEP_FLOAT64 = True  # --fp64 parity mode (the default keeps the tests' fp64 runs exact)
+
+
+def keep_float64(enabled: bool) -> None:
+    """Whether ``.float()`` keeps float64 inside :func:`cuda_to_cpu` (``--fp64`` runs)."""
+    global _KEEP_FLOAT64
+    _KEEP_FLOAT64 = bool(enabled)
+
+
 class _CudaToCpuMode(TorchFunctionMode):
     """Redirects the CUDA device of mcore's factories, ``.cuda()`` and ``type()`` to CPU."""
 
@@ -205,7 +216,8 @@ class _CudaToCpuMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
             return args[0]
-        if func is torch.Tensor.float and len(args) == 1 and args[0].dtype == torch.float64:
+        if (func is torch.Tensor.float and len(args) == 1 and args[0].dtype == torch.float64
+                and _KEEP_FLOAT64):
             return args[0]  # fp64 parity mode: float64 is the "fp32" of mcore's main params
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             tensor = args[0]

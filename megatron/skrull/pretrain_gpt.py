@@ -12,6 +12,7 @@ TensorBoard, ``--save`` every ``--save-interval`` and at the end).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import logging
 import os
@@ -28,7 +29,9 @@ from skrull_ext.attention.comm import RingComm
 
 from megatron.skrull import errors
 from megatron.skrull.arguments import ConfigError, RunConfig, parse_args
-from megatron.skrull.cpu_compat import apply_cpu_compat, apply_gloo_cuda_compat, resolve_device
+from megatron.skrull.cpu_compat import (apply_cpu_compat, apply_gloo_cuda_compat, keep_float64,
+                                        resolve_device)
+from megatron.skrull.run_control import PROGRAM_START  # noqa: F401 - taken at start-up
 
 logger = logging.getLogger("megatron.skrull")
 
@@ -62,8 +65,10 @@ def dist_backend(device: torch.device, cfg: Optional[RunConfig] = None) -> str:
     return name
 
 
-def init_distributed(device: torch.device, init_method: Optional[str] = None) -> None:
-    """Initialises the default process group from torchrun's env (or a world of 1)."""
+def init_distributed(device: torch.device, init_method: Optional[str] = None,
+                     timeout_minutes: int = 10) -> None:
+    """Initialises the default process group from torchrun's env (or a world of 1);
+    collectives time out after ``timeout_minutes`` (``--distributed-timeout-minutes``)."""
     if dist.is_initialized():
         return
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -79,7 +84,8 @@ def init_distributed(device: torch.device, init_method: Optional[str] = None) ->
     if device.type == "cuda":  # over gloo, ranks may share a GPU
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local % torch.cuda.device_count() if backend == "gloo" else local)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(minutes=timeout_minutes))
     if backend == "gloo" and device.type == "cuda":
         apply_gloo_cuda_compat()
 
@@ -92,7 +98,8 @@ def init_model_parallel(cfg: RunConfig, device: torch.device) -> None:
         tensor_model_parallel_size=cfg.parallel.tensor_model_parallel_size,
         context_parallel_size=cfg.parallel.context_parallel_size,
         pipeline_model_parallel_size=cfg.parallel.pipeline_model_parallel_size,
-        create_gloo_process_groups=device.type == "cpu")
+        create_gloo_process_groups=device.type == "cpu",
+        distributed_timeout_minutes=cfg.run.distributed_timeout_minutes)
     torch.manual_seed(cfg.optim.seed)
     tensor_parallel.model_parallel_cuda_manual_seed(cfg.optim.seed)
 
@@ -136,6 +143,7 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     from skrull_ext.costmodel.flops import model_flops
 
     source = source if source is not None else build_sample_source(cfg)
+    keep_float64(cfg.fp64)  # only --fp64 keeps float64 through mcore's .float() (CPU)
     tp = cfg.parallel.tensor_model_parallel_size
     if cfg.model.vocab_size is not None and cfg.model.vocab_size < source.vocab_size:
         raise ValueError(f"--vocab-size {cfg.model.vocab_size} is smaller than the data's "
@@ -146,7 +154,8 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
                         cp_size=cfg.parallel.context_parallel_size, dtype=cfg.params_dtype,
                         device=device, attention_fn=attention_fn, recompute=cfg.recompute,
                         pp_size=cfg.parallel.pipeline_model_parallel_size,
-                        sequence_parallel=cfg.sequence_parallel_active)
+                        sequence_parallel=cfg.sequence_parallel_active,
+                        transformer_impl=cfg.run.transformer_impl)
     if cfg.checkpoint.pretrained_hf:  # before DDP and the optimizer copy anything
         from megatron.core import parallel_state as ps
         from megatron.skrull.hf.io import load_pretrained
@@ -222,6 +231,35 @@ class ExitSignalHandler:
         return bool(flag.item())
 
 
+def _exit_fn(cfg: RunConfig, device: torch.device):
+    """``--exit-signal-handler`` (``--exit-signal``) and ``--exit-duration-in-mins``."""
+    from megatron.skrull.run_control import ExitDuration, any_exit
+
+    minutes = cfg.run.exit_duration_in_mins
+    return any_exit([
+        ExitSignalHandler(device, getattr(signal, cfg.run.exit_signal))
+        if cfg.checkpoint.exit_signal_handler else None,
+        ExitDuration(minutes, device) if minutes else None])
+
+
+def _megatron_logging(cfg: RunConfig, metrics, evaluator, description: dict, rank: int,
+                      printer: Callable[[str], None]) -> None:
+    """Rank 0: the notes on accepted Megatron-LM flags, wandb, timers and validation PPL
+    in TensorBoard (``--log-timers-to-tensorboard``, ``--log-validation-ppl-to-tensorboard``)."""
+    if rank != 0:
+        return
+    for note in cfg.run.notes:
+        printer(f" skrull: {note}")
+    metrics.log_timers = cfg.logging.log_timers_to_tensorboard
+    if evaluator is not None:
+        evaluator.log_ppl = cfg.logging.log_validation_ppl_to_tensorboard
+    if cfg.logging.wandb_project:
+        from megatron.skrull.loggers import Writers, open_wandb
+
+        metrics.writer = Writers(metrics.writer,
+                                 open_wandb(cfg.logging, cfg.checkpoint.save, description))
+
+
 class SetupError(RuntimeError):
     """Bad input found while building the run (data, tokenizer, checkpoint): exit 2."""
 
@@ -240,10 +278,14 @@ def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
 
     device = resolve_device(cfg.device)
     apply_cpu_compat(device)
-    init_distributed(device, init_method)
+    init_distributed(device, init_method, cfg.run.distributed_timeout_minutes)
     init_model_parallel(cfg, device)
     try:
         sources = build_sample_sources(cfg)
+        if cfg.run.eod_mask_loss:
+            from megatron.skrull.run_control import mask_eod
+
+            sources = mask_eod(sources)
         trainer = build_trainer(cfg, device, source=sources.train)
         evaluator = build_evaluator(cfg, sources, trainer.batch_scheduler, device=device)
         meta = ckpt.CheckpointMeta.from_parallel_state(device)
@@ -279,6 +321,7 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                             tensorboard_dir=cfg.logging.tensorboard_dir, printer=printer,
                             log_throughput=cfg.logging.log_throughput,
                             world_size=cfg.parallel.world_size)
+    _megatron_logging(cfg, metrics, evaluator, description, meta.rank, printer)
     if meta.rank == 0:
         printer(f" skrull: world {cfg.parallel.world_size} = DP {cfg.parallel.dp_size} x CP "
                 f"{cfg.parallel.context_parallel_size} x TP "
@@ -320,7 +363,7 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
             printer(describe_blend(trainer.source))
     metrics.dataset_counts = getattr(trainer.sampler.sampler, "consumed_per_dataset", None)
     try:
-        exit_fn = ExitSignalHandler(device) if cfg.checkpoint.exit_signal_handler else None
+        exit_fn = _exit_fn(cfg, device)
         return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
                      save_interval=cfg.checkpoint.save_interval, save_fn=save_fn,
                      exit_fn=exit_fn, exit_interval=cfg.exit_interval,

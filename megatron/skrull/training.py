@@ -140,6 +140,8 @@ class IterationStats:
     micro_batches: int
     local_share: float
     planning_seconds: float = 0.0  # planning the main thread waited for (exposed)
+    forward_backward_seconds: float = 0.0  # micro-batches incl. gradient reduction
+    optimizer_seconds: float = 0.0  # clip, step, LR schedule
     flops: Optional[float] = None  # model FLOPs of the global batch (skrull_ext.costmodel.flops)
 
     @property
@@ -311,6 +313,7 @@ class Trainer:
                 torch.cuda.synchronize()
             start = time.perf_counter()
         loss = self.compute_gradients(batch_ids, plan)
+        forward_backward = time.perf_counter() - start
         lr = self.optimizer.param_groups[0]["lr"]
         with cuda_to_cpu(self.device):
             updated, norm, _ = self.optimizer.step()
@@ -323,7 +326,8 @@ class Trainer:
             iteration=self.iteration, loss=loss, lr=lr, grad_norm=float(norm or 0.0),
             seconds=time.perf_counter() - start, predicted_seconds=predicted_seconds(plan),
             tokens=int(plan.lengths.sum()), micro_batches=plan.num_micro_batches,
-            local_share=plan.local_token_share(),
+            local_share=plan.local_token_share(), forward_backward_seconds=forward_backward,
+            optimizer_seconds=time.perf_counter() - start - forward_backward,
             flops=self.flops_fn(plan.lengths) if self.flops_fn is not None else None)
 
 
@@ -344,6 +348,7 @@ class MetricsLogger:
         self.enabled, self.printer = enabled, printer
         self.window: list[IterationStats] = []
         self.writer = None
+        self.log_timers = False  # --log-timers-to-tensorboard (Megatron-LM's timer names)
         # iteration -> [(dataset, samples drawn)] of a blend (None: one dataset)
         self.dataset_counts: Optional[Callable[[int], list[tuple[str, int]]]] = None
         if enabled and tensorboard_dir:
@@ -365,6 +370,8 @@ class MetricsLogger:
                                 ("predicted-iteration-time", stats.predicted_seconds)):
                 if value is not None:
                     self.writer.add_scalar(name, value, it)
+            if self.log_timers:
+                self.write_timers(stats)
             if self.log_throughput and stats.flops is not None:
                 self.writer.add_scalar("throughput", throughput_tflops(
                     stats.flops, stats.seconds, self.world_size), it)
@@ -375,6 +382,14 @@ class MetricsLogger:
         if stats.iteration % self.log_interval == 0 or stats.iteration == self.train_iters:
             self.printer(self.format(self.window) + _dataset_counts(counts))
             self.window = []
+
+    def write_timers(self, stats: IterationStats) -> None:
+        """Megatron-LM's ``--log-timers-to-tensorboard`` scalars (seconds per iteration);
+        batch-generator is the planning the iteration waited for."""
+        for name, value in (("forward-backward", stats.forward_backward_seconds),
+                            ("optimizer", stats.optimizer_seconds),
+                            ("batch-generator", stats.planning_seconds)):
+            self.writer.add_scalar(f"{name}-time", value, stats.iteration)
 
     def format(self, window: list[IterationStats]) -> str:
         last, n = window[-1], len(window)
