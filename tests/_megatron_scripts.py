@@ -48,10 +48,10 @@ def llama3_8b_fp8(tmp: str, *, fp8: bool) -> list[str]:
                 "--sequence-parallel"]
     ddp = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
     # bash passes "--split '99,1,0'" as two words, the quotes kept (Megatron-LM's regex
-    # ignores them); the quotes are dropped here: --split belongs to p-data (see report).
+    # ignores them, and so does parse_split).
     data = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512",
             "--data-cache-path", f"{tmp}/cache", "--tiktoken-pattern", "v2", "--split",
-            "99,1,0", "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files",
+            "'99,1,0'", "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files",
             "--num-workers", "1"]
     logging = ["--log-interval", "1", "--eval-iters", "2", "--eval-interval", "100",
                "--save-interval", "1000", "--log-throughput", "--profile",
