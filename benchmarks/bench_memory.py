@@ -17,6 +17,13 @@ report rank 0.  Settings
 whose flags the launcher does not accept are reported as skipped.
 
     PYTHONPATH=. python benchmarks/bench_memory.py [--json out.json]
+
+With ``--device cuda`` (or ``cpu``) it compares instead the *peak* memory of whole training
+iterations with the memory model, on the Qwen2.5-0.5B shape (``tiny`` on CPU) at three
+buckets, with and without recompute, and trains the planner's recommended bucket for the
+device's memory (:mod:`memory_allocator`; extra launcher flags may follow)::
+
+    python benchmarks/bench_memory.py --device cuda --json mem.json --time-budget-s 90
 """
 from __future__ import annotations
 
@@ -30,6 +37,9 @@ import tempfile
 from typing import Any, Optional
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_io  # noqa: E402
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
@@ -259,7 +269,30 @@ def table(results: dict[str, Optional[dict]]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json")
-    args = ap.parse_args(argv)
+    ap.add_argument("--device", choices=("cuda", "cpu"),
+                    help="peak memory of training iterations on this device against the model")
+    ap.add_argument("--shape", help="with --device: model shape (default qwen2.5-0.5b on cuda, "
+                                    "tiny on cpu)")
+    ap.add_argument("--buckets", type=int, nargs="+", help="with --device: buckets to fill")
+    ap.add_argument("--device-memory-gb", type=float,
+                    help="with --device: memory the planner sizes its bucket for (default: "
+                         "the GPU's; 16 on cpu)")
+    ap.add_argument("--settings", default="selective,none,full",
+                    help="with --device: recompute settings to measure, in this order")
+    ap.add_argument("--time-budget-s", type=float, default=90.0)
+    args, launcher = ap.parse_known_args(argv)
+    run = results_io.start()
+    if args.device:
+        from memory_allocator import main as allocator_main
+
+        result = allocator_main(args, launcher)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        results_io.record(f"bench_memory_{args.device}", result, run, argv)
+        return 0
+    if launcher:
+        ap.error(f"unrecognized arguments: {' '.join(launcher)}")
     torch.set_num_threads(1)
     results = {name: run_spawned(world, flags, fields)
                for name, world, flags, fields in SETTINGS}
@@ -267,6 +300,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    results_io.record("bench_memory", results, run, argv)
     return 0
 
 

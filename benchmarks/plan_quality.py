@@ -5,13 +5,19 @@ batches, schedules each with every policy under the *same* cost model (the hardw
 preset's, DP ranks fixed by ``--dp-size``) and compares the predicted iteration times
 (:func:`skrull_ext.scheduler.predict`): Skrull's ratio to each baseline
 (``t_baseline / t_skrull``, >= 1 means Skrull is at least as fast), to the lower bound
-(:func:`skrull_ext.scheduler.bound.lower_bound`) and Skrull's planning latency.  Buckets
+(:func:`skrull_ext.scheduler.bound.lower_bound`, and the tighter
+:func:`~skrull_ext.scheduler.bound.global_lower_bound`), against a stronger search (Skrull's
+own local search warm-started from its plan and run to convergence: ``--search-budget-ms``)
+and Skrull's planning latency.  Buckets
 are ``--buckets`` multiples of the planner's recommended bucket; sequences longer than
 what a bucket holds are truncated (``--overflow truncate``).  The last line is the worst
 ratio to any baseline over every batch of every setting.
 
     PYTHONPATH=. python benchmarks/plan_quality.py                      # bundled profiles
     PYTHONPATH=. python benchmarks/plan_quality.py --lengths my.txt --models qwen2.5-7b
+    # issue 31's grid: DP 4, CP 8/16, GBS 64-1024; 0.5B with Megatron's memory defaults
+    PYTHONPATH=. python benchmarks/plan_quality.py --cp 8 16 --gbs 64 256 1024 \
+        --megatron-defaults qwen2.5-0.5b --json benchmarks/results/plan_quality-DATE.json
 """
 from __future__ import annotations
 
@@ -19,30 +25,34 @@ import argparse
 import dataclasses
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
 
 import numpy as np
+import results_io
 
 from skrull_ext.costmodel.model import MODEL_PRESETS
 from skrull_ext.planner.evaluate import max_fitting_length
 from skrull_ext.costmodel.hardware import get_hardware
-from skrull_ext.planner.cli import recommend_bucket
+from skrull_ext.planner.cli import recommend_bucket, training_memory
 from skrull_ext.planner.profiles import (load_profile, profile_from_file, profile_names,
                                  sample_global_batches)
 from skrull_ext.scheduler import POLICIES, SchedulerConfig, schedule
+from skrull_ext.scheduler.bound import global_lower_bound
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_ms_arg
 
 BASELINES = [p for p in POLICIES if p != "skrull"]
 
 
 def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: str,
-                budget_ms: float = DEFAULT_BUDGET_MS) -> dict:
-    """Every policy on ``batches``; per-batch predicted times, bound and Skrull's latency."""
+                budget_ms: float = DEFAULT_BUDGET_MS, search_ms: float = 0.0) -> dict:
+    """Every policy on ``batches``; per-batch predicted times, bounds, the stronger
+    search's time (``search_ms`` > 0) and Skrull's latency."""
     cost = dataclasses.replace(hw.cost_model(model, cp, dp), objective=objective)
     times = {p: [] for p in POLICIES}
-    bounds, latency_ms, mbs = [], [], []
+    bounds, tight, searched, latency_ms, mbs = [], [], [], [], []
     for lengths in batches:
         for policy in POLICIES:
             cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, policy=policy,
@@ -55,14 +65,39 @@ def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: st
                 latency_ms.append(1e3 * elapsed)
                 bounds.append(plan.predicted["lower_bound"])
                 mbs.append(plan.num_micro_batches)
+                grouped = any(mb.grouped for rank in plan.dp_ranks for mb in rank)
+                # A plan with sub-group rings is bounded by lower_bound's sub-group terms.
+                tight.append(bounds[-1] if grouped else
+                             global_lower_bound(lengths, cost, dp, cp, bucket, backend="cpp"))
+        if search_ms > 0:
+            cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket,
+                                  plan_budget_ms=search_ms)
+            searched.append(min(times["skrull"][-1],
+                                schedule(lengths, cfg, cost).predicted["iteration_time"]))
     sk = np.array(times["skrull"])
-    return {
+    row = {
         "mean_s": {p: float(np.mean(t)) for p, t in times.items()},
         "ratio": {p: float(np.mean(times[p]) / sk.mean()) for p in BASELINES},
         "worst_batch_ratio": {p: float((np.array(times[p]) / sk).min()) for p in BASELINES},
         "bound_ratio": float(sk.mean() / np.mean(bounds)),
+        "global_bound_ratio": float(sk.mean() / np.mean(tight)),
         "latency_ms": statistics.median(latency_ms), "micro_batches": float(np.mean(mbs)),
     }
+    if searched:  # >= 1: how much faster the stronger search's plan is (worst batch)
+        row["search_gain"] = float((sk / np.array(searched)).max())
+    return row
+
+
+def bucket_for(args, mname: str, hw, cp: int, factor: float) -> int:
+    """``factor`` x the planner's recommended bucket: the paper's memory setting
+    (distributed optimizer, selective recompute), or Megatron's defaults (neither) for the
+    models in ``--megatron-defaults``."""
+    memory = {}
+    model = MODEL_PRESETS[mname]
+    if mname in args.megatron_defaults or args.megatron_defaults == ["all"]:
+        memory["training"] = training_memory(hw, args.dp_size, cp, distributed_optimizer=False,
+                                             recompute=None)
+    return max(2 * cp, int(factor * recommend_bucket(model, hw, args.dp_size, cp, **memory)))
 
 
 def settings(args):
@@ -88,10 +123,17 @@ def main(argv=None) -> int:
                         help="the cost model's objective (default: the CostModel default)")
     parser.add_argument("--plan-budget-ms", type=budget_ms_arg, default=DEFAULT_BUDGET_MS,
                         help="skrull's refinement budget (0: portfolio alone)")
+    parser.add_argument("--megatron-defaults", nargs="*", default=[], metavar="MODEL",
+                        help="models whose bucket follows Megatron's memory defaults (no "
+                             "distributed optimizer, no recompute; 'all': every model)")
+    parser.add_argument("--search-budget-ms", type=budget_ms_arg, default=300.0,
+                        help="the stronger search: skrull's refinement run from its plan "
+                             "with this budget (0: skip)")
     parser.add_argument("--num-batches", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write every row here")
     args = parser.parse_args(argv)
+    run = results_io.start()
     try:
         hw = get_hardware(args.hardware)
         for path in [args.lengths] if args.lengths else []:
@@ -102,29 +144,35 @@ def main(argv=None) -> int:
     objective = args.objective or _default_objective()
     rows = []
     head = (f"{'profile':22} {'model':13} {'CP':>3} {'GBS':>5} {'bucket':>7} {'mbs':>6} "
-            + " ".join(f"{p[:9]:>9}" for p in BASELINES) + f" {'/bound':>7} {'plan ms':>8}")
+            + " ".join(f"{p[:9]:>9}" for p in BASELINES)
+            + f" {'/bound':>7} {'/global':>7} {'search':>7} {'plan ms':>8}")
     print(f"DP={args.dp_size} {hw.name} objective={objective}: t_policy / t_skrull "
-          "(predicted, mean of batches); /bound = t_skrull / lower bound")
+          "(predicted, mean of batches); /bound, /global = t_skrull / lower bound, global "
+          "lower bound; search = t_skrull / t_search (worst batch)")
     print(head)
     for pname, prof, mname, cp, gbs, factor in settings(args):
         model = MODEL_PRESETS[mname]
-        bucket = max(2 * cp, int(factor * recommend_bucket(model, hw, args.dp_size, cp)))
+        bucket = bucket_for(args, mname, hw, cp, factor)
         limit = max_fitting_length(cp, bucket)
         batches = sample_global_batches(prof, num_batches=args.num_batches,
                                         global_batch_size=gbs, seed=args.seed,
                                         max_length=limit, overflow="truncate").batches
         row = run_setting(batches, model, hw, args.dp_size, cp, bucket, objective,
-                          args.plan_budget_ms)
+                          args.plan_budget_ms, args.search_budget_ms)
         row.update(profile=pname, model=mname, cp=cp, gbs=gbs, bucket=bucket, factor=factor)
         rows.append(row)
         print(f"{pname[:22]:22} {mname:13} {cp:>3} {gbs:>5} {bucket:>7} "
               f"{row['micro_batches']:>6.0f} "
               + " ".join(f"{row['ratio'][p]:>9.3f}" for p in BASELINES)
-              + f" {row['bound_ratio']:>7.3f} {row['latency_ms']:>8.2f}", flush=True)
+              + f" {row['bound_ratio']:>7.3f} {row['global_bound_ratio']:>7.3f}"
+              f" {row.get('search_gain', float('nan')):>7.4f} {row['latency_ms']:>8.2f}",
+              flush=True)
     summarize(rows)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"meta": {**results_io.meta("plan_quality", run, argv), "objective": objective,
+                                "args": vars(args)}, "rows": rows}, f, indent=1)
+    results_io.record("plan_quality", rows, run, argv, objective=objective)
     return 0
 
 
@@ -146,6 +194,18 @@ def summarize(rows: list[dict]) -> None:
     print(f"  skrull / bound: mean {np.mean([r['bound_ratio'] for r in rows]):.3f}, "
           f"GBS >= 256 mean {np.mean(big) if big else float('nan'):.3f}, "
           f"max {max(r['bound_ratio'] for r in rows):.3f}")
+    tight = [r["global_bound_ratio"] for r in rows if r["gbs"] >= 256]
+    print(f"  skrull / global bound: mean "
+          f"{np.mean([r['global_bound_ratio'] for r in rows]):.3f}, GBS >= 256 mean "
+          f"{np.mean(tight) if tight else float('nan'):.3f}, "
+          f"max {max(r['global_bound_ratio'] for r in rows):.3f}")
+    gains = [r for r in rows if "search_gain" in r]
+    if gains:
+        top = max(gains, key=lambda r: r["search_gain"])
+        print(f"  stronger search: faster than skrull by > 1% in "
+              f"{sum(r['search_gain'] > 1.01 for r in gains)} of {len(gains)} settings, "
+              f"most {top['search_gain']:.4f}x ({top['profile']}, {top['model']}, "
+              f"CP {top['cp']}, GBS {top['gbs']}, bucket {top['bucket']})")
     worst = min(r["worst_batch_ratio"][p] for r in rows for p in BASELINES)
     print(f"worst ratio to any baseline: {worst:.4f}")
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "scheduler.h"
+#include "slots.h"
 
 namespace skrull {
 namespace {
@@ -85,19 +86,15 @@ RankSplit pack_rank(const Batch& b, const std::vector<Index>& seqs, int n, int64
   std::vector<std::vector<Index>> dist;
   std::vector<int64_t> used;
   pack_longs(b, longs, n, cap, m0, dist, used);
-  // Slot k * n + r: CP rank r of micro-batch k.  Slots with room for the current sample
-  // sit in `open` keyed (load, slot), the reference's least load then lowest slot; the
-  // others wait in `aside` (largest room first) until the samples, which only shrink,
-  // fit them again.
+  // Slot k * n + r: CP rank r of micro-batch k (the reference's least load, then lowest
+  // slot: SlotHeap).
   std::vector<int64_t> rem;
   std::vector<double> load;
   std::vector<std::vector<Index>> local;
-  using Open = std::pair<double, int64_t>;
-  std::priority_queue<Open, std::vector<Open>, std::greater<Open>> open;
-  std::priority_queue<std::pair<int64_t, int64_t>> aside;
+  SlotHeap slots;
   auto add_micro_batch = [&](int64_t room) {
     for (int r = 0; r < n; ++r) {
-      open.emplace(0.0, static_cast<int64_t>(rem.size()));
+      slots.add(static_cast<int64_t>(rem.size()));
       rem.push_back(room);
       load.push_back(0.0);
       local.emplace_back();
@@ -106,24 +103,16 @@ RankSplit pack_rank(const Batch& b, const std::vector<Index>& seqs, int n, int64
   for (int64_t u : used) add_micro_batch(cap - u);
   for (Index i : shorts) {
     const int64_t s = b.lengths[i];
-    while (!aside.empty() && aside.top().first >= s) {
-      open.emplace(load[aside.top().second], aside.top().second);
-      aside.pop();
-    }
-    while (!open.empty() && rem[open.top().second] < s) {
-      aside.emplace(rem[open.top().second], open.top().second);
-      open.pop();
-    }
-    if (open.empty()) {
+    int64_t slot = slots.least(s, rem, load);
+    if (slot < 0) {
       dist.emplace_back();
       add_micro_batch(cap);
+      slot = slots.least(s, rem, load);
     }
-    const int64_t slot = open.top().second;
-    open.pop();
     local[slot].push_back(i);
     rem[slot] -= s;
     load[slot] += b.costs[i];
-    open.emplace(load[slot], slot);
+    slots.update(slot, load[slot]);
   }
   RankSplit out;
   for (size_t k = 0; k < dist.size(); ++k) {

@@ -537,6 +537,13 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
       best_t = t;
     }
   }
+  if (best_t > floor_t) {  // reference pack.PORTFOLIO's last: `level`
+    auto placed = level_schedule(ctx, dp_size, overhead, best_t);
+    if (placed) {
+      best = std::move(*placed);
+      best_t = iteration_time(ctx, best, overhead);
+    }
+  }
   if (budget > 0 && best_t <= floor_t && refine_is_futile(ctx, best, overhead, alone)) {
     best = unrefined(std::move(best), cp_size);
   } else {

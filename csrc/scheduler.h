@@ -218,6 +218,13 @@ int64_t pack_threshold(int divisor, int64_t bucket_size);
 std::vector<RankSplit> pack_schedule(const Batch& batch, int dp_size, int cp_size,
                                      int64_t bucket_size, int64_t threshold);
 
+// ---- level.cpp: (ours) the portfolio's `level` candidate (reference scheduler/level.py):
+// one micro-batch per DP rank, the k longest samples distributed in DP rank 0's, the others
+// whole on the slot where their rank's time is the least; the fastest k strictly below
+// best_t (nullopt when none is).
+std::optional<std::vector<RankSplit>> level_schedule(const GdsContext& ctx, int dp_size,
+                                                     double overhead, double best_t);
+
 // ---- refine.cpp: (ours) local search under the iteration time (reference refine.refine):
 // relocate / swap / merge moves from the slowest DP rank, at most `budget` work units.
 // `spent` (optional): the work units the search counted (benchmarks' calibration).

@@ -16,9 +16,11 @@
 #   COST_MODEL    --skrull-cost-model-config [examples/configs/tiny_cpu_cost_model.json: the
 #                 cpu constants fitted to this model; COST_MODEL= uses the built-in cpu preset]
 #   RESUME=1      continue from RUN_DIR/ckpt (ITERS is the total: RESUME=1 ITERS=200 after a
-#                 run of 100 trains 100 more). Without it the run starts over and the last
-#                 checkpoint moves to RUN_DIR/ckpt.previous (restored if the new run fails
-#                 before saving); nothing is deleted before every setting is checked.
+#                 run of 100 trains 100 more, with the LR schedule of the new total:
+#                 Megatron's --override-opt_param-scheduler). Without it the run starts over
+#                 and the last checkpoint moves to RUN_DIR/ckpt.previous (restored if the
+#                 new run fails before saving); nothing is deleted before every setting is
+#                 checked.
 #   The log RUN_DIR/train.log is appended to, with a "====" header line per run.
 #   EXTRA_ARGS    more pretrain_gpt flags, e.g. "--skrull-hardware cpu"
 set -euo pipefail
@@ -65,7 +67,7 @@ LOAD_ARGS=()
 if [ "${RESUME:-0}" = 1 ]; then
     [ -f "$CKPT/latest_checkpointed_iteration.txt" ] \
         || die "RESUME=1 but $CKPT holds no checkpoint; drop RESUME=1 to start over (or set RUN_DIR)"
-    LOAD_ARGS=(--load "$CKPT")
+    LOAD_ARGS=(--load "$CKPT" --override-opt_param-scheduler)  # the schedule of ITERS
 fi
 TB_ARGS=()
 if "$PYTHON" -c "import tensorboard" 2>/dev/null; then

@@ -25,6 +25,15 @@ def tiny_config(extra: Sequence[str] = (), world_size: int = 1):
     return parse_args(list(TINY_FLAGS) + list(extra), world_size=world_size)
 
 
+def drop_flag(flags: Sequence[str], name: str) -> list[str]:
+    """``flags`` without every ``name VALUE`` pair (e.g. to give a flag's other spelling)."""
+    out = list(flags)
+    while name in out:
+        at = out.index(name)
+        del out[at:at + 2]
+    return out
+
+
 def _entry(fn: Callable, rank: int, world: int, tmp: str, args: tuple) -> None:
     import torch.distributed as dist
 

@@ -49,6 +49,22 @@ def test_disagreeing_flags_name_both_values(tmp_path):
     assert "(64)" in err.value.problems[0]
 
 
+def test_vocabulary_is_padded_once_at_any_tp(tmp_path):
+    """The HF vocabulary is the model's at every TP; Megatron scripts' explicit
+    --make-vocab-size-divisible-by (a divisor of it) is accepted and pads nothing."""
+    for flags, world in (([], 1), (["--make-vocab-size-divisible-by", "64"], 1),
+                         (["--make-vocab-size-divisible-by", "1",
+                           "--tensor-model-parallel-size", "2"], 2)):
+        cfg = parse_args(["--pretrained-hf", _dir(tmp_path), *RUN, *flags], world_size=world)
+        tp = cfg.parallel.tensor_model_parallel_size
+        assert cfg.model.padded_vocab_size(cfg.model.vocab_size, tp) == 320
+    with pytest.raises(ConfigError) as err:
+        parse_args(["--pretrained-hf", _dir(tmp_path), *RUN,
+                    "--make-vocab-size-divisible-by", "128"])
+    (line,) = err.value.problems
+    assert "--make-vocab-size-divisible-by 128 would pad" in line and "320" in line
+
+
 @pytest.mark.parametrize("changes,needle", [
     ({"architectures": ["GPT2LMHeadModel"]}, "not supported"),
     ({"rope_scaling": {"rope_type": "longrope", "factor": 8.0}}, "rope_type .longrope"),

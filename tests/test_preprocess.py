@@ -198,7 +198,7 @@ BAD_LINES = [
     ('{"prompt": "x", "response": "y"', "malformed JSON"),
     ('[1, 2]', "expected a JSON object"),
     ('{"prompt": "x"}', "missing key 'response'"),
-    ('{"text": "x"}', "needs 'messages' or 'prompt'+'response'"),
+    ('{"text": "x"}', "fits no input format"),
     ('{"messages": [{"role": "user"}]}', "needs 'role' and 'content'"),
     ('{"messages": [{"role": "bot", "content": "x"}]}', "role 'bot'"),
     ('{"messages": [{"role": "user", "content": 3}]}', "content must be a string"),

@@ -8,7 +8,7 @@ import pytest
 from megatron.skrull.arguments import ConfigError, parse_args
 from megatron.skrull.pretrain_gpt import main
 
-from mcore_helpers import TINY_FLAGS, tiny_config
+from mcore_helpers import TINY_FLAGS, drop_flag, tiny_config
 
 
 def _problems(extra, world_size=1):
@@ -50,7 +50,13 @@ def test_valid_flags_build_a_frozen_config():
       "--recompute-num-layers", "3"], 1, ["--recompute-num-layers 3", "--num-layers 2"]),
     (["--recompute-granularity", "full"], 1, ["--recompute-method uniform or block"]),
     (["--recompute-method", "block"], 1, ["--recompute-granularity full"]),
-    (["--use-distributed-optimizer"], 1, ["nothing to shard", "DP x CP = 1"]),
+    (["--override-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"], 1,
+     ["--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler", "pick one"]),
+    (["--max-seqlen-per-dp-cp-rank", "128"], 1,
+     ["--skrull-bucket-size 256 and --max-seqlen-per-dp-cp-rank 128", "keep one"]),
+    (["--hybrid-context-parallel"], 1, ["needs --max-seqlen-per-dp-cp-rank"]),
+    (["--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank", "256",
+      "--pipeline-model-parallel-size", "2"], 2, ["pipeline parallelism"]),
     (["--overlap-param-gather", "--context-parallel-size", "2"], 2,
      ["--use-distributed-optimizer"]),
     (["--attention-dropout", "0.1"], 1, ["--attention-dropout 0"]),
@@ -67,6 +73,43 @@ def test_hybrid_cp_with_cp_sub_groups_is_accepted():
     cfg = tiny_config(["--skrull-scheduler", "hybrid-cp", "--context-parallel-size", "4"],
                       world_size=4)
     assert cfg.skrull.scheduler == "hybrid-cp" and cfg.parallel.context_parallel_size == 4
+
+
+def test_distributed_optimizer_runs_at_dp_cp_one():
+    """Megatron runs --use-distributed-optimizer with nothing to shard over (DP x CP = 1)."""
+    assert tiny_config(["--use-distributed-optimizer"]).optim.use_distributed_optimizer
+    tp2 = tiny_config(["--use-distributed-optimizer", "--tensor-model-parallel-size", "2"], 2)
+    assert tp2.parallel.dp_size * tp2.parallel.context_parallel_size == 1
+
+
+def _without_bucket(extra, world_size):
+    return parse_args(drop_flag(TINY_FLAGS, "--skrull-bucket-size") + list(extra),
+                      world_size=world_size)
+
+
+def test_megatron_hybrid_context_parallel_flags():
+    """--hybrid-context-parallel: Megatron's DP x CP pool becomes one CP group run by the
+    hybrid-cp policy with --max-seqlen-per-dp-cp-rank tokens per rank; --skrull-scheduler
+    skrull (the one flag a user changes) plans the same pool with Skrull."""
+    hybrid = ["--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank", "64"]
+    for cp in ("1", "2"):  # Megatron runs hybrid CP at CP 1 too: the pool is DP x CP
+        cfg = _without_bucket(hybrid + ["--context-parallel-size", cp], 4)
+        assert (cfg.parallel.dp_size, cfg.parallel.context_parallel_size) == (1, 4)
+        assert cfg.parallel.hybrid_context_parallel
+        assert (cfg.skrull.scheduler, cfg.skrull.bucket_size) == ("hybrid-cp", 64)
+    tp2 = _without_bucket(hybrid + ["--tensor-model-parallel-size", "2"], 4)
+    assert (tp2.parallel.dp_size, tp2.parallel.context_parallel_size) == (1, 2)
+    skrull = _without_bucket(hybrid + ["--skrull-scheduler", "skrull"], 4)
+    assert (skrull.skrull.scheduler, skrull.parallel.context_parallel_size) == ("skrull", 4)
+    # Without the flag, --max-seqlen-per-dp-cp-rank is the bucket of any policy and layout.
+    plain = _without_bucket(["--max-seqlen-per-dp-cp-rank", "64",
+                             "--context-parallel-size", "2"], 4)
+    assert (plain.parallel.dp_size, plain.skrull.scheduler, plain.skrull.bucket_size) == (
+        2, "skrull", 64)
+    with pytest.raises(ConfigError) as info:
+        _without_bucket([], 1)
+    assert len(info.value.problems) == 1
+    assert "--skrull-bucket-size N is required" in info.value.problems[0]
 
 
 def test_several_problems_are_all_reported():

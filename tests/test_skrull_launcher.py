@@ -52,9 +52,13 @@ def test_single_process_train_save_tensorboard_and_resume(tmp_path):
     assert os.path.isfile(os.path.join(ckpt, "iter_0000002", "metadata.json"))  # torch_dist
     assert glob.glob(os.path.join(tb, "events.out.tfevents.*"))
     resumed = _run([sys.executable, "-m", "megatron.skrull.pretrain_gpt", *flags,
-                    "--train-iters", "5", "--load", ckpt])
+                    "--train-iters", "5", "--load", ckpt, "--override-opt_param-scheduler",
+                    "--log-throughput"])
     assert "starting at iteration 3" in resumed
     assert _iterations(resumed) == [4, 5]
+    # --log-throughput: Megatron's TFLOP/s per GPU field, only when asked for.
+    assert "throughput per GPU (TFLOP/s/GPU):" not in first
+    assert len(re.findall(r"throughput per GPU \(TFLOP/s/GPU\): \d+\.\d \|", resumed)) == 2
 
 
 def test_torchrun_two_ranks_context_parallel(tmp_path):

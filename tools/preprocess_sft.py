@@ -1,5 +1,8 @@
 #!/usr/bin/env python
-"""Preprocess chat JSONL (or the built-in synthetic corpus) for Skrull SFT training.
+"""Preprocess chat data (or the built-in synthetic corpus) for Skrull SFT training.
+
+Reads OpenAI messages (tool calls too), ShareGPT, Alpaca and prompt/response records from
+JSONL, JSON, gzip, Parquet, Arrow and ``datasets`` folders; ``--workers N`` for speed.
 
 Example::
 
@@ -8,6 +11,8 @@ Example::
     python tools/preprocess_sft.py --input chat.jsonl --output-prefix data/chat \\
         --tokenizer-type HFTokenizer --tokenizer-model tokenizer.json --seq-length 8192 \\
         --overlong truncate
+    python tools/preprocess_sft.py --input sharegpt.json alpaca.parquet --workers 8 \\
+        --output-prefix data/mix --tokenizer-type HFTokenizer --tokenizer-model models/m
 
 See docs/data.md for the output format.
 """

@@ -17,16 +17,13 @@ from skrull_ext.scheduler.lookahead import MAX_LOOKAHEAD
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS
 from skrull_ext.sharding import shard_tokens
 
+from megatron.skrull import hybrid_cp
+from megatron.skrull.errors import ConfigError  # public here too
 from megatron.skrull.flags import SCHEDULERS, build_parser  # noqa: F401 - public here too
+from megatron.skrull.loggers import LoggingArgs  # public here too
 from megatron.skrull.rope import RopeArgs, flag_problems as rope_flag_problems, rope_kwargs
-
-
-class ConfigError(ValueError):
-    """Invalid flags; ``problems`` holds one message (naming the fix) per problem."""
-
-    def __init__(self, problems: Sequence[str]):
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
+from megatron.skrull.run_args import (MegatronRunArgs, from_namespace, run_problems,
+                                      schedule_problems)
 
 
 def _raise_if(problems: list[str]) -> None:
@@ -146,6 +143,7 @@ class ParallelArgs:
     tensor_model_parallel_size: int = 1
     context_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    hybrid_context_parallel: bool = False  # CP is Megatron's DP x CP pool (hybrid_cp.py)
 
     def __post_init__(self) -> None:
         p = []
@@ -190,6 +188,12 @@ class OptimArgs:
     overlap_param_gather: bool = False
     loss_scale: Optional[float] = None  # fp16: None = dynamic loss scaling
     initial_loss_scale: float = 2.0 ** 32
+    # Megatron-LM's (run_args.py): warmup as a fraction; embedding/output layer's own LR
+    lr_warmup_fraction: Optional[float] = None
+    decoupled_lr: Optional[float] = None
+    decoupled_min_lr: Optional[float] = None
+    override_opt_param_scheduler: bool = False  # on --load: the flags' schedule wins
+    use_checkpoint_opt_param_scheduler: bool = False  # on --load: the checkpoint's wins
 
     def __post_init__(self) -> None:
         p = []
@@ -218,6 +222,10 @@ class OptimArgs:
             p.append(f"--loss-scale must be > 0, got {self.loss_scale}")
         if self.clip_grad < 0:
             p.append(f"--clip-grad must be >= 0 (0 disables clipping), got {self.clip_grad}")
+        if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
+            p.append("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler "
+                     "conflict (the flags' schedule or the checkpoint's): pick one")
+        p.extend(schedule_problems(self))
         _raise_if(p)
 
 
@@ -231,12 +239,16 @@ class DataArgs:
     mock_data: bool = False
     mock_num_samples: int = 4096
     split: Optional[str] = None  # train,validation,test weights over the data (Megatron's)
-    valid_data_path: tuple[str, ...] = ()  # a separate validation dataset (one prefix)
+    valid_data_path: tuple[str, ...] = ()  # separate validation datasets (one loss each)
+    data_args_path: Optional[str] = None  # a file holding the --data-path list
+    train_data_path: tuple[str, ...] = ()  # the training blend, per-split style
+    per_split_data_args_path: Optional[str] = None  # JSON {"train", "valid", "test"} blends
 
     def __post_init__(self) -> None:
         p = []
         if self.data_path and self.mock_data:
             p.append("--data-path and --mock-data are exclusive; drop one of them")
+        p += _blend_problems(self)
         if self.split is not None:
             from megatron.skrull.samples import parse_split
 
@@ -247,16 +259,41 @@ class DataArgs:
         if self.valid_data_path and self.use_mock:
             p.append("--valid-data-path needs --data-path (the training data it was tokenized "
                      "like); with --mock-data use --split to hold out validation samples")
-        elif len(self.valid_data_path) > 1:
-            p.append(f"--valid-data-path takes one dataset prefix, got "
-                     f"{len(self.valid_data_path)}; preprocess the validation data into one")
         if self.mock_num_samples < 1:
             p.append(f"--mock-num-samples must be >= 1, got {self.mock_num_samples}")
         _raise_if(p)
 
     @property
     def use_mock(self) -> bool:
-        return self.mock_data or not self.data_path
+        return self.mock_data or not (self.data_path or self.data_args_path or
+                                      self.train_data_path or self.per_split_data_args_path)
+
+
+def _blend_problems(d: DataArgs) -> list[str]:
+    """Megatron's exclusivity rules of the blend flags, and the blends' syntax."""
+    from megatron.skrull.blend import parse_blend
+
+    p = []
+    given = [f for f, v in (("--data-path", d.data_path), ("--data-args-path", d.data_args_path),
+                            ("--train-data-path", d.train_data_path),
+                            ("--per-split-data-args-path", d.per_split_data_args_path)) if v]
+    if len(given) > 1:
+        p.append(f"{' and '.join(given)} are exclusive; give the training data once")
+    if d.per_split_data_args_path and d.valid_data_path:
+        p.append("--per-split-data-args-path holds the validation blend; drop --valid-data-path")
+    if d.split is not None and (d.train_data_path or d.per_split_data_args_path):
+        p.append("--split cuts --data-path; with per-split blends give --valid-data-path "
+                 "instead (drop --split)")
+    if d.mock_data and given and given[0] != "--data-path":  # that one is reported above
+        p.append(f"{given[0]} and --mock-data are exclusive; drop one of them")
+    for flag, items in (("--data-path", d.data_path), ("--train-data-path", d.train_data_path),
+                        ("--valid-data-path", d.valid_data_path)):
+        try:
+            if items:
+                parse_blend(items, flag)
+        except ValueError as exc:
+            p.append(str(exc))
+    return p
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -280,6 +317,9 @@ class CheckpointArgs:
     no_load_optim: bool = False
     no_load_rng: bool = False
     exit_signal_handler: bool = False
+    # --no-save-optim / --no-save-rng: loading such a checkpoint needs --no-load-optim/-rng
+    no_save_optim: bool = False
+    no_save_rng: bool = False
 
     def __post_init__(self) -> None:
         p = []
@@ -330,16 +370,6 @@ class ValidationArgs:
     def requested(self) -> bool:
         """The user asked for validation (so a missing validation set is an error)."""
         return self.eval_interval is not None or bool(self.eval_iters)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LoggingArgs:
-    log_interval: int = 100
-    tensorboard_dir: Optional[str] = None
-
-    def __post_init__(self) -> None:
-        _raise_if([f"--log-interval must be >= 1, got {self.log_interval}"]
-                  if self.log_interval < 1 else [])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -401,6 +431,7 @@ class RunConfig:
     micro_batch_size: int = 1
     exit_interval: Optional[int] = None
     validation: ValidationArgs = ValidationArgs()
+    run: MegatronRunArgs = MegatronRunArgs()
 
     @property
     def params_dtype(self) -> "torch.dtype":
@@ -461,9 +492,7 @@ def cross_problems(cfg: RunConfig) -> list[str]:
     if cfg.exit_interval is not None and cfg.exit_interval < 1:
         p.append(f"--exit-interval must be >= 1, got {cfg.exit_interval}")
     p.extend(_recompute_problems(cfg.recompute, m.num_layers))
-    if cfg.optim.use_distributed_optimizer and cfg.parallel.dp_size * cp == 1:
-        p.append("--use-distributed-optimizer has nothing to shard over with DP x CP = 1; "
-                 "drop the flag or launch more data/context-parallel ranks")
+    p.extend(run_problems(cfg))
     if sum((cfg.fp64, cfg.bf16, cfg.fp16)) > 1:
         chosen = [f for f, on in (("--fp64", cfg.fp64), ("--bf16", cfg.bf16),
                                   ("--fp16", cfg.fp16)) if on]
@@ -481,7 +510,10 @@ def _group(cls, problems: list[str], **values):
 
 def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     """Builds the frozen :class:`RunConfig`; raises :class:`ConfigError` with every problem."""
-    p: list[str] = []
+    mx = from_namespace(ns)  # Megatron-LM's run-control, sample-based and accepted flags
+    p: list[str] = list(mx.problems)
+    hybrid, hybrid_problems = hybrid_cp.resolve(ns, world_size)
+    p.extend(hybrid_problems)
     model = _group(ModelArgs, p, num_layers=ns.num_layers, hidden_size=ns.hidden_size,
                    num_attention_heads=ns.num_attention_heads, ffn_hidden_size=ns.ffn_hidden_size,
                    num_query_groups=ns.num_query_groups, kv_channels=ns.kv_channels,
@@ -498,33 +530,37 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     p.extend(rope_flag_problems(ns))
     parallel = _group(ParallelArgs, p, world_size=world_size,
                       tensor_model_parallel_size=ns.tensor_model_parallel_size,
-                      context_parallel_size=ns.context_parallel_size,
-                      pipeline_model_parallel_size=ns.pipeline_model_parallel_size)
+                      context_parallel_size=hybrid.context_parallel_size,
+                      pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
+                      hybrid_context_parallel=ns.hybrid_context_parallel)
     if ns.num_layers_per_virtual_pipeline_stage is not None:
         # Megatron's interleaved schedule needs the same micro-batch shapes per model chunk
         # round; not wired to Skrull's variable per-rank layouts (docs/training.md).
         p.append("--num-layers-per-virtual-pipeline-stage: the interleaved pipeline schedule is "
                  "not supported with Skrull; drop the flag (non-interleaved 1F1B is used)")
-    optim = _group(OptimArgs, p, lr=ns.lr, train_iters=ns.train_iters, min_lr=ns.min_lr,
-                   lr_warmup_iters=ns.lr_warmup_iters, lr_decay_style=ns.lr_decay_style,
-                   lr_decay_iters=ns.lr_decay_iters, weight_decay=ns.weight_decay,
+    optim = _group(OptimArgs, p, lr=ns.lr, min_lr=ns.min_lr, **mx.optim,
+                   lr_decay_style=ns.lr_decay_style, weight_decay=ns.weight_decay,
                    adam_beta1=ns.adam_beta1, adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps,
                    clip_grad=ns.clip_grad, seed=ns.seed,
                    use_distributed_optimizer=ns.use_distributed_optimizer,
                    overlap_grad_reduce=ns.overlap_grad_reduce,
                    overlap_param_gather=ns.overlap_param_gather, loss_scale=ns.loss_scale,
-                   initial_loss_scale=ns.initial_loss_scale)
+                   initial_loss_scale=ns.initial_loss_scale,
+                   override_opt_param_scheduler=ns.override_opt_param_scheduler,
+                   use_checkpoint_opt_param_scheduler=ns.use_checkpoint_opt_param_scheduler)
     data = _group(DataArgs, p, data_path=tuple(ns.data_path),
                   tokenizer_type=ns.tokenizer_type, tokenizer_model=ns.tokenizer_model,
                   mock_data=ns.mock_data, mock_num_samples=ns.mock_num_samples,
-                  split=ns.split, valid_data_path=tuple(ns.valid_data_path or ()))
+                  split=ns.split, valid_data_path=tuple(ns.valid_data_path or ()),
+                  data_args_path=ns.data_args_path,
+                  train_data_path=tuple(ns.train_data_path or ()),
+                  per_split_data_args_path=ns.per_split_data_args_path)
     validation = _group(ValidationArgs, p, eval_interval=ns.eval_interval,
                         eval_iters=ns.eval_iters)
-    skrull = _group(SkrullArgs, p, bucket_size=ns.skrull_bucket_size,
-                    scheduler=ns.skrull_scheduler, hardware=ns.skrull_hardware,
+    skrull = _group(SkrullArgs, p, bucket_size=hybrid.bucket_size,
+                    scheduler=hybrid.scheduler, hardware=ns.skrull_hardware,
                     objective=ns.skrull_objective,
-                    attention_kernel=(ns.skrull_attention_kernel
-                                      or os.environ.get(KERNEL_ENV_VAR) or "auto"),
+                    attention_kernel=mx.attention_kernel,
                     cost_model_config=ns.skrull_cost_model_config,
                     plan_ahead=ns.skrull_plan_ahead,
                     online_cost_model=ns.skrull_online_cost_model,
@@ -533,9 +569,11 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                   save_interval=ns.save_interval, pretrained_hf=ns.pretrained_hf,
                   ckpt_format=ns.ckpt_format, finetune=ns.finetune,
                   no_load_optim=ns.no_load_optim, no_load_rng=ns.no_load_rng,
-                  exit_signal_handler=ns.exit_signal_handler)
+                  exit_signal_handler=ns.exit_signal_handler, **mx.checkpoint)
     log = _group(LoggingArgs, p, log_interval=ns.log_interval,
-                 tensorboard_dir=ns.tensorboard_dir)
+                 tensorboard_dir=ns.tensorboard_dir, log_throughput=ns.log_throughput,
+                 **mx.logging)
+    run = _group(MegatronRunArgs, p, **mx.run)
     _raise_if(p)
     return RunConfig(model=model, parallel=parallel, optim=optim, data=data, skrull=skrull,
                      checkpoint=ckpt, logging=log, global_batch_size=ns.global_batch_size,
@@ -545,7 +583,7 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                                              recompute_method=ns.recompute_method,
                                              recompute_num_layers=ns.recompute_num_layers),
                      micro_batch_size=ns.micro_batch_size, exit_interval=ns.exit_interval,
-                     validation=validation)
+                     validation=validation, run=run)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None, world_size: int = 1) -> RunConfig:

@@ -12,9 +12,12 @@ any of::
     {"c_linear": s/FLOP, "c_attention": s/FLOP, "micro_batch_overhead": s,
      "attention_half_tokens": tokens, "attention_call_overhead": s per document and layer,
      "iteration_overhead": s (optimizer step, gradient reduction),
-     "comm_sizes_bytes": [...], "comm_seconds": [...], "bytes_per_element": 2}
+     "comm_sizes_bytes": [...], "comm_seconds": [...], "bytes_per_element": 2,
+     "calibration": {...}}
 
-(``benchmarks/calibrate_training_cpu.py --json FILE`` writes such a file for a machine).
+(``benchmarks/calibrate_training_cpu.py --json FILE`` writes such a file for a machine,
+``benchmarks/calibrate_gpu.py --cost-model-config FILE`` for a GPU; ``calibration`` records
+where the numbers come from -- date, GPU, torch version -- and is not read).
 """
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ from megatron.skrull.cpu_compat import resolve_device
 
 _TIME_KEYS = ("c_linear", "c_attention", "micro_batch_overhead", "attention_half_tokens",
               "attention_call_overhead", "iteration_overhead")
-_CONFIG_KEYS = set(_TIME_KEYS) | {"comm_sizes_bytes", "comm_seconds", "bytes_per_element"}
+_CONFIG_KEYS = set(_TIME_KEYS) | {"comm_sizes_bytes", "comm_seconds", "bytes_per_element",
+                                   "calibration"}
 
 
 def model_spec(cfg: RunConfig, vocab_size: int) -> ModelSpec:

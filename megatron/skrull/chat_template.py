@@ -16,7 +16,7 @@ only finds which tokens of the rendered conversation are assistant replies:
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -32,9 +32,10 @@ def has_generation_tags(template: str) -> bool:
     return bool(_GENERATION_TAG.search(template or ""))
 
 
-def _render(hf_tok: Any, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+def _render(hf_tok: Any, messages: list[dict[str, str]], generation_prompt: bool,
+            tools: Optional[list] = None) -> str:
     try:
-        return hf_tok.apply_chat_template(messages, tokenize=False,
+        return hf_tok.apply_chat_template(messages, tokenize=False, tools=tools,
                                           add_generation_prompt=generation_prompt)
     except Exception as exc:  # noqa: BLE001 - jinja raises its own error types
         raise ChatTemplateError(f"the chat template failed on {len(messages)} message(s) "
@@ -42,14 +43,15 @@ def _render(hf_tok: Any, messages: list[dict[str, str]], generation_prompt: bool
                                 "template") from exc
 
 
-def assistant_char_spans(hf_tok: Any, messages: list[dict[str, str]],
-                         text: str) -> list[tuple[int, int]]:
+def assistant_char_spans(hf_tok: Any, messages: list[dict[str, str]], text: str,
+                         tools: Optional[list] = None) -> list[tuple[int, int]]:
     """``[start, end)`` character spans of the assistant replies inside ``text``.
 
     Args:
         hf_tok: A transformers tokenizer with a chat template.
         messages: The conversation.
         text: ``apply_chat_template(messages, tokenize=False)``.
+        tools: Tool definitions passed to the template (``None``: none).
 
     Raises:
         ChatTemplateError: The template does not render prefixes incrementally.
@@ -58,8 +60,8 @@ def assistant_char_spans(hf_tok: Any, messages: list[dict[str, str]],
     for i, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
-        prompt = _render(hf_tok, messages[:i], True) if i else _render(hf_tok, [], True)
-        upto = _render(hf_tok, messages[:i + 1], False)
+        prompt = _render(hf_tok, messages[:i], True, tools)
+        upto = _render(hf_tok, messages[:i + 1], False, tools)
         if not (text.startswith(prompt) and text.startswith(upto) and len(prompt) <= len(upto)):
             raise ChatTemplateError(
                 "the chat template renders earlier turns differently once later turns follow "
@@ -85,32 +87,70 @@ def _span_mask(ids: list[int], offsets: list[tuple[int, int]], text: str,
     return mask
 
 
-def tokenize_chat(hf_tok: Any, messages: list[dict[str, str]]) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens of ``apply_chat_template(messages)`` and the assistant-reply mask.
+def _last_run(mask: np.ndarray) -> np.ndarray:
+    """``mask`` keeping only its last run of ones (the last assistant reply)."""
+    ones = np.flatnonzero(mask)
+    if not len(ones):
+        return mask
+    gaps = np.flatnonzero(np.diff(ones) > 1)
+    first = ones[gaps[-1] + 1] if len(gaps) else ones[0]
+    out = np.zeros_like(mask)
+    out[first:] = mask[first:]
+    return out
+
+
+def _check_tool_support(hf_tok: Any, messages: list[dict[str, Any]],
+                        tools: Optional[list]) -> None:
+    """A template that never mentions tool calls would silently drop them: refuse."""
+    template = hf_tok.chat_template or ""
+    if any(m.get("tool_calls") for m in messages) and "tool_calls" not in template:
+        raise ChatTemplateError("the chat template does not render 'tool_calls' (the calls "
+                                "would be lost); use a tokenizer whose template supports tools "
+                                "or drop the tool calls from the data")
+    if tools and "tools" not in template:
+        raise ChatTemplateError("the chat template does not render 'tools' definitions; use "
+                                "a tokenizer whose template supports tools or drop 'tools'")
+
+
+def tokenize_chat(hf_tok: Any, messages: list[dict[str, Any]], *, tools: Optional[list] = None,
+                  loss_on: str = "assistant") -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of ``apply_chat_template(messages, tools=tools)`` and the loss mask.
 
     Args:
         hf_tok: A transformers (fast) tokenizer with a chat template.
-        messages: ``[{"role", "content"}, ...]``.
+        messages: ``[{"role", "content", "tool_calls"?}, ...]``.
+        tools: Tool definitions for the template (``None``: none).
+        loss_on: ``"assistant"``: every assistant reply (tool calls included);
+            ``"last-assistant"``: only the last reply; ``"all"``: every token.
 
     Returns:
         ``(tokens int64 [S], mask uint8 [S])``; ``tokens`` equals
         ``apply_chat_template(messages, tokenize=True)``; ``mask[t] == 1`` on every token of
-        an assistant reply (content and its end-of-turn token).
+        a trained assistant reply (content and its end-of-turn token).
 
     Raises:
-        ChatTemplateError: See :func:`assistant_char_spans`.
+        ChatTemplateError: See :func:`assistant_char_spans`; tool calls or tools the template
+            cannot render.
     """
+    _check_tool_support(hf_tok, messages, tools)
     if has_generation_tags(hf_tok.chat_template):
-        out = hf_tok.apply_chat_template(messages, tokenize=True, return_dict=True,
-                                         return_assistant_tokens_mask=True)
-        return (np.asarray(out["input_ids"], dtype=np.int64),
-                np.asarray(out["assistant_masks"], dtype=np.uint8))
-    text = _render(hf_tok, messages, False)
+        out = hf_tok.apply_chat_template(messages, tools=tools, tokenize=True,
+                                         return_dict=True, return_assistant_tokens_mask=True)
+        ids = np.asarray(out["input_ids"], dtype=np.int64)
+        mask = np.asarray(out["assistant_masks"], dtype=np.uint8)
+        if loss_on == "last-assistant":  # replies are separated by untrained headers
+            mask = _last_run(mask)
+        return ids, (np.ones_like(mask) if loss_on == "all" else mask)
+    text = _render(hf_tok, messages, False, tools)
     # apply_chat_template(tokenize=True) encodes the rendering exactly like this (the
     # template writes BOS/specials as text), so the ids are identical; the offsets map spans.
     enc = hf_tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
+    if loss_on == "all":
+        return np.asarray(ids, dtype=np.int64), np.ones(len(ids), dtype=np.uint8)
+    spans = assistant_char_spans(hf_tok, messages, text, tools)
+    if loss_on == "last-assistant":
+        spans = spans[-1:]
     special_ids = set(hf_tok.all_special_ids) | set(hf_tok.added_tokens_decoder)
-    mask = _span_mask(ids, list(enc["offset_mapping"]), text,
-                      assistant_char_spans(hf_tok, messages, text), special_ids)
+    mask = _span_mask(ids, list(enc["offset_mapping"]), text, spans, special_ids)
     return np.asarray(ids, dtype=np.int64), mask

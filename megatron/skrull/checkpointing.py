@@ -262,22 +262,30 @@ def _rng_sharded(meta: CheckpointMeta, state: Any):
     return ShardedObject("rng_state", state, (meta.world_size,), (meta.rank,), replica_id=0)
 
 
+def _saved_parts(config: Optional[dict]) -> dict[str, bool]:
+    """Which optional parts a save writes (``--no-save-optim`` / ``--no-save-rng``)."""
+    ckpt = (config or {}).get("checkpoint") or {}
+    return {"optimizer": not ckpt.get("no_save_optim"), "rng": not ckpt.get("no_save_rng")}
+
+
 def _state(trainer, meta: CheckpointMeta, config: Optional[dict], *, is_loading: bool,
            opts: LoadOptions = LoadOptions(), saved_layout: Optional[dict] = None) -> dict:
     """What is saved (or requested on load); ``opts`` drops the parts not to load."""
     model_sd = _unwrap(trainer.model).sharded_state_dict()
     state: dict[str, Any] = {"model": model_sd, "checkpoint_version": CHECKPOINT_VERSION}
+    saves = _saved_parts(config)
     if not is_loading or not opts.finetune:
         state["iteration"] = trainer.iteration
         state["data"] = trainer.sampler.state_dict()
-        if not is_loading or opts.load_optim:
+        if opts.load_optim if is_loading else saves["optimizer"]:
             state["optimizer"] = _optimizer_sharded(trainer.optimizer, model_sd, is_loading)
             if hasattr(_scheduler(trainer), "state_dict"):
                 state["opt_param_scheduler"] = _scheduler(trainer).state_dict()
-        if not is_loading or (opts.load_rng and saved_layout == meta.layout):
+        if (opts.load_rng and saved_layout == meta.layout) if is_loading else saves["rng"]:
             state["rng_state"] = _rng_sharded(meta, _rng_state())
     if not is_loading:
-        state["skrull"] = {"model": (config or {}).get("model"), "layout": meta.layout}
+        state["skrull"] = {"model": (config or {}).get("model"), "layout": meta.layout,
+                           "saved": saves}
     return state
 
 
@@ -319,16 +327,37 @@ def save_checkpoint(root: str, trainer, meta: CheckpointMeta,
     return path
 
 
-def _check_compatible(path: str, config: Optional[dict]) -> Optional[dict]:
+def _check_saved_parts(path: str, saved: dict, opts: LoadOptions) -> None:
+    """A checkpoint saved without its optimizer / RNG state loads only when told not to
+    load them (Megatron-LM exits with the same advice)."""
+    if opts.finetune:
+        return
+    if opts.load_optim and saved.get("optimizer") is False:
+        raise CheckpointError(f"--load {path} was saved with --no-save-optim (no optimizer "
+                              "state): resume with --no-load-optim (a fresh optimizer) or "
+                              "--finetune")
+    if opts.load_rng and saved.get("rng") is False:
+        raise CheckpointError(f"--load {path} was saved with --no-save-rng (no RNG state): "
+                              "resume with --no-load-rng or --finetune")
+
+
+# A padding rule, not the model: the checkpoint's padded vocabulary wins (vocab.py).
+_NOT_THE_MODEL = ("make_vocab_size_divisible_by",)
+
+
+def _check_compatible(path: str, config: Optional[dict],
+                      opts: LoadOptions = LoadOptions()) -> Optional[dict]:
     """Saved layout; raises :class:`CheckpointError` when the model flags differ."""
     from megatron.core.dist_checkpointing import load_common_state_dict
 
     saved = load_common_state_dict(path).get("skrull", {})
+    _check_saved_parts(path, saved.get("saved") or {}, opts)
     want, have = (config or {}).get("model"), saved.get("model")
     if have is not None:  # flags added since it was saved (e.g. RoPE scaling) at their default
         have = {**_model_defaults(), **have}
-    if want is not None and have is not None and want != have:
-        diff = sorted(k for k in have if have.get(k) != want.get(k))
+    diff = sorted(k for k in (have or {}) if k not in _NOT_THE_MODEL
+                  and want is not None and have.get(k) != want.get(k))
+    if diff:
         raise CheckpointError(
             f"--load {path} is a checkpoint of another model (differs in "
             + ", ".join(f"{k}: saved {have[k]!r}, now {want.get(k)!r}" for k in diff)
@@ -341,6 +370,52 @@ def _model_defaults() -> dict[str, Any]:
 
     return {f.name: f.default for f in dataclasses.fields(ModelArgs)
             if f.default is not dataclasses.MISSING}
+
+
+# OptimizerParamScheduler.state_dict() keys, with the flags that set them here.
+_SCHEDULE_FLAGS = {
+    "max_lr": "--lr", "min_lr": "--min-lr", "lr_warmup_steps": "--lr-warmup-iters",
+    "lr_decay_steps": "--lr-decay-iters, default --train-iters",
+    "lr_decay_style": "--lr-decay-style", "start_wd": "--weight-decay",
+    "end_wd": "--weight-decay", "wd_incr_steps": "--train-iters",
+    "wd_incr_style": "weight decay increment style",
+}
+
+
+def _check_schedule(path: str, scheduler) -> None:
+    """Megatron's rule: without ``--override-opt_param-scheduler`` or ``--use-checkpoint-
+    opt_param-scheduler`` the flags' LR schedule must be the checkpoint's (mcore's
+    ``OptimizerParamScheduler.load_state_dict`` asserts it; this says which flags differ
+    before anything is loaded or written)."""
+    from megatron.core.dist_checkpointing import load_common_state_dict
+
+    chosen = any(getattr(scheduler, f"{who}_opt_param_scheduler", False)
+                 for who in ("override", "use_checkpoint"))
+    if chosen or not hasattr(scheduler, "state_dict"):
+        return
+    saved, now = load_common_state_dict(path).get("opt_param_scheduler"), scheduler.state_dict()
+    diff = [f"{key} ({flag}): saved {saved[key]!r}, now {now[key]!r}"
+            for key, flag in _SCHEDULE_FLAGS.items()
+            if saved is not None and key in saved and saved[key] != now.get(key)]
+    if diff:
+        raise CheckpointError(
+            f"--load {path}: the LR schedule of the flags differs from the checkpoint's ("
+            + "; ".join(diff) + "); add --override-opt_param-scheduler to train on with the "
+            "flags' schedule or --use-checkpoint-opt_param-scheduler to keep the checkpoint's")
+
+
+def _after_schedule_load(trainer) -> None:
+    """With ``--override-opt_param-scheduler`` the loaded optimizer's parameter groups keep
+    the checkpoint's ``max_lr``/``min_lr``, which mcore's schedule reads first: put the
+    flags' back (as Megatron-LM's ``load_checkpoint`` does).  Then recompute this step's LR
+    and weight decay from the final schedule (mcore's ``load_state_dict`` steps before it
+    has set the weight-decay values)."""
+    scheduler = _scheduler(trainer)
+    if getattr(scheduler, "override_opt_param_scheduler", False):
+        for group in trainer.optimizer.param_groups:
+            if "max_lr" in group:
+                group["max_lr"], group["min_lr"] = scheduler.max_lr, scheduler.min_lr
+    scheduler.step(increment=0)
 
 
 def _single(optimizer):
@@ -372,7 +447,9 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
     from megatron.core.dist_checkpointing.core import CheckpointingException
 
     with cpu_checkpoint_io(meta.device), cuda_to_cpu(meta.device):
-        layout = _check_compatible(path, config)
+        layout = _check_compatible(path, config, opts)
+        if opts.load_optim and not opts.finetune:  # the schedule is loaded with the optimizer
+            _check_schedule(path, _scheduler(trainer))
         request = _state(trainer, meta, config, is_loading=True, opts=opts, saved_layout=layout)
         other_kind = _other_optimizer_kind(path, trainer.optimizer, request)
         try:
@@ -383,6 +460,9 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
                                       "use the model flags it was saved with") from None
             raise
     _unwrap(trainer.model).load_state_dict(loaded["model"])
+    if "optimizer" not in loaded:  # fp32 main params must follow the loaded weights (Megatron)
+        with cuda_to_cpu(meta.device):
+            trainer.optimizer.reload_model_params()
     if opts.finetune:
         return 0
     if "optimizer" in loaded:
@@ -402,6 +482,7 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
         scheduler = _scheduler(trainer)
         scheduler.num_steps = 0  # mcore's load_state_dict steps by the saved num_steps
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
+        _after_schedule_load(trainer)
     if "rng_state" in loaded:
         _set_rng_state(loaded["rng_state"])
     elif opts.load_rng:

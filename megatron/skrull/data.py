@@ -285,6 +285,7 @@ class SampleSources(NamedTuple):
     train: Any
     valid: Optional[Any]
     valid_origin: str = ""
+    valid_sets: tuple = ()  # ((name, source, origin), ...): one loss each (blends)
 
 
 def build_sample_sources(cfg: Any) -> SampleSources:
@@ -305,20 +306,25 @@ def build_sample_sources(cfg: Any) -> SampleSources:
     from megatron.skrull import samples
     from megatron.skrull.tokenizer import build_tokenizer
 
+    from megatron.skrull.blend import run_blends
+
     d = cfg.data
     tokenizer = None
     if not d.use_mock and (d.tokenizer_type or d.tokenizer_model):
         tokenizer = build_tokenizer(d.tokenizer_type, d.tokenizer_model)
+    blend, valid_blend = (None, None) if d.use_mock else run_blends(d)
+    if blend is not None and len(blend.prefixes) > 1:
+        return _blended_sources(cfg, blend, valid_blend, tokenizer)
     if d.use_mock:
         base = samples.SyntheticSFTSource(d.mock_num_samples, cfg.seq_length,
                                           vocab_size=cfg.model.vocab_size or 64,
                                           seed=cfg.optim.seed)
     else:
-        base = samples.DatasetSource(load_sft_dataset(list(d.data_path), tokenizer=tokenizer,
+        base = samples.DatasetSource(load_sft_dataset(blend.prefixes[0], tokenizer=tokenizer,
                                                       seq_length=cfg.seq_length))
     train, valid, origin = base, None, ""
     if d.split is not None:
-        what = "--mock-data" if d.use_mock else f"--data-path {' '.join(d.data_path)}"
+        what = "--mock-data" if d.use_mock else f"--data-path {blend.prefixes[0]}"
         parts = [samples.SubsetSource(base, np.arange(lo, hi),
                                       f"{name} part [{lo}, {hi}) of the {len(base)} samples "
                                       f"of {what} (--split {d.split})")
@@ -326,11 +332,76 @@ def build_sample_sources(cfg: Any) -> SampleSources:
                                            samples.split_ranges(len(base),
                                                                 samples.parse_split(d.split)))]
         train, valid, origin = parts[0], parts[1], parts[1].description
-    if d.valid_data_path:
-        path = d.valid_data_path[0]
+    if valid_blend is not None and len(valid_blend.prefixes) > 1:
+        return SampleSources(train, None, "", _validation_sets(valid_blend, base, tokenizer,
+                                                                cfg.seq_length))
+    if valid_blend is not None:
+        path = valid_blend.prefixes[0]
         valid = _validation_dataset(path, base, tokenizer, cfg.seq_length)
         origin = f"--valid-data-path {path}"
     return SampleSources(train, valid, origin)
+
+
+def _blended_sources(cfg: Any, blend: Any, valid_blend: Any,
+                     tokenizer: Optional[SFTTokenizer]) -> SampleSources:
+    """A weighted blend (:mod:`megatron.skrull.blend`): ``--split`` cuts each dataset, the
+    training parts are blended, each validation part is its own validation set."""
+    from megatron.skrull import samples
+    from megatron.skrull.blend import ConcatSource, dataset_names
+
+    names = dataset_names(blend.prefixes)
+    bases = [samples.DatasetSource(load_sft_dataset(p, tokenizer=tokenizer,
+                                                    seq_length=cfg.seq_length))
+             for p in blend.prefixes]
+    for prefix, base in zip(blend.prefixes[1:], bases[1:]):
+        diff = _tokenizer_diff(base.dataset.tokenizer_description,
+                               bases[0].dataset.tokenizer_description)
+        if diff:
+            raise DatasetFormatError(f"{prefix} and {blend.prefixes[0]} were tokenized "
+                                     f"differently (in {', '.join(diff)}); preprocess every "
+                                     "dataset of a blend with the same tokenizer")
+    trains, valid_sets = bases, []
+    if cfg.data.split is not None:
+        weights, trains = samples.parse_split(cfg.data.split), []
+        for name, prefix, base in zip(names, blend.prefixes, bases):
+            (lo, hi), (vlo, vhi), _ = samples.split_ranges(len(base), weights)
+            trains.append(samples.SubsetSource(base, np.arange(lo, hi)))
+            origin = (f"validation part [{vlo}, {vhi}) of the {len(base)} samples of {prefix} "
+                      f"(--split {cfg.data.split})")
+            valid_sets.append((name, samples.SubsetSource(base, np.arange(vlo, vhi), origin),
+                               origin))
+    for prefix, part in zip(blend.prefixes, trains):
+        if len(part) == 0:
+            raise ValueError(f"--data-path {prefix}: no training sample left (--split "
+                             f"{cfg.data.split}); give it more samples or a larger train weight")
+    train = ConcatSource(trains, names, blend.weights)
+    if valid_blend is not None:
+        valid_sets = _validation_sets(valid_blend, bases[0], tokenizer, cfg.seq_length)
+    return SampleSources(train, None, "", tuple(valid_sets))
+
+
+def _validation_sets(blend: Any, train: Any, tokenizer: Optional[SFTTokenizer],
+                     seq_length: int) -> tuple:
+    """``--valid-data-path P1 P2 ...``: one validation set (one loss) per prefix."""
+    from megatron.skrull.blend import dataset_names
+
+    if blend.weights is not None:
+        raise ValueError("--valid-data-path: each validation dataset is evaluated on its own "
+                         "(one loss per prefix, like Megatron's --multiple-validation-sets); "
+                         "drop the weights")
+    return tuple((name, _validation_dataset(p, train, tokenizer, seq_length),
+                  f"--valid-data-path {p}")
+                 for name, p in zip(dataset_names(blend.prefixes), blend.prefixes))
+
+
+def make_sampler(source: Any, global_batch_size: int, seed: int):
+    """The training sampler of ``source``: a blend's, else :class:`GlobalBatchSampler`."""
+    from megatron.skrull.blend import BlendedBatchSampler, ConcatSource
+
+    if isinstance(source, ConcatSource):
+        return BlendedBatchSampler(source.sizes, source.weights, global_batch_size, seed,
+                                   names=source.names)
+    return GlobalBatchSampler(len(source), global_batch_size, seed)
 
 
 def _validation_dataset(path: str, train: Any, tokenizer: Optional[SFTTokenizer],
@@ -453,6 +524,9 @@ class GlobalBatchSampler:
             ValueError: The state was saved with a different dataset size, global batch,
                 seed or shuffle setting (the data order would silently change).
         """
+        if "blend" in state:
+            raise ValueError("the checkpoint's data position is of a weighted blend; resume "
+                             "with the same --data-path weights and datasets")
         for key in ("num_samples", "global_batch_size", "seed", "shuffle"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(f"sampler state has {key}={state[key]!r} but this run has "

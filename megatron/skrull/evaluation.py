@@ -43,10 +43,12 @@ from megatron.skrull.plan_ahead import agree_on_plan
 PPL_CAP = 20.0  # Megatron reports exp(min(20, loss)) so a diverged loss prints a number
 
 
-def validation_line(iteration: int, loss: float, *, suffix: str = "") -> str:
-    """Megatron's ``evaluate_and_print_results`` line (value and perplexity)."""
+def validation_line(iteration: int, loss: float, *, suffix: str = "", name: str = "") -> str:
+    """Megatron's ``evaluate_and_print_results`` line (value and perplexity); ``name``: one
+    of several validation sets (Megatron's ``validation-<name>``)."""
     ppl = math.exp(min(PPL_CAP, loss))
-    return (f" validation loss at iteration {iteration}{suffix} | lm loss value: {loss:.6E} |"
+    label = f"validation-{name}" if name else "validation"
+    return (f" {label} loss at iteration {iteration}{suffix} | lm loss value: {loss:.6E} |"
             f" lm loss PPL: {ppl:.6E} |")
 
 
@@ -83,13 +85,17 @@ class Evaluator:
             the end).
         printer: Rank 0's line printer (``None``: silent rank).
         writer: TensorBoard ``SummaryWriter`` (rank 0) or ``None``.
+
+    ``log_ppl`` (``--log-validation-ppl-to-tensorboard``) also writes the perplexity.
     """
+
+    log_ppl: bool = False
 
     def __init__(self, *, source: Any, batches: list, eval_interval: Optional[int],
                  origin: str = "", printer: Optional[Callable[[str], None]] = None,
-                 writer: Any = None):
+                 writer: Any = None, name: str = ""):
         self.source, self.batches, self.eval_interval = source, batches, eval_interval
-        self.origin = origin
+        self.origin, self.name = origin, name
         self.printer, self.writer = printer, writer
         self.history: list[tuple[int, float]] = []  # (iteration, loss) of every evaluation
 
@@ -110,11 +116,13 @@ class Evaluator:
             loss = self.loss(trainer)
             self.history.append((trainer.iteration, loss))
             if self.writer is not None:
-                self.writer.add_scalar("lm loss validation", loss, trainer.iteration)
-                self.writer.add_scalar("lm loss validation ppl",
-                                       math.exp(min(PPL_CAP, loss)), trainer.iteration)
+                tag = f"lm loss validation{'-' + self.name if self.name else ''}"
+                self.writer.add_scalar(tag, loss, trainer.iteration)
+                if self.log_ppl:  # --log-validation-ppl-to-tensorboard, as Megatron-LM
+                    self.writer.add_scalar(f"{tag} ppl", math.exp(min(PPL_CAP, loss)),
+                                           trainer.iteration)
         if self.printer is not None:
-            line = validation_line(trainer.iteration, loss, suffix=suffix)
+            line = validation_line(trainer.iteration, loss, suffix=suffix, name=self.name)
             self.printer("-" * len(line) + "\n" + line + "\n" + "-" * len(line))
         return loss
 
@@ -148,13 +156,18 @@ def validation_batches(source: Any, batch_scheduler: Callable, *, iters: int,
 
 
 def build_evaluator(cfg, sources: SampleSources, batch_scheduler: Callable, *,
-                    device: Optional[torch.device] = None) -> Optional[Evaluator]:
+                    device: Optional[torch.device] = None, name: str = ""):
     """The run's :class:`Evaluator`, or ``None`` when it does not validate.
 
     Raises:
         ValueError: Validation asked for without a usable validation set (the message
             names the flag to change).
     """
+    if sources.valid_sets:  # a blend: one loss per dataset
+        group = [build_evaluator(cfg, SampleSources(None, valid, origin), batch_scheduler,
+                                 device=device, name=name)
+                 for name, valid, origin in sources.valid_sets]
+        return EvaluatorGroup([ev for ev in group if ev is not None]) if any(group) else None
     v, valid, gbs = cfg.validation, sources.valid, cfg.global_batch_size
     if valid is None or len(valid) == 0:
         if v.requested and v.iters > 0:
@@ -175,11 +188,32 @@ def build_evaluator(cfg, sources: SampleSources, batch_scheduler: Callable, *,
     batches = validation_batches(valid, batch_scheduler, iters=v.iters, global_batch_size=gbs,
                                  seed=cfg.optim.seed, device=device)
     return Evaluator(source=valid, batches=batches, eval_interval=v.eval_interval,
-                     origin=sources.valid_origin)
+                     origin=sources.valid_origin, name=name)
+
+
+class EvaluatorGroup:
+    """Several validation sets, one :class:`Evaluator` (and one loss line) each."""
+
+    def __init__(self, evaluators: list[Evaluator]):
+        self.evaluators = evaluators
+
+    def evaluate(self, trainer, *, suffix: str = "") -> list[float]:
+        return [ev.evaluate(trainer, suffix=suffix) for ev in self.evaluators]
+
+    def after_iteration(self, trainer) -> None:
+        for ev in self.evaluators:
+            ev.after_iteration(trainer)
+
+    def after_training(self, trainer) -> None:
+        for ev in self.evaluators:
+            ev.after_training(trainer)
 
 
 def describe(evaluator: Evaluator) -> str:
-    """Rank 0's start-up line about the validation set."""
+    """Rank 0's start-up line about the validation set (a line per set of a group)."""
+    if isinstance(evaluator, EvaluatorGroup):
+        return "\n".join(describe(ev).replace(" validation on", f" validation-{ev.name} on")
+                         for ev in evaluator.evaluators)
     distinct = len({int(i) for ids, _ in evaluator.batches for i in ids})
     when = (f"every {evaluator.eval_interval} iterations and " if evaluator.eval_interval
             else "")
@@ -193,5 +227,6 @@ def describe(evaluator: Evaluator) -> str:
 def attach(evaluator: Optional[Evaluator], metrics) -> Optional[Evaluator]:
     """Gives ``evaluator`` the logging rank's printer and TensorBoard writer."""
     if evaluator is not None and metrics is not None and metrics.enabled:
-        evaluator.printer, evaluator.writer = metrics.printer, metrics.writer
+        for ev in getattr(evaluator, "evaluators", [evaluator]):
+            ev.printer, ev.writer = metrics.printer, metrics.writer
     return evaluator

@@ -6,6 +6,7 @@ namespace into the frozen run configuration and checks it.
 from __future__ import annotations
 
 import argparse
+import signal
 
 from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICES
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_ms_arg
@@ -27,6 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_flags(ap)
     _skrull_flags(ap)
     _runtime_flags(ap)
+    _megatron_run_flags(ap)
+    _megatron_logging_flags(ap)
+    # Last: Megatron-LM's other flags, accepted or refused (docs/megatron_flags.md).
+    from megatron.skrull.megatron_args import add_megatron_flags
+
+    add_megatron_flags(ap)
     return ap
 
 
@@ -108,6 +115,14 @@ def _parallel_flags(ap: argparse.ArgumentParser) -> None:
                    help="interleaved pipeline schedule: not supported (exits with an error)")
     g.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron's sequence parallelism (TP > 1; disabled at TP 1)")
+    g.add_argument("--hybrid-context-parallel", action="store_true",
+                   help="Megatron's hybrid CP: the DP x CP ranks form one pool and each "
+                        "sample is sharded over a power-of-two group of them (policy "
+                        "hybrid-cp; add --skrull-scheduler skrull for Skrull on the same "
+                        "pool); needs --max-seqlen-per-dp-cp-rank")
+    g.add_argument("--max-seqlen-per-dp-cp-rank", type=int, metavar="N",
+                   help="Megatron's name for --skrull-bucket-size: tokens one rank holds per "
+                        "micro-batch")
 
 
 def _optimizer_flags(ap: argparse.ArgumentParser) -> None:
@@ -128,18 +143,32 @@ def _optimizer_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--adam-eps", type=float, default=1e-8)
     g.add_argument("--clip-grad", type=float, default=1.0)
     g.add_argument("--use-distributed-optimizer", action="store_true",
-                   help="shard optimizer state (and fp32 main params) over DP x CP")
+                   help="shard optimizer state (and fp32 main params) over DP x CP (also "
+                        "runs at DP x CP = 1, as in Megatron)")
     g.add_argument("--overlap-grad-reduce", action="store_true")
     g.add_argument("--overlap-param-gather", action="store_true")
     g.add_argument("--loss-scale", type=float, help="fp16 static loss scale (default dynamic)")
     g.add_argument("--initial-loss-scale", type=float, default=2.0 ** 32)
-    g.add_argument("--train-iters", type=int, required=True)
+    g.add_argument("--train-iters", type=int, help="iterations to train (or --train-samples)")
+    g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
+                   dest="override_opt_param_scheduler", action="store_true",
+                   help="on --load, the LR schedule flags win over the checkpoint's schedule")
+    g.add_argument("--use-checkpoint-opt_param-scheduler",
+                   "--use-checkpoint-opt-param-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
+                   help="on --load, the checkpoint's LR schedule wins over the flags")
     g.add_argument("--seed", type=int, default=1234)
 
 
 def _data_flags(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("data")
-    g.add_argument("--data-path", nargs="+", default=[])
+    g.add_argument("--data-path", nargs="+", default=[], help="a prefix, or a weighted blend "
+                   "W1 P1 W2 P2 ... (or P1 P2 ...: weights by size), docs/data.md")
+    g.add_argument("--data-args-path", help="a file holding the --data-path list")
+    g.add_argument("--train-data-path", nargs="+", help="training blend (instead of "
+                   "--data-path; no --split)")
+    g.add_argument("--per-split-data-args-path", help='JSON {"train": ..., "valid": ...} '
+                   "blends (instead of --train-data-path/--valid-data-path)")
     g.add_argument("--tokenizer-type")
     g.add_argument("--tokenizer-model")
     g.add_argument("--mock-data", action="store_true", help="synthetic learnable task (default "
@@ -147,8 +176,8 @@ def _data_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--mock-num-samples", type=int, default=4096)
     g.add_argument("--split", help="train,validation,test weights over --data-path (or "
                    "--mock-data), e.g. 969,30,1; default: all samples train")
-    g.add_argument("--valid-data-path", nargs="+", help="a separate validation dataset "
-                   "(replaces the --split validation part)")
+    g.add_argument("--valid-data-path", nargs="+", help="separate validation datasets, one "
+                   "loss each (replaces the --split validation part)")
     g.add_argument("--eval-interval", type=int, help="validate every N iterations (and after "
                    "the last one)")
     g.add_argument("--eval-iters", type=int, help="validation global batches per evaluation "
@@ -159,7 +188,7 @@ def _checkpoint_flags(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("checkpointing and logging")
     g.add_argument("--save")
     g.add_argument("--load")
-    g.add_argument("--save-interval", type=int)
+    g.add_argument("--save-interval", "--persistent-save-interval", type=int)
     g.add_argument("--pretrained-hf", metavar="DIR", help="initialise from a Hugging Face model "
                    "directory (config.json + safetensors); model flags come from its config")
     g.add_argument("--ckpt-format", default="torch_dist",
@@ -175,12 +204,17 @@ def _checkpoint_flags(ap: argparse.ArgumentParser) -> None:
                         "exit 0")
     g.add_argument("--log-interval", type=int, default=100)
     g.add_argument("--tensorboard-dir")
+    g.add_argument("--log-throughput", action="store_true",
+                   help="log model TFLOP/s per GPU of every interval, from the documents' real "
+                        "lengths (Megatron's count; docs/gpu.md)")
 
 
 def _skrull_flags(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("skrull")
-    g.add_argument("--skrull-bucket-size", type=int, required=True, help="tokens per CP rank")
-    g.add_argument("--skrull-scheduler", default="skrull", choices=SCHEDULERS)
+    g.add_argument("--skrull-bucket-size", type=int, help="tokens per CP rank per micro-batch "
+                   "(required; Megatron's --max-seqlen-per-dp-cp-rank is the same)")
+    g.add_argument("--skrull-scheduler", choices=SCHEDULERS,
+                   help="default skrull (hybrid-cp with --hybrid-context-parallel)")
     g.add_argument("--skrull-objective", default="ring", choices=("paper", "ring"),
                    help="micro-batch time the scheduler minimises: paper (docs/design.md section 3) "
                         "or ring (ours: step by step as the DACP ring runs)")
@@ -213,3 +247,53 @@ def _runtime_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--fp64", action="store_true", help="float64 on CPU (equivalence tests)")
     g.add_argument("--bf16", action="store_true", help="bf16 params, fp32 main params/grads")
     g.add_argument("--fp16", action="store_true", help="fp16 params with loss scaling")
+
+
+def _megatron_run_flags(ap: argparse.ArgumentParser) -> None:
+    """Megatron-LM's run-control flags (megatron/skrull/run_args.py, docs/training.md)."""
+    g = ap.add_argument_group("Megatron-LM run control")
+    g.add_argument("--train-samples", type=int, help="train for N // --global-batch-size "
+                   "iterations; the LR schedule counts samples (instead of --train-iters)")
+    g.add_argument("--lr-decay-samples", type=int, help="with --train-samples")
+    g.add_argument("--lr-warmup-samples", type=int, default=0, help="with --train-samples")
+    g.add_argument("--lr-warmup-fraction", type=float,
+                   help="warmup as a fraction of the LR decay steps")
+    g.add_argument("--decoupled-lr", type=float, help="LR of the input embedding and the "
+                   "output layer (mcore's decoupled LR)")
+    g.add_argument("--decoupled-min-lr", type=float, help="their minimum LR")
+    g.add_argument("--optimizer", default="adam", choices=("adam",),
+                   help="adam: AdamW (decoupled weight decay), as Megatron-LM's adam")
+    g.add_argument("--exit-duration-in-mins", type=int,
+                   help="save a checkpoint and exit after this many minutes")
+    g.add_argument("--exit-signal", default="SIGTERM",
+                   choices=[s.name for s in signal.Signals],
+                   help="the signal --exit-signal-handler catches")
+    g.add_argument("--distributed-timeout-minutes", type=int, default=10,
+                   help="timeout of collective operations")
+    g.add_argument("--eod-mask-loss", action="store_true",
+                   help="no loss on positions whose input token is the EOD token")
+    g.add_argument("--no-save-optim", action="store_true",
+                   help="checkpoints without the optimizer and LR schedule state")
+    g.add_argument("--no-save-rng", action="store_true", help="checkpoints without RNG state")
+    g.add_argument("--padded-vocab-size", type=int,
+                   help="vocabulary rows of the model (default: padded --vocab-size)")
+    g.add_argument("--group-query-attention", action="store_true",
+                   help="use --num-query-groups (GQA)")
+    g.add_argument("--attention-backend", choices=("flash", "fused", "unfused", "local", "auto"),
+                   help="Megatron-LM's attention back-end, mapped onto "
+                        "--skrull-attention-kernel (logged)")
+    g.add_argument("--transformer-impl", default="local",
+                   choices=("local", "transformer_engine"),
+                   help="mcore layer spec (transformer_engine needs Transformer Engine)")
+
+
+def _megatron_logging_flags(ap: argparse.ArgumentParser) -> None:
+    """Megatron-LM's TensorBoard and Weights & Biases flags (megatron/skrull/loggers.py)."""
+    g = ap.add_argument_group("Megatron-LM logging")
+    g.add_argument("--log-timers-to-tensorboard", action="store_true",
+                   help="forward-backward, optimizer and batch-generator times")
+    g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true")
+    g.add_argument("--wandb-project", help="log to Weights & Biases (needs wandb)")
+    g.add_argument("--wandb-exp-name", help="the run's name in wandb")
+    g.add_argument("--wandb-save-dir", help="wandb's local directory (default SAVE/wandb)")
+    g.add_argument("--wandb-entity", help="wandb team or user")

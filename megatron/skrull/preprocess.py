@@ -1,4 +1,9 @@
-"""SFT preprocessing: chat JSONL -> Megatron indexed datasets (tokens + loss mask).
+"""SFT preprocessing: chat records -> Megatron indexed datasets (tokens + loss mask).
+
+Records come from :mod:`megatron.skrull.readers` (JSONL, JSON lists, gzip, Parquet, Arrow and
+``datasets`` folders) in any format of :mod:`megatron.skrull.formats` (OpenAI messages with
+tool calls, ShareGPT, Alpaca, prompt/response); ``--workers N`` tokenizes on N processes
+with byte-identical output (:func:`parallel_samples`, :mod:`megatron.skrull.workers`).
 
 On-disk format for ``--output-prefix P`` (see docs/data.md):
 
@@ -32,16 +37,15 @@ from typing import Any, Iterable, Iterator, Optional
 import numpy as np
 
 from megatron.skrull.corpus import CorpusConfig, generate_records
-from megatron.skrull.tokenizer import (DEFAULT_TOKENIZER_TYPE, ROLES, TOKENIZER_TYPES,
-                                       SFTTokenizer, build_tokenizer)
+from megatron.skrull.formats import (INPUT_FORMATS, LOSS_ON, InputError, detect_format,
+                                     plain_turns, to_conversation, trained_turns)
+from megatron.skrull.readers import RecordReader, parse_payload
+from megatron.skrull.tokenizer import (DEFAULT_TOKENIZER_TYPE, TOKENIZER_TYPES, SFTTokenizer,
+                                       build_tokenizer)
 
 FORMAT_VERSION = 1
 LOSSMASK_SUFFIX = "_lossmask"
 OVERLONG_POLICIES = ("error", "truncate", "drop")
-
-
-class InputError(ValueError):
-    """Bad preprocessing input (malformed record, overlong or empty sample)."""
 
 
 class WriteError(RuntimeError):
@@ -83,101 +87,69 @@ def dataset_paths(prefix: str) -> dict[str, str]:
             "mask_idx": prefix + LOSSMASK_SUFFIX + ".idx", "meta": prefix + ".json"}
 
 
-def record_to_messages(record: Any, where: str) -> list[dict[str, str]]:
-    """Validates one JSON record and returns its messages.
+def record_to_messages(record: Any, where: str,
+                       input_format: Optional[str] = None) -> list[dict[str, Any]]:
+    """Validates one record and returns its messages (:mod:`megatron.skrull.formats`).
 
     Args:
-        record: Parsed JSON: ``{"messages": [{"role", "content"}, ...]}`` or
-            ``{"prompt", "response"}`` (optional ``"system"``).
+        record: Parsed JSON in one of :data:`~megatron.skrull.formats.INPUT_FORMATS`.
         where: Location for error messages (e.g. ``"data.jsonl:12"``).
+        input_format: The record's format (``None``: detected from its keys).
 
     Raises:
-        InputError: The record has neither format, a bad role or a non-string content.
+        InputError: The record fits no (or not the given) format, or holds a bad message.
     """
-    if not isinstance(record, dict):
-        raise InputError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    if "messages" in record:
-        messages = record["messages"]
-        if not isinstance(messages, list):
-            raise InputError(f"{where}: 'messages' must be a list of {{role, content}} objects")
-    elif "prompt" in record or "response" in record:
-        for key in ("prompt", "response"):
-            if key not in record:
-                raise InputError(f"{where}: missing key {key!r} (prompt/response format "
-                                 "needs both)")
-        messages = [{"role": "user", "content": record["prompt"]},
-                    {"role": "assistant", "content": record["response"]}]
-        if "system" in record:
-            messages.insert(0, {"role": "system", "content": record["system"]})
-    else:
-        raise InputError(f"{where}: record needs 'messages' or 'prompt'+'response' keys, "
-                         f"got {sorted(record)}")
-    for j, msg in enumerate(messages):
-        if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
-            raise InputError(f"{where}: message {j} needs 'role' and 'content' keys")
-        if msg["role"] not in ROLES:
-            raise InputError(f"{where}: message {j} has role {msg['role']!r}; expected one of "
-                             f"{', '.join(ROLES)}")
-        if not isinstance(msg["content"], str):
-            raise InputError(f"{where}: message {j} content must be a string")
-    return messages
+    return to_conversation(record, input_format or detect_format(record, where), where).messages
 
 
-def tokenize_conversation(tokenizer: SFTTokenizer,
-                          messages: list[dict[str, str]]) -> tuple[np.ndarray, np.ndarray]:
+def tokenize_conversation(tokenizer: SFTTokenizer, messages: list[dict[str, Any]], *,
+                          tools: Optional[list] = None,
+                          loss_on: str = "assistant") -> tuple[np.ndarray, np.ndarray]:
     """Applies the chat template.
 
     Args:
         tokenizer: Any :class:`SFTTokenizer`.
         messages: Validated messages (see :func:`record_to_messages`).
+        tools: Tool definitions (rendered by a chat template that supports them).
+        loss_on: ``--sft-loss-on``: ``assistant`` (every reply), ``last-assistant`` or
+            ``all`` (prompt too).
 
     Returns:
         ``(tokens, mask)``: int64 ``[S]`` and uint8 ``[S]``; ``mask[t] == 1`` where token t
         is trained as a label.  A tokenizer with a chat template renders it with
-        transformers (``tokens == apply_chat_template(messages)``); others use role markers.
+        transformers (``tokens == apply_chat_template(messages)``); others use role markers,
+        tool calls and results written as text (:func:`~megatron.skrull.formats.plain_turns`).
     """
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.encode_chat(messages)
+        return tokenizer.encode_chat(messages, tools=tools, loss_on=loss_on)
     tokens: list[int] = [] if tokenizer.bos is None else [tokenizer.bos]
-    mask: list[int] = [0] * len(tokens)
+    everything = 1 if loss_on == "all" else 0
+    mask: list[int] = [everything] * len(tokens)
     end, sep = tokenizer.turn_end, tokenizer.turn_sep
-    for msg in messages:
-        prefix = tokenizer.role_prefix(msg["role"])
-        content = tokenizer.encode(msg["content"])
-        trained = 1 if msg["role"] == "assistant" else 0
+    turns = plain_turns(messages)
+    for (role, text), trained in zip(turns, trained_turns([r for r, _ in turns], loss_on)):
+        prefix = tokenizer.role_prefix(role)
+        content = tokenizer.encode(text)
         tokens += prefix + content + end + sep
-        mask += [0] * len(prefix) + [trained] * (len(content) + len(end)) + [0] * len(sep)
+        mask += ([everything] * len(prefix) + [int(trained)] * (len(content) + len(end))
+                 + [everything] * len(sep))
     return np.asarray(tokens, dtype=np.int64), np.asarray(mask, dtype=np.uint8)
 
 
-def has_response(tokenizer: SFTTokenizer, messages: list[dict[str, str]]) -> bool:
-    """Whether any assistant message has non-empty content after tokenization."""
-    return any(m["role"] == "assistant" and tokenizer.encode(m["content"]) for m in messages)
+def has_response(tokenizer: SFTTokenizer, messages: list[dict[str, Any]]) -> bool:
+    """Whether any assistant message has a tool call or non-empty tokenized content."""
+    return any(m["role"] == "assistant" and (m.get("tool_calls") or tokenizer.encode(
+        m["content"])) for m in messages)
 
 
 def iter_jsonl(path: str) -> Iterator[tuple[str, Any]]:
     """Yields ``(where, record)`` per non-blank line; malformed JSON names the line.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
-        InputError: A line is not valid JSON (or not UTF-8).
+        InputError: ``path`` does not exist, or a line is not valid JSON (or not UTF-8).
     """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"--input {path!r} does not exist")
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as exc:
-                raise InputError(f"{where}: not valid UTF-8 ({exc.reason})") from exc
-            if not line.strip():
-                continue
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{where}: malformed JSON ({exc.msg} at column {exc.pos + 1})"
-                                 ) from None
+    for where, payload in RecordReader(path):
+        yield where, parse_payload(where, payload)
 
 
 def _fit_length(tokens: np.ndarray, mask: np.ndarray, seq_length: int, overlong: str,
@@ -196,52 +168,93 @@ def _fit_length(tokens: np.ndarray, mask: np.ndarray, seq_length: int, overlong:
                      "--overlong truncate|drop")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SampleOptions:
+    """How records become samples (the flags every worker needs).
+
+    Attributes:
+        seq_length: Most training positions per sample (S - 1 <= seq_length).
+        overlong: ``"error"``, ``"truncate"`` or ``"drop"`` for longer samples.
+        skip_empty: Count and skip samples with no trainable label instead of failing.
+        input_format: Format of every record (``None``: detected per record).
+        loss_on: ``--sft-loss-on`` (:data:`~megatron.skrull.formats.LOSS_ON`).
+    """
+
+    seq_length: int
+    overlong: str = "error"
+    skip_empty: bool = False
+    input_format: Optional[str] = None
+    loss_on: str = "assistant"
+
+    def __post_init__(self) -> None:
+        if self.overlong not in OVERLONG_POLICIES:
+            raise ValueError(f"--overlong must be one of {', '.join(OVERLONG_POLICIES)}")
+        if self.seq_length < 1:
+            raise ValueError(f"--seq-length must be >= 1, got {self.seq_length}")
+        if self.input_format not in (None, *INPUT_FORMATS):
+            raise ValueError(f"--input-format must be one of {', '.join(INPUT_FORMATS)}")
+        if self.loss_on not in LOSS_ON:
+            raise ValueError(f"--sft-loss-on must be one of {', '.join(LOSS_ON)}")
+
+
+def process_record(where: str, payload: Any, tokenizer: SFTTokenizer, opts: SampleOptions,
+                   stats: PreprocessStats) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """One record (or a JSON line's bytes) -> ``(tokens int64 [S], mask uint8 [S])``.
+
+    Returns ``None`` for a sample left out (dropped or skipped; counted in ``stats``).
+
+    Raises:
+        InputError: Malformed record, overlong sample under ``"error"``, or a sample with no
+            trainable label without ``skip_empty``.
+    """
+    stats.read += 1
+    record = parse_payload(where, payload)
+    conv = to_conversation(record, opts.input_format or detect_format(record, where), where)
+    tokens, mask = tokenize_conversation(tokenizer, conv.messages, tools=conv.tools,
+                                         loss_on=opts.loss_on)
+    fitted = _fit_length(tokens, mask, opts.seq_length, opts.overlong, where, stats)
+    if fitted is None:
+        return None
+    tokens, mask = fitted
+    # mask[0] can never be a label (nothing precedes it), so count labels from 1.
+    if len(tokens) < 2 or not mask[1:].any() or not has_response(tokenizer, conv.messages):
+        if opts.skip_empty:
+            stats.skipped_empty += 1
+            return None
+        raise InputError(f"{where}: sample has no assistant/response tokens to train on "
+                         "(after truncation, if any); fix the data or pass --skip-empty")
+    stats.written += 1
+    stats.tokens += len(tokens)
+    stats.loss_tokens += int(mask[1:].sum())
+    stats.max_length = max(stats.max_length, len(tokens) - 1)
+    return tokens, mask
+
+
 def process_records(records: Iterable[tuple[str, Any]], tokenizer: SFTTokenizer, *,
                     seq_length: int, overlong: str = "error", skip_empty: bool = False,
-                    stats: Optional[PreprocessStats] = None,
-                    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Validates, tokenizes and length-checks records.
+                    stats: Optional[PreprocessStats] = None, input_format: Optional[str] = None,
+                    loss_on: str = "assistant") -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Validates, tokenizes and length-checks records in one process.
 
     Args:
         records: ``(where, record)`` pairs (see :func:`iter_jsonl`).
         tokenizer: Tokenizer applying the chat template.
-        seq_length: Most training positions per sample (S - 1 <= seq_length).
-        overlong: ``"error"``, ``"truncate"`` or ``"drop"`` for longer samples.
-        skip_empty: Count and skip samples with no trainable label instead of failing.
+        seq_length, overlong, skip_empty, input_format, loss_on: See :class:`SampleOptions`.
         stats: Counters updated in place (read, truncated, dropped, ...), if given.
 
     Yields:
         ``(tokens int64 [S], mask uint8 [S])`` per kept sample.
 
     Raises:
-        InputError: Malformed record, overlong sample under ``"error"``, or a sample with no
-            trainable label without ``skip_empty``.
+        InputError: See :func:`process_record`.
     """
-    if overlong not in OVERLONG_POLICIES:
-        raise ValueError(f"--overlong must be one of {', '.join(OVERLONG_POLICIES)}")
-    if seq_length < 1:
-        raise ValueError(f"--seq-length must be >= 1, got {seq_length}")
+    opts = SampleOptions(seq_length=seq_length, overlong=overlong, skip_empty=skip_empty,
+                         input_format=input_format, loss_on=loss_on)
     stats = PreprocessStats() if stats is None else stats
     for where, record in records:
-        stats.read += 1
-        messages = record_to_messages(record, where)
-        tokens, mask = tokenize_conversation(tokenizer, messages)
-        fitted = _fit_length(tokens, mask, seq_length, overlong, where, stats)
-        if fitted is None:
-            continue
-        tokens, mask = fitted
-        # mask[0] can never be a label (nothing precedes it), so count labels from 1.
-        if len(tokens) < 2 or not mask[1:].any() or not has_response(tokenizer, messages):
-            if skip_empty:
-                stats.skipped_empty += 1
-                continue
-            raise InputError(f"{where}: sample has no assistant/response tokens to train on "
-                             "(after truncation, if any); fix the data or pass --skip-empty")
-        stats.written += 1
-        stats.tokens += len(tokens)
-        stats.loss_tokens += int(mask[1:].sum())
-        stats.max_length = max(stats.max_length, len(tokens) - 1)
-        yield tokens, mask
+        sample = process_record(where, record, tokenizer, opts, stats)
+        if sample is not None:
+            yield sample
 
 
 def _import_indexed_dataset():
@@ -332,20 +345,81 @@ def _discard(builders: list, tmp_paths: Iterable[str]) -> None:
             pass
 
 
+_WORKER: dict[str, Any] = {}  # this process's tokenizer and options (see _work_chunk)
+
+
+def _init_worker(tokenizer_type: Optional[str], tokenizer_model: Optional[str],
+                 opts: SampleOptions) -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler is for the parent
+    _WORKER.update(tokenizer=build_tokenizer(tokenizer_type, tokenizer_model), opts=opts)
+
+
+def _work_chunk(items: list[tuple[str, Any]]) -> tuple[list, PreprocessStats]:
+    """Samples and counts of one chunk of records (runs in a worker or in-process)."""
+    stats = PreprocessStats()
+    samples = [process_record(where, payload, _WORKER["tokenizer"], _WORKER["opts"], stats)
+               for where, payload in items]
+    return [s for s in samples if s is not None], stats
+
+
+def _merge(total: PreprocessStats, part: PreprocessStats) -> None:
+    for field in dataclasses.fields(PreprocessStats):
+        a, b = getattr(total, field.name), getattr(part, field.name)
+        setattr(total, field.name, max(a, b) if field.name == "max_length" else a + b)
+
+
+def parallel_samples(records: Iterable[tuple[str, Any]], tokenizer: SFTTokenizer,
+                     opts: SampleOptions, stats: PreprocessStats, *, workers: int = 1,
+                     progress: Any = None, chunk_size: int = 256,
+                     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """:func:`process_records` on ``workers`` processes, samples in input order.
+
+    The output does not depend on ``workers`` (chunks are processed in any order, written in
+    order); the first bad record, in input order, raises as with one worker.
+
+    Args:
+        records: ``(where, record or JSON line bytes)`` pairs.
+        tokenizer: This process's tokenizer; workers build their own from its ``describe()``.
+        opts: How records become samples.
+        stats: Counters updated in place.
+        workers: Processes (``--workers``).
+        progress: A :class:`megatron.skrull.workers.Progress` (``None``: silent).
+        chunk_size: Records per task.
+    """
+    from megatron.skrull.workers import chunked, ordered_map
+
+    desc = tokenizer.describe()
+    _WORKER.update(tokenizer=tokenizer, opts=opts)  # the in-process path (workers <= 1)
+    results = ordered_map(_work_chunk, chunked(records, chunk_size), workers=workers,
+                          initializer=_init_worker, initargs=(desc["type"], desc["model"], opts))
+    for samples, part in results:
+        _merge(stats, part)
+        if progress is not None:
+            progress.update(part.read)
+        yield from samples
+
+
 def preprocess(records: Iterable[tuple[str, Any]], output_prefix: str,
                tokenizer: SFTTokenizer, *, seq_length: int, overlong: str = "error",
-               skip_empty: bool = False,
+               skip_empty: bool = False, input_format: Optional[str] = None,
+               loss_on: str = "assistant", workers: int = 1, progress: Any = None,
                extra_meta: Optional[dict[str, Any]] = None) -> PreprocessStats:
-    """Records -> dataset files in one call (:func:`process_records` + :func:`write_dataset`).
+    """Records -> dataset files in one call (:func:`parallel_samples` + :func:`write_dataset`).
 
     Returns:
         The final counts (also stored in ``<prefix>.json``).
     """
     stats = PreprocessStats()
-    samples = process_records(records, tokenizer, seq_length=seq_length, overlong=overlong,
-                              skip_empty=skip_empty, stats=stats)
+    opts = SampleOptions(seq_length=seq_length, overlong=overlong, skip_empty=skip_empty,
+                         input_format=input_format, loss_on=loss_on)
+    samples = parallel_samples(records, tokenizer, opts, stats, workers=workers,
+                               progress=progress)
     write_dataset(samples, output_prefix, tokenizer, seq_length=seq_length, stats=stats,
                   extra_meta=extra_meta)
+    if progress is not None:
+        progress.finish()
     return stats
 
 
@@ -359,9 +433,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "indexed datasets: <prefix>.bin/.idx tokens, <prefix>_lossmask.bin/.idx "
                     "loss mask, <prefix>.json metadata.")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--input", metavar="FILE.jsonl",
-                     help='one record per line: {"messages": [{"role", "content"}...]} or '
-                          '{"prompt", "response"} (optional "system")')
+    src.add_argument("--input", nargs="+", metavar="PATH",
+                     help="chat data: .jsonl, .json (a list), .jsonl.gz, .parquet, .arrow, or "
+                          "a datasets save_to_disk / hub cache directory; several are "
+                          "concatenated in order (docs/data.md)")
     src.add_argument("--synthetic", type=int, metavar="N",
                      help="generate N records of the built-in learnable corpus instead")
     p.add_argument("--output-prefix", required=True, help="path prefix of the output files")
@@ -374,6 +449,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what to do with samples longer than --seq-length")
     p.add_argument("--skip-empty", action="store_true",
                    help="count and skip samples with no assistant tokens instead of failing")
+    p.add_argument("--input-format", choices=INPUT_FORMATS, default=None,
+                   help="format of every record (default: detected per record from its keys)")
+    p.add_argument("--input-split", default="train",
+                   help="split read from a dataset directory that holds several")
+    p.add_argument("--sft-loss-on", choices=LOSS_ON, default="assistant",
+                   help="tokens trained: every assistant reply (default), only the last one, "
+                        "or all tokens (prompt too)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="tokenizing processes (output identical for any number)")
+    p.add_argument("--log-interval", type=int, default=10000,
+                   help="records between progress lines on stderr (0: none)")
     p.add_argument("--seed", type=int, default=1234, help="seed of --synthetic")
     p.add_argument("--synthetic-max-tokens", type=int, default=None,
                    help="longest synthetic sample in byte-level tokens "
@@ -395,6 +481,19 @@ def _synthetic_records(args: argparse.Namespace) -> tuple[list[tuple[str, Any]],
     return [(f"synthetic:{i}", rec) for i, rec in enumerate(records)], meta
 
 
+def _records(args: argparse.Namespace):
+    """``(records, metadata, fraction read)`` of ``--synthetic`` or ``--input``."""
+    if args.synthetic is not None:
+        records, extra = _synthetic_records(args)
+        it = iter(records)
+        extra["sft_loss_on"] = args.sft_loss_on
+        return it, extra, lambda: 1 - it.__length_hint__() / len(records)
+    reader = RecordReader(args.input, args.input_split)
+    paths = [os.path.abspath(p) for p in args.input]
+    extra = {"source": paths[0] if len(paths) == 1 else paths, "sft_loss_on": args.sft_loss_on}
+    return iter(reader), extra, reader.fraction
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Every check that needs no tokenizer, torch or Megatron import (fast errors).
 
@@ -409,8 +508,13 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.save_jsonl and args.synthetic is None:
         raise ValueError("--save-jsonl only applies to --synthetic")
-    if args.input is not None and not os.path.isfile(args.input):
-        raise ValueError(f"--input {args.input!r} does not exist (or is not a file)")
+    for path in args.input or ():
+        if not os.path.exists(path):
+            raise ValueError(f"--input {path!r} does not exist")
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.log_interval < 0:
+        raise ValueError(f"--log-interval must be >= 0, got {args.log_interval}")
     if args.tokenizer_model and not os.path.exists(args.tokenizer_model):
         raise ValueError(f"--tokenizer-model {args.tokenizer_model!r} does not exist; pass a "
                          "Hugging Face tokenizer directory or tokenizer.json")
@@ -441,6 +545,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     one line, status 1, no temporary file left and no earlier dataset replaced.
     """
     from megatron.skrull import errors
+    from megatron.skrull.workers import Progress
 
     argv, debug = errors.take_debug_flag(argv)
     errors.filter_dependency_warnings()
@@ -450,13 +555,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         check_args(args)
         _stop_on_sigterm()
         tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-        if args.synthetic is not None:
-            records, extra = _synthetic_records(args)
-        else:
-            records, extra = iter_jsonl(args.input), {"source": os.path.abspath(args.input)}
+        records, extra, fraction = _records(args)
+        progress = Progress(fraction, args.log_interval, prog=prog)
         stats = preprocess(records, args.output_prefix, tokenizer, seq_length=args.seq_length,
                            overlong=args.overlong, skip_empty=args.skip_empty,
-                           extra_meta=extra)
+                           input_format=args.input_format, loss_on=args.sft_loss_on,
+                           workers=args.workers, progress=progress, extra_meta=extra)
     except WriteError as exc:
         if debug:
             raise

@@ -258,11 +258,13 @@ class HFTokenizer(SFTTokenizer):
                              "use encode_chat(messages)")
         return list(self._prefix[role])
 
-    def encode_chat(self, messages: list[dict[str, str]]):
-        """``(tokens int64 [S], mask uint8 [S])`` of ``apply_chat_template(messages)``."""
+    def encode_chat(self, messages: list[dict[str, Any]], *, tools: Optional[list] = None,
+                    loss_on: str = "assistant"):
+        """``(tokens int64 [S], mask uint8 [S])`` of ``apply_chat_template(messages)``
+        (:func:`megatron.skrull.chat_template.tokenize_chat`)."""
         from megatron.skrull.chat_template import tokenize_chat
 
-        return tokenize_chat(self.hf, messages)
+        return tokenize_chat(self.hf, messages, tools=tools, loss_on=loss_on)
 
     @property
     def turn_end(self) -> list[int]:

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from skrull_ext.costmodel.flops import throughput_tflops
 from skrull_ext.scheduler.plan import Plan
 
 from megatron.skrull.cpu_compat import cpu_pipeline_p2p, cuda_to_cpu
@@ -139,6 +140,9 @@ class IterationStats:
     micro_batches: int
     local_share: float
     planning_seconds: float = 0.0  # planning the main thread waited for (exposed)
+    forward_backward_seconds: float = 0.0  # micro-batches incl. gradient reduction
+    optimizer_seconds: float = 0.0  # clip, step, LR schedule
+    flops: Optional[float] = None  # model FLOPs of the global batch (skrull_ext.costmodel.flops)
 
     @property
     def tokens_per_second(self) -> float:
@@ -165,16 +169,20 @@ class Trainer:
         plan_ahead: Plan iteration ``i + 1`` while ``i`` trains
             (:class:`megatron.skrull.plan_ahead.PlannedBatches`; ``self.sampler`` is that
             wrapper, whose checkpoint state undoes the batch drawn ahead).
+        flops_fn: ``lengths [K] -> model FLOPs`` of a global batch (``--log-throughput``;
+            :func:`skrull_ext.costmodel.flops.model_flops` of the run's shape).
     """
 
     def __init__(self, *, model, optimizer, scheduler, source: SampleSource, sampler: Any,
                  batch_scheduler: BatchScheduler, groups: ParallelGroups, device: torch.device,
                  float64_loss: bool = False, attention_backend: str = "auto",
-                 plan_ahead: bool = False, pad_multiple: int = 1):
+                 plan_ahead: bool = False, pad_multiple: int = 1,
+                 flops_fn: Optional[Callable[[np.ndarray], float]] = None):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.source, self.sampler, self.batch_scheduler = source, sampler, batch_scheduler
         self.groups, self.device, self.attention_backend = groups, device, attention_backend
         self.float64_loss, self.pad_multiple = float64_loss, pad_multiple
+        self.flops_fn = flops_fn
         self.params = [p for p in model.module.parameters() if p.requires_grad]
         self._iteration = 0
         self.sampler = PlannedBatches(sampler, source.lengths, batch_scheduler, ahead=plan_ahead)
@@ -305,6 +313,7 @@ class Trainer:
                 torch.cuda.synchronize()
             start = time.perf_counter()
         loss = self.compute_gradients(batch_ids, plan)
+        forward_backward = time.perf_counter() - start
         lr = self.optimizer.param_groups[0]["lr"]
         with cuda_to_cpu(self.device):
             updated, norm, _ = self.optimizer.step()
@@ -317,7 +326,9 @@ class Trainer:
             iteration=self.iteration, loss=loss, lr=lr, grad_norm=float(norm or 0.0),
             seconds=time.perf_counter() - start, predicted_seconds=predicted_seconds(plan),
             tokens=int(plan.lengths.sum()), micro_batches=plan.num_micro_batches,
-            local_share=plan.local_token_share())
+            local_share=plan.local_token_share(), forward_backward_seconds=forward_backward,
+            optimizer_seconds=time.perf_counter() - start - forward_backward,
+            flops=self.flops_fn(plan.lengths) if self.flops_fn is not None else None)
 
 
 class MetricsLogger:
@@ -325,15 +336,21 @@ class MetricsLogger:
 
     The line shows the iteration, mean loss over the interval, LR, mean iteration time
     (measured and predicted by the cost model), tokens/s, micro-batches and the share of
-    tokens kept local.
+    tokens kept local; with ``log_throughput`` (``--log-throughput``) also Megatron's model
+    TFLOP/s per GPU (``world_size`` GPUs) from the iterations' FLOPs.
     """
 
     def __init__(self, *, log_interval: int, train_iters: int, enabled: bool,
-                 tensorboard_dir: Optional[str] = None, printer: Callable[[str], None] = print):
+                 tensorboard_dir: Optional[str] = None, printer: Callable[[str], None] = print,
+                 log_throughput: bool = False, world_size: int = 1):
         self.log_interval, self.train_iters = log_interval, train_iters
+        self.log_throughput, self.world_size = log_throughput, world_size
         self.enabled, self.printer = enabled, printer
         self.window: list[IterationStats] = []
         self.writer = None
+        self.log_timers = False  # --log-timers-to-tensorboard (Megatron-LM's timer names)
+        # iteration -> [(dataset, samples drawn)] of a blend (None: one dataset)
+        self.dataset_counts: Optional[Callable[[int], list[tuple[str, int]]]] = None
         if enabled and tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -353,9 +370,26 @@ class MetricsLogger:
                                 ("predicted-iteration-time", stats.predicted_seconds)):
                 if value is not None:
                     self.writer.add_scalar(name, value, it)
+            if self.log_timers:
+                self.write_timers(stats)
+            if self.log_throughput and stats.flops is not None:
+                self.writer.add_scalar("throughput", throughput_tflops(
+                    stats.flops, stats.seconds, self.world_size), it)
+        counts = self.dataset_counts(stats.iteration) if self.dataset_counts else []
+        if self.writer is not None:
+            for name, count in counts:
+                self.writer.add_scalar(f"consumed samples {name}", count, stats.iteration)
         if stats.iteration % self.log_interval == 0 or stats.iteration == self.train_iters:
-            self.printer(self.format(self.window))
+            self.printer(self.format(self.window) + _dataset_counts(counts))
             self.window = []
+
+    def write_timers(self, stats: IterationStats) -> None:
+        """Megatron-LM's ``--log-timers-to-tensorboard`` scalars (seconds per iteration);
+        batch-generator is the planning the iteration waited for."""
+        for name, value in (("forward-backward", stats.forward_backward_seconds),
+                            ("optimizer", stats.optimizer_seconds),
+                            ("batch-generator", stats.planning_seconds)):
+            self.writer.add_scalar(f"{name}-time", value, stats.iteration)
 
     def format(self, window: list[IterationStats]) -> str:
         last, n = window[-1], len(window)
@@ -366,14 +400,31 @@ class MetricsLogger:
         return (f" iteration {last.iteration:8d}/{self.train_iters:8d} |"
                 f" loss {sum(s.loss for s in window) / n:.6E} | lr {last.lr:.3E} |"
                 f" grad norm {last.grad_norm:.3f} | iteration time {1e3 * seconds:.1f} ms"
-                f" (predicted {pred}) | tokens/s {tokens:.0f} |"
+                f" (predicted {pred}) |{self._throughput(window)} tokens/s {tokens:.0f} |"
                 f" micro-batches {sum(s.micro_batches for s in window) / n:.1f} |"
                 f" local tokens {100 * sum(s.local_share for s in window) / n:.1f}% |"
                 f" planning exposed {1e3 * sum(s.planning_seconds for s in window) / n:.1f} ms")
 
+    def _throughput(self, window: list[IterationStats]) -> str:
+        """Megatron's ``throughput per GPU (TFLOP/s/GPU)`` field over the window, or ``""``."""
+        if not self.log_throughput or any(s.flops is None for s in window):
+            return ""
+        tflops = throughput_tflops(sum(s.flops for s in window),
+                                   sum(s.seconds for s in window), self.world_size)
+        return f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def _dataset_counts(counts: list[tuple[str, int]]) -> str:
+    """`` | consumed samples: a 30 (25.0%), b 90 (75.0%)`` of a blend ('' otherwise)."""
+    total = sum(c for _, c in counts)
+    if not total:
+        return ""
+    return " | consumed samples: " + ", ".join(f"{name} {c} ({100 * c / total:.1f}%)"
+                                               for name, c in counts)
 
 
 def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger] = None,

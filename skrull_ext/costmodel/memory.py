@@ -111,15 +111,20 @@ class TrainingMemory:
         return float(sum(self.static_breakdown(model).values()))
 
     def layer_activation_bytes_per_token(self, model: ModelSpec) -> float:
-        """One layer's saved activations per token: ``12 h + 4 h_kv + 6 f`` bf16 bytes.
+        """One layer's saved activations per token: ``12 h + 4 h_kv + 8 f`` bf16 bytes.
 
         Norm inputs and outputs (8h), Q (2h) and K/V (4 h_kv), attention output (2h),
-        SwiGLU gate/up outputs and activation (6f; 4f without SwiGLU).  Without sequence
-        parallelism the norm tensors (8h) are whole on every TP rank, the rest is split;
-        with it they are split too.
+        SwiGLU gate/up outputs, SiLU output and product (8f: mcore's unfused SwiGLU,
+        ``bias_activation_fusion=False`` in the launcher, keeps the SiLU output for the
+        product's backward; 4f without SwiGLU).  Not counted (about 1% of a layer): the
+        attention's log-sum-exp and the norms' ``rstd`` (fp32 per head / row), RoPE's cos
+        and sin.  Norms as CUDA runs them (torch's fused RMSNorm keeps its input and
+        ``rstd``); on CPU torch decomposes RMSNorm and keeps fp32 copies, so CPU measures
+        more (docs/training.md, "Memory").  Without sequence parallelism the norm tensors
+        (8h) are whole on every TP rank, the rest is split; with it they are split too.
         """
         h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
-        split = 4 * h + 4 * kv + (6 if model.swiglu else 4) * f
+        split = 4 * h + 4 * kv + (8 if model.swiglu else 4) * f
         return (8 * h / self.sequence_split + split / self.tp_size) * self.param_bytes / 2.0
 
     def logits_bytes_per_token(self, model: ModelSpec) -> float:

@@ -102,12 +102,14 @@ class ModelSpec:
         term), in the spirit of Korthikanti et al. 2022 ("Reducing Activation
         Recomputation", 34 s b h per layer with selective recompute for MHA + 4h GeLU
         MLP): two norm inputs and outputs (8h), Q/K/V (2h + 4 h_kv), attention output
-        (2h), residual input (2h), MLP up/gate outputs and activation output (6 f, or
-        4 f without SwiGLU).  Plus the logits: bf16 logits and fp32 softmax kept by the
-        fused cross-entropy (6 x vocab).  No dropout masks (SFT runs without dropout).
+        (2h), residual input (2h), MLP up/gate outputs, the activation's output and the
+        gated product (8 f: the launcher's mcore MLP runs SiLU and the product unfused,
+        ``bias_activation_fusion=False``, so both are kept; 4 f without SwiGLU).  Plus the
+        logits: bf16 logits and fp32 softmax kept by the fused cross-entropy (6 x vocab).
+        No dropout masks (SFT runs without dropout).
         """
         h, kv, f = self.hidden_size, self.kv_hidden_size, self.ffn_hidden_size
-        per_layer = 12 * h + 4 * kv + (6 if self.swiglu else 4) * f
+        per_layer = 12 * h + 4 * kv + (8 if self.swiglu else 4) * f
         layers = self.num_layers if num_layers is None else num_layers
         return layers * per_layer + 6 * self.vocab_size
 

@@ -101,23 +101,118 @@ def lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_size: in
         arrays, subgroups, backend: See :func:`sample_bounds`; ``subgroups=False`` bounds the plans
             our attention runs (local and fully distributed samples only).
     """
+    return finish_bound(_core(lengths, cost_model, dp_size, cp_size, bucket_size,
+                              arrays=arrays, subgroups=subgroups, backend=backend), cost_model)
+
+
+def _core(lengths, cost_model, dp_size: int, cp_size: int, bucket_size: int, *, arrays,
+          subgroups: bool, backend: str) -> float:
+    """:func:`lower_bound` before :func:`finish_bound`."""
     s = np.asarray(lengths, dtype=np.int64)
     d, n = dp_size, cp_size
     ovh = cost_model.micro_batch_overhead
-    fixed = cost_model.time.iteration_overhead
     if s.size == 0:
-        return fixed
+        return 0.0
     work, alone = sample_bounds(s, cost_model, n, bucket_size, arrays=arrays,
                                 subgroups=subgroups, backend=backend)
     min_mbs = max(-(-int(s.sum()) // (bucket_size * n)), min(s.size, d))
     average = float(work.sum()) / (d * n) + ovh * min_mbs / d
     single = float(alone.max()) + ovh
-    ranked = np.sort(work)[::-1] / n
+    return max(average, single, _indivisible(work / n, d) + ovh)
+
+
+# Weights mu of the ring's exchanges in the global bound's per-sample terms (see
+# global_lower_bound); 1 is lower_bound's work term.
+MU_GRID = (1.0, 0.5, 0.0)
+
+
+def _dist_terms(shares, comm, n: int, objective: str, mu: float):
+    """``(per-sample seconds, latency weight)`` a distributed sample adds to its DP rank's
+    time under the relaxation ``mu`` (see :func:`global_lower_bound`)."""
+    if objective == "ring" and n > 2:
+        k = (n - 2) * (1.0 - mu) / (n - 1)
+        return shares * ((2.0 + (n - 2) * mu) / n) + k * comm, k
+    if objective == "ring":
+        return shares, 0.0
+    return shares + (1.0 - mu) * comm, 1.0 - mu
+
+
+def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: int) -> float:
+    """The largest average / indivisible term over :data:`MU_GRID` when the samples in
+    ``forced`` (``[K]`` bool) must be distributed; ``inf`` when one of them cannot be."""
+    ovh = cost_model.micro_batch_overhead
+    fits_local = (s <= c) & ~forced
+    fits_dist = shard_tokens_array(s, n) <= c
+    if not (fits_local | fits_dist).all():
+        return np.inf
+    min_mbs = max(-(-int(s.sum()) // (c * n)), min(s.size, d))
+    ring_mbs = -(-int(shard_tokens_array(s[forced], n).sum()) // c) if forced.any() else 0
+    best = 0.0
+    for mu in MU_GRID:
+        dist, k = _dist_terms(shares, comm, n, cost_model.objective, mu)
+        local = costs / n if cost_model.objective == "ring" else mu * costs / n
+        per = np.minimum(np.where(fits_local, local, np.inf), np.where(fits_dist, dist, np.inf))
+        average = (float(per.sum()) + k * cost_model.comm_latency(n) * ring_mbs) / d
+        best = max(best, average + ovh * min_mbs / d, _indivisible(per, d) + ovh)
+    return best
+
+
+def _indivisible(per, d: int) -> float:
+    """Of the ``j d + 1`` samples with the largest ``per``, one DP rank holds ``j + 1``:
+    the largest sum of the ``j + 1`` smallest of them over ``j``."""
+    ranked = np.sort(per)[::-1]
     prefix = np.concatenate([[0.0], np.cumsum(ranked)])
-    j = np.arange(1, (s.size - 1) // d + 1)
-    top = j * d + 1  # some DP rank holds j + 1 of the top j*D + 1 samples
-    best_group = float((prefix[top] - prefix[top - j - 1]).max()) if j.size else 0.0
-    return finish_bound(max(average, single, best_group + ovh), cost_model)
+    j = np.arange(1, (per.size - 1) // d + 1)
+    top = j * d + 1
+    return float((prefix[top] - prefix[top - j - 1]).max()) if j.size else 0.0
+
+
+def global_lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_size: int, *,
+                       backend: str = "python") -> float:
+    """A tighter bound than :func:`lower_bound` on plans of local and fully distributed
+    samples (what DACP places), for benchmarks (O(K log^2 K)).
+
+    It adds what cannot be split across a micro-batch:
+
+    * a micro-batch holding sample ``i`` whole takes at least ``cost_i`` plus the
+      overhead, so if the best plan's slowest DP rank takes ``T``, every sample with
+      ``cost_i + overhead > T`` is distributed there (and one that does not fit whole
+      always is);
+    * a micro-batch with distributed samples pays its ring: under ``ring`` a rank's time
+      ``max(x + b, c) + b + (n - 2) max(b, c)`` is at least ``x + 2b + (n - 2)(mu b +
+      (1 - mu) c)`` for any ``mu`` in [0, 1] (local work overlaps only the first
+      exchange), under ``paper`` ``max(c', x) + t`` is at least ``mu x + (1 - mu) c' + t``;
+      both sum over samples, the ring latency once per micro-batch with a ring (at least
+      ``ceil(forced shards / C)`` of them).
+
+    With those per-sample terms, the average and indivisible terms of :func:`lower_bound`
+    give ``f(T)``, non-increasing in ``T`` (fewer samples are forced); the best plan's
+    ``T`` satisfies ``T >= f(T)``, so the bound is the least such ``T`` (a binary search
+    over the samples' ``cost_i + overhead``), never below :func:`lower_bound`.
+    """
+    s = np.asarray(lengths, dtype=np.int64)
+    d, n, c = dp_size, cp_size, bucket_size
+    if s.size == 0:
+        return finish_bound(0.0, cost_model)
+    costs, comm, shares = cost_model.schedule_arrays(s, n, backend=backend)
+    core = _core(s, cost_model, d, n, c, arrays=(costs, shares, comm), subgroups=False,
+                 backend=backend)
+    if n < 2:
+        return finish_bound(core, cost_model)
+    alone = np.where(s <= c, costs + cost_model.micro_batch_overhead, np.inf)
+    edges = np.concatenate([[0.0], np.unique(alone[np.isfinite(alone)]), [np.inf]])
+
+    def f(q: int) -> float:  # f(T) for T in [edges[q], edges[q + 1])
+        return _forced_core(s, costs, comm, shares, alone > edges[q], cost_model, d, n, c)
+
+    lo, hi = 0, edges.size - 2  # the first q with f(q) < edges[q + 1] (monotone)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if f(mid) < edges[mid + 1]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return finish_bound(max(core, f(lo), edges[lo]), cost_model)
 
 
 def finish_bound(core: float, cost_model) -> float:
@@ -127,4 +222,4 @@ def finish_bound(core: float, cost_model) -> float:
     return (core + cost_model.time.iteration_overhead) * (1.0 - 1e-12)
 
 
-__all__ = ["finish_bound", "lower_bound", "sample_bounds"]
+__all__ = ["MU_GRID", "finish_bound", "global_lower_bound", "lower_bound", "sample_bounds"]

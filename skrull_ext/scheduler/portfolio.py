@@ -9,7 +9,10 @@ iteration time (the slowest DP rank) is the lowest; ties keep the earlier in
 :data:`PORTFOLIO`.  Two candidates of ours place samples themselves
 (:mod:`skrull_ext.scheduler.pack`: the long samples distributed in few micro-batches, the
 rest leveled over every CP rank's slot; then DACP per micro-batch when faster), for tight
-buckets with large batches, where hybrid CP's sub-group rings beat the groupings above.  Because a baseline's
+buckets with large batches, where hybrid CP's sub-group rings beat the groupings above;
+a third (:mod:`skrull_ext.scheduler.level`: one micro-batch per DP rank, the longest
+samples on a single ring) for small batches, where a ring on every DP rank costs more
+than the long samples.  Because a baseline's
 own all-CP placement of each micro-batch is a candidate, and the prediction sums the
 same micro-batch times in the same order, Skrull's predicted time is never above that of
 ``kk``, ``sorted``, ``all-cp`` or ``per-seq-cp`` on the same cost model.
@@ -26,14 +29,17 @@ import math
 from typing import Optional, Sequence
 
 from skrull_ext.scheduler.baselines import GROUPINGS
+from skrull_ext.scheduler.level import level_schedule
 from skrull_ext.scheduler.pack import PACK_THRESHOLDS, pack_schedule, pack_threshold
 from skrull_ext.scheduler.reference import GdsContext, Placement, gds_schedule
 from skrull_ext.scheduler.refine import all_distributed, place_group, placement_time, refine
 
 # Candidates in order (ties keep the earlier): the sorted grouping first (cheap, and a good
 # bar: C++ stops GDS as soon as GDS cannot beat it), then GDS, then the other groupings,
-# then ours that place samples themselves (:mod:`skrull_ext.scheduler.pack`).
-PORTFOLIO = ("sorted", "gds", "kk", "all-cp", "per-seq-cp", "hybrid-cp") + tuple(PACK_THRESHOLDS)
+# then ours that place samples themselves (:mod:`skrull_ext.scheduler.pack`,
+# :mod:`skrull_ext.scheduler.level`).
+PORTFOLIO = (("sorted", "gds", "kk", "all-cp", "per-seq-cp", "hybrid-cp") + tuple(PACK_THRESHOLDS)
+             + ("level",))
 # Groupings whose cost grows with K x micro-batches per DP rank.
 COSTLY_GROUPINGS = ("kk", "hybrid-cp")
 MAX_GROUPING_WORK = 1 << 20
@@ -126,6 +132,8 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
                 continue
             placed = dacp_each(ctx, pack_schedule(lengths, costs, shares, dp_size, cp_size,
                                                   bucket_size, pack_threshold(name, bucket_size)))
+        elif name == "level":
+            placed = level_schedule(ctx, dp_size, overhead, best_t)
         elif costly and name in COSTLY_GROUPINGS:
             continue
         else:

@@ -155,13 +155,30 @@ def parse_with_pretrained(parser: argparse.ArgumentParser,
     problems = []
     for dest, value in values.items():
         given = getattr(ns, dest, None)  # config-only RoPE fields have no flag
-        if dest in explicit and given != value:
+        if dest == "make_vocab_size_divisible_by" and dest in explicit:
+            problems.extend(_padding_problem(given, values["vocab_size"], where))
+        elif dest in explicit and given != value:
             problems.append(f"--{dest.replace('_', '-')} {given} disagrees with {where} "
                             f"({value}); drop the flag or fix it")
         setattr(ns, dest, value)
     if problems:
         raise HFConfigError(problems)
     return ns
+
+
+def _padding_problem(divisor: int, vocab: int, where: str) -> list[str]:
+    """An explicit ``--make-vocab-size-divisible-by`` with ``--pretrained-hf``.
+
+    The vocabulary was padded once, by the model's authors (``vocab_size``): more rows would
+    enter the softmax and the loss would no longer be transformers'.  Megatron's scripts for
+    these models pass a divisor of it (``1``, ``128``, ``1187`` for Qwen's 151936), which is
+    accepted and changes nothing.
+    """
+    if divisor >= 1 and vocab % divisor == 0:
+        return []
+    return [f"--make-vocab-size-divisible-by {divisor} would pad {where}'s vocab_size {vocab} "
+            "with rows that enter the softmax (the vocabulary is padded once, as the model "
+            f"has it); use a divisor of {vocab} such as 1, or drop the flag"]
 
 
 def hf_config_from_model(model: dict[str, Any], *, vocab_size: int) -> dict[str, Any]:

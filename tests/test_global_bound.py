@@ -1,0 +1,60 @@
+"""``bound.global_lower_bound``: valid for every policy's plan, never below ``lower_bound``,
+and tighter where long samples must be distributed or sit whole on one rank."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from skrull_ext.costmodel.hardware import get_hardware
+from skrull_ext.costmodel.model import MODEL_PRESETS
+from skrull_ext.scheduler import POLICIES, SchedulerConfig, schedule
+from skrull_ext.scheduler.bound import global_lower_bound, lower_bound
+from test_parity import random_batch
+
+
+def _cost(model: str, cp: int, objective: str):
+    hw = get_hardware("h100")
+    return dataclasses.replace(hw.cost_model(MODEL_PRESETS[model], cp, 4), objective=objective)
+
+
+@pytest.mark.parametrize("objective", ["ring", "paper"])
+def test_no_plan_beats_the_global_bound(objective):
+    """Random batches (CP 1-16, tight and roomy buckets) on both models: every policy's
+    plan of local and distributed samples predicts at least the bound, which is at least
+    lower_bound's, and C++ per-sample terms give the same bound as Python's."""
+    rng = np.random.default_rng(21 if objective == "ring" else 22)
+    above = 0
+    for trial in range(30):
+        lengths, dp, cp, bucket = random_batch(rng)
+        lengths = lengths * int(rng.choice([1, 8]))
+        bucket = max(bucket * 8, int(-(-lengths.max() // max(cp, 1))) + 2 * cp)
+        cost = _cost("qwen2.5-0.5b" if trial % 2 else "qwen2.5-7b", cp, objective)
+        bound = global_lower_bound(lengths, cost, dp, cp, bucket)
+        assert bound == global_lower_bound(lengths, cost, dp, cp, bucket, backend="cpp")
+        base = lower_bound(lengths, cost, dp, cp, bucket, subgroups=False)
+        assert bound >= base
+        above += bound > base * (1 + 1e-9)
+        for policy in POLICIES:
+            plan = schedule(lengths, SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket,
+                                                     policy=policy, plan_budget_ms=0), cost)
+            if any(mb.grouped for mbs in plan.dp_ranks for mb in mbs):
+                continue  # sub-group rings: lower_bound(subgroups=True) covers those
+            assert plan.predicted["iteration_time"] >= bound, (policy, lengths.tolist(), dp,
+                                                               cp, bucket)
+    assert above >= 3, above
+
+
+def test_the_bound_sees_what_cannot_be_split():
+    """Four samples whose whole-rank cost exceeds the even share, on DP 2 x CP 16 across
+    nodes: each must be distributed (a ring, whose exchanges local work cannot hide) or
+    sit whole on one rank; lower_bound spreads their work evenly instead."""
+    cost = _cost("qwen2.5-0.5b", 16, "ring")
+    lengths = np.array([6000, 5500, 5000, 4500] + [400] * 120)
+    bound = global_lower_bound(lengths, cost, 2, 16, 36_000)
+    base = lower_bound(lengths, cost, 2, 16, 36_000, subgroups=False)
+    plan = schedule(lengths, SchedulerConfig(dp_size=2, cp_size=16, bucket_size=36_000), cost)
+    over = cost.time.iteration_overhead
+    assert (bound - over) > 1.15 * (base - over)
+    assert plan.predicted["iteration_time"] >= bound
