@@ -144,6 +144,24 @@ def test_judge_calls_are_spread_over_the_previous_window():
     assert max(per_iteration[8:]) <= 4  # a window of 2 judges the next 4 batches
 
 
+def test_a_blend_sampler_is_regrouped_window_by_window_and_resumes():
+    from megatron.skrull.blend import BlendedBatchSampler
+
+    _, lengths, sched = _tiny()  # 64 samples as a blend of 24 + 40 (no epochs: windows of 3)
+    blend = lambda: BlendedBatchSampler([24, 40], [0.3, 0.7], 6, 1)  # noqa: E731
+    drawn = _batches(blend(), 9)
+    sampler = lookahead_sampler(blend(), lengths, 3, sched)
+    got = _batches(sampler, 9)
+    for lo in (0, 3, 6):
+        assert sorted(sum(got[lo:lo + 3], [])) == sorted(sum(drawn[lo:lo + 3], []))
+    assert sampler.windows_grouped > 0 and got != drawn
+    resumed = lookahead_sampler(blend(), lengths, 3, sched)
+    again = lookahead_sampler(blend(), lengths, 3, sched)
+    _batches(again, 4)
+    resumed.load_state_dict(again.state_dict())  # iteration 4: mid-window [3, 6)
+    assert _batches(resumed, 5) == got[4:]
+
+
 def test_lookahead_one_is_the_drawn_sampler_bit_for_bit():
     _, lengths, sched = _tiny()
     base = GlobalBatchSampler(len(lengths), 6, 1234)
