@@ -160,6 +160,8 @@ def test_a_blend_sampler_is_regrouped_window_by_window_and_resumes():
     _batches(again, 4)
     resumed.load_state_dict(again.state_dict())  # iteration 4: mid-window [3, 6)
     assert _batches(resumed, 5) == got[4:]
+    # The blend's per-dataset counts (the log line) come through the wrapper.
+    assert sampler.consumed_per_dataset(6) == blend().consumed_per_dataset(6)
 
 
 def test_lookahead_one_is_the_drawn_sampler_bit_for_bit():

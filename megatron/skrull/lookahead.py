@@ -76,6 +76,14 @@ class LookaheadSampler:
     def batches_per_epoch(self) -> Optional[int]:
         return getattr(self.sampler, "batches_per_epoch", None)
 
+    def __getattr__(self, name: str):
+        """Anything else is the wrapped sampler's (e.g. a blend's
+        ``consumed_per_dataset(iteration)``, exact at window boundaries: inside a window
+        its samples moved between the window's iterations)."""
+        if name == "sampler":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
+
     def __iter__(self) -> "LookaheadSampler":
         return self
 
