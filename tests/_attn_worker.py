@@ -117,11 +117,10 @@ CASES = {
     "all_dist_fake_flash_2.8": ("all_distributed", 2, 2, 8, torch.float64, "fake_flash:2.8.3",
                                 None, 1e-10),
     "mixed_fake_te": ("mixed", 4, 2, 8, torch.float64, "fake_te:2.9", None, 1e-10),
-    # PyTorch's own CUDA varlen ops (tests/fakes/aten.py): flash, padded-LSE flash, cuDNN
+    # PyTorch's own CUDA varlen ops (tests/fakes/aten.py): flash, padded-LSE flash
     "mixed_fake_aten": ("mixed", 4, 2, 8, torch.float64, "fake_aten:2.13", None, 1e-10),
     "all_dist_fake_aten_padded": ("all_distributed", 2, 1, 8, torch.float64,
                                   "fake_aten:padded", 0.3, 1e-10),
-    "mixed_fake_cudnn": ("mixed", 4, 2, 8, torch.float64, "fake_aten:cudnn", None, 1e-10),
     "all_dist_fake_te": ("all_distributed", 2, 1, 8, torch.float64, "fake_te:2.9", 0.3, 1e-10),
     "single_short_fake_te_1.13": ("single_short", 2, 2, 4, torch.float64, "fake_te:1.13", None,
                                   1e-10),
@@ -198,10 +197,7 @@ def fake_backend(backend, log=None):
         from fakes import aten as fake_aten
         from skrull_ext.attention import aten
 
-        if version == "cudnn":
-            yield aten.CudnnVarlenKernel(ops=fake_aten.ops())
-        else:
-            yield aten.TorchVarlenKernel(ops=fake_aten.ops(version))
+        yield aten.TorchVarlenKernel(ops=fake_aten.ops(version))
         return
     if kind == "te+flash":  # TE for the full ring, flash-attn for the sub-group rings
         mods = {**fakes.install_in_process("flash", "2.8.3", log),

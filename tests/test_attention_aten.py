@@ -1,6 +1,6 @@
-"""The ``torch`` (FlashAttention-2) and ``cudnn`` kernels on CUDA, driven through fakes of
-PyTorch's ATen varlen ops (tests/fakes/aten.py) in float64 on CPU, and the kernel choice
-on CUDA without Transformer Engine or flash-attn."""
+"""The ``torch`` kernel on CUDA (PyTorch's FlashAttention-2 varlen ops), driven through fakes
+of the ATen ops (tests/fakes/aten.py) in float64 on CPU, and the kernel choice on CUDA
+without Transformer Engine or flash-attn."""
 import logging
 
 import pytest
@@ -14,7 +14,6 @@ from skrull_ext.attention.kernels import segments
 from _attn_worker import single_rank_parity
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
-KERNELS = [("torch", v) for v in fake_aten.FLASH_VARIANTS] + [("cudnn", "2.13")]
 
 
 def rand(*shape, seed=0, dtype=torch.float64):
@@ -22,16 +21,15 @@ def rand(*shape, seed=0, dtype=torch.float64):
                        ).to(dtype)
 
 
-def make(kind, variant):
+def make(variant="2.13"):
     ops = fake_aten.ops(variant)
-    cls = aten.TorchVarlenKernel if kind == "torch" else aten.CudnnVarlenKernel
-    return cls(ops=ops), ops
+    return aten.TorchVarlenKernel(ops=ops), ops
 
 
-@pytest.mark.parametrize("kind, variant", KERNELS)
+@pytest.mark.parametrize("variant", fake_aten.FLASH_VARIANTS)
 @pytest.mark.parametrize("causal", [True, False])
-def test_matches_reference_gqa_with_lse_as_h_by_t(kind, variant, causal):
-    kernel, ops = make(kind, variant)
+def test_matches_reference_gqa_with_lse_as_h_by_t(variant, causal):
+    kernel, ops = make(variant)
     cu_q = (0, 5, 6, 13)
     cu_k = cu_q if causal else (0, 3, 9, 11)
     q, k, v = rand(13, 4, 8, seed=1), rand(cu_k[-1], 2, 8, seed=2), rand(cu_k[-1], 2, 8, seed=3)
@@ -47,16 +45,14 @@ def test_matches_reference_gqa_with_lse_as_h_by_t(kind, variant, causal):
     want = ref.backward(dout, q, k, v, want_out, want_lse, cu_q, cu_k, causal=causal, scale=0.4)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
-    fwd = ops._flash_attention_forward if kind == "torch" else ops._cudnn_attention_forward
-    call = fwd.calls[-1]
+    call = ops._flash_attention_forward.calls[-1]
     assert call["scale"] == 0.4 and call["is_causal"] is causal and call["dropout_p"] == 0.0
     assert call["cum_seq_q"] is seg_q.cu_dev and call["max_q"] == 7  # no copy per call
 
 
-@pytest.mark.parametrize("kind, variant", [("torch", "2.13"), ("cudnn", "2.13")])
-def test_bf16_gives_float32_lse_and_merged_backward(kind, variant):
+def test_bf16_gives_float32_lse_and_merged_backward():
     """bf16 in, float32 [H, T] LSE out; the backward takes a merged (global) out/lse."""
-    kernel, _ = make(kind, variant)
+    kernel, _ = make()
     cu = (0, 6, 16)
     q, k, v, dout = (rand(16, h, 8, seed=s, dtype=torch.bfloat16)
                      for h, s in ((4, 1), (2, 2), (2, 3), (4, 4)))
@@ -78,7 +74,7 @@ def test_bf16_gives_float32_lse_and_merged_backward(kind, variant):
 def test_flash_backward_gets_the_random_state_by_its_name():
     for variant, names in (("2.13", ("rng_state", "unused")), ("philox", ("philox_seed",
                                                                          "philox_offset"))):
-        kernel, ops = make("torch", variant)
+        kernel, ops = make(variant)
         q = rand(4, 2, 8)
         out, lse = kernel.forward(q, q, q, (0, 4), (0, 4), causal=True, scale=0.5)
         kernel.backward(q, q, q, q, out, lse, (0, 4), (0, 4), causal=True, scale=0.5)
@@ -90,7 +86,7 @@ def test_single_query_segments_with_gqa_and_empty_rows():
     """max_q == 1 with GQA and an empty query segment: the op's regrouping would fail, so
     the adapter expands K/V heads; a segment with queries but no keys gives -inf, not the
     +inf FlashAttention writes."""
-    kernel, _ = make("torch", "2.13")
+    kernel, _ = make()
     cu_q, cu_k = (0, 1, 1, 2), (0, 3, 5, 7)
     q, k, v, dout = rand(2, 4, 8, seed=1), rand(7, 2, 8, seed=2), rand(7, 2, 8, seed=3), rand(
         2, 4, 8, seed=4)
@@ -126,17 +122,16 @@ def test_unknown_required_argument_and_missing_ops_are_clear_errors():
         None)
     with pytest.raises(RuntimeError, match="_flash_attention_forward takes no scale"):
         aten.TorchVarlenKernel(ops=ops)
-    with pytest.raises(RuntimeError, match="has no aten._cudnn_attention_forward"):
-        aten.CudnnVarlenKernel(ops=fake_aten.ops(cudnn=False))
+    del ops._flash_attention_forward
+    with pytest.raises(RuntimeError, match="has no aten._flash_attention_forward"):
+        aten.TorchVarlenKernel(ops=ops)
 
 
 def test_the_installed_torch_schemas_are_fillable():
     """Drift check: this torch's own schemas (present in CPU builds too) bind."""
-    for cls in (aten.TorchVarlenKernel, aten.CudnnVarlenKernel):
-        kernel = cls()
-        assert "scale" in kernel._fwd.names and "logsumexp" in kernel._bwd.names
+    kernel = aten.TorchVarlenKernel()
+    assert "scale" in kernel._fwd.names and "logsumexp" in kernel._bwd.names
     assert aten.flash_op_problem(CPU).startswith("PyTorch's FlashAttention-2 varlen op runs on")
-    assert aten.cudnn_op_problem(CPU) is not None
 
 
 def test_auto_on_cuda_takes_torch_after_te_and_flash_and_logs_once(monkeypatch, caplog):
@@ -145,14 +140,12 @@ def test_auto_on_cuda_takes_torch_after_te_and_flash_and_logs_once(monkeypatch, 
     monkeypatch.setattr(choice, "te_available", lambda: False)
     monkeypatch.setattr(choice, "flash_attn_available", lambda: False)
     monkeypatch.setattr(aten, "flash_op_problem", lambda device: None)
-    monkeypatch.setattr(aten, "cudnn_op_problem", lambda device: None)
     caplog.set_level(logging.INFO, logger="skrull_ext.attention")
     kernel = get_kernel("auto", CUDA, torch.bfloat16)
     assert isinstance(kernel, aten.TorchVarlenKernel) and kernel.name == "torch"
     assert get_kernel("torch", CUDA, torch.bfloat16) is kernel
     assert get_kernel("torch", CPU, torch.float32).name == "torch" and not isinstance(
         get_kernel("torch", CPU, torch.float32), aten.TorchVarlenKernel)
-    assert isinstance(get_kernel("cudnn", CUDA, torch.bfloat16), aten.CudnnVarlenKernel)
     assert [r.getMessage() for r in caplog.records] == ["attention kernel auto -> torch on cuda"]
     assert choice.runs_subgroups("te", CUDA) and choice.runs_subgroups("auto", CUDA)
     monkeypatch.setattr(choice, "te_available", lambda: True)
@@ -161,6 +154,5 @@ def test_auto_on_cuda_takes_torch_after_te_and_flash_and_logs_once(monkeypatch, 
     assert not choice.runs_subgroups("te", CUDA)
 
 
-@pytest.mark.parametrize("kind", ["torch", "cudnn"])
-def test_dacp_attention_single_rank_through_the_fake_ops(kind):
-    single_rank_parity(make(kind, "2.13")[0])
+def test_dacp_attention_single_rank_through_the_fake_ops():
+    single_rank_parity(make()[0])

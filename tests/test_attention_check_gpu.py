@@ -36,8 +36,8 @@ def test_dry_run_plans_every_section(tmp_path):
     for s in check_gpu.SECTIONS:
         assert f"== {s.name}: " in text, s.name
     plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan["kernels"] == ["torch", "cudnn", "flash", "te"]
-    assert len(plan["parity"]) == 2 * (3 * 4 + 1)  # 3 blocks + dacp each; te: dacp only
+    assert plan["kernels"] == ["torch", "flash", "te"]
+    assert len(plan["parity"]) == 2 * (3 * 2 + 3)  # 3 blocks + dacp each; te: dacp only
     cp2 = plan["training"]["cp2"]
     assert cp2[cp2.index("--nproc-per-node") + 1] == "2"
     assert cp2[cp2.index("--context-parallel-size") + 1] == "2"
@@ -74,19 +74,17 @@ def small(monkeypatch):
     monkeypatch.setattr(gk, "MB_LENGTHS", [5, 1, 9, 14])
 
 
-def _fake_aten_kernels(monkeypatch, variant="2.13"):
-    """The torch and cudnn kernels over the fake ATen ops, as ``get_kernel`` returns them."""
-    ops = fake_aten.ops(variant)
-    monkeypatch.setattr(choice, "_CACHE", {("torch", "cpu"): aten.TorchVarlenKernel(ops=ops),
-                                           ("cudnn", "cpu"): aten.CudnnVarlenKernel(ops=ops)})
+def _fake_aten_kernel(monkeypatch, variant="2.13"):
+    """The torch kernel over the fake ATen ops, as ``get_kernel`` returns it."""
+    monkeypatch.setattr(choice, "_CACHE", {("torch", "cpu"): aten.TorchVarlenKernel(
+        ops=fake_aten.ops(variant))})
 
 
 @pytest.mark.parametrize("kind, version", [("flash", "2.8.3"), ("flash", "2.6.3"), ("te", "2.9"),
-                                           ("torch", "2.13"), ("torch", "padded"),
-                                           ("cudnn", "2.13")])
+                                           ("torch", "2.13"), ("torch", "padded")])
 def test_parity_section_through_fakes(monkeypatch, small, kind, version):
-    if kind in ("torch", "cudnn"):
-        _fake_aten_kernels(monkeypatch, version)
+    if kind == "torch":
+        _fake_aten_kernel(monkeypatch, version)
     else:
         fakes.install(monkeypatch, kind, version)
     rows = gk.parity_rows(kind, CPU, torch.float64, "fp64")
@@ -111,26 +109,26 @@ def test_parity_section_catches_a_wrong_gradient_and_a_failing_kernel(monkeypatc
                         fakes.fake_flash.CustomOp("bwd", off_by_one_percent))
     rows = gk.parity_rows("flash", CPU, torch.float64, "fp64")
     assert not any(r["ok"] for r in rows) and all(r["out"] < 1e-12 for r in rows), rows
-    monkeypatch.setattr(choice, "_CACHE", {("cudnn", "cpu"): aten.CudnnVarlenKernel(
-        ops=fake_aten.ops())})
+    _fake_aten_kernel(monkeypatch)
     monkeypatch.setattr(aten, "_lse_to_ours", lambda *a: (_ for _ in ()).throw(
         RuntimeError("unexpected varlen LSE shape")))
-    rows = gk.parity_rows("cudnn", CPU, torch.float64, "fp64")
+    rows = gk.parity_rows("torch", CPU, torch.float64, "fp64")
     assert all(not r["ok"] and "unexpected varlen LSE" in r["error"] for r in rows), rows
 
 
 def test_timing_section_through_fakes(monkeypatch):
-    _fake_aten_kernels(monkeypatch)
+    _fake_aten_kernel(monkeypatch)
+    fakes.install(monkeypatch, "flash", "2.8.3")
     monkeypatch.setattr(gk, "TIMING_SHAPES", (("tiny", 4, 2, 8),))
     monkeypatch.setattr(gk, "TIMING_DOCS", {"1K-32K": [5, 9, 2]})
     calls = []
     monkeypatch.setattr(gk, "_elapsed", lambda fn, repeats: calls.append(fn()) or 2.0)
-    rows = gk.timing_rows(["torch", "cudnn"], CPU)
-    assert [r["kernel"] for r in rows] == ["torch", "cudnn"] and all(r["ok"] for r in rows)
+    rows = gk.timing_rows(["torch", "flash"], CPU)
+    assert [r["kernel"] for r in rows] == ["torch", "flash"] and all(r["ok"] for r in rows)
     flops = gk.causal_flops([5, 9, 2], 4, 8)
     assert flops == 4 * 4 * 8 * (15 + 45 + 3)
     assert rows[0]["tflops"] == pytest.approx(3.5 * flops / 4e-3 / 1e12)
-    assert gk.summarize_timing(rows) == "torch tiny 4.0 ms, cudnn tiny 4.0 ms"
+    assert gk.summarize_timing(rows) == "torch tiny 4.0 ms, flash tiny 4.0 ms"
     assert len(calls) == 6  # first call, forward, backward per kernel
 
 

@@ -38,7 +38,7 @@ def test_backend_choice_and_its_errors(monkeypatch):
 
 
 def test_cuda_kernels_need_half_precision(monkeypatch):
-    """On CUDA the flash/torch/cudnn kernels take fp16/bf16 only: an fp32 run stops at
+    """On CUDA the flash/torch kernels take fp16/bf16 only: an fp32 run stops at
     startup naming the fix; the reference kernel runs in any precision."""
     monkeypatch.setattr(choice, "_CACHE", {})
     monkeypatch.setattr(choice, "te_available", lambda: False)

@@ -75,3 +75,36 @@ def test_blocks_are_replaced_and_unknown_names_reported(tmp_path, monkeypatch):
     text, unknown = render_tables.render_page(str(page))
     assert "<!-- table:t -->\n| a |\n|---|\n| 1 |\n<!-- /table -->" in text
     assert "old" not in text and unknown == ["zz"]
+
+
+def test_gpu_tables_from_a_check_and_a_throughput_run(results):
+    """A failing kernel's NaN and error reach the section table; throughput rows are against
+    the best transformers row of their model; what was not installed is listed once."""
+    parity = [{"kernel": "torch", "dtype": "bf16", "out": 1e-3, "grad": 2e-3, "lse": 3e-3,
+               "ok": True},
+              {"kernel": "x", "dtype": "bf16", "out": 1e-3, "grad": "NaN", "lse": None,
+               "ok": False},
+              {"kernel": "x", "dtype": "bf16", "ok": False, "error": "Boom: bad"}]
+    _write(results, "gpu_check", "2026-01-01T0000Z", [], {
+        "parity": {"status": "FAIL", "seconds": 2.0, "rows": parity},
+        "cp_timing": {"status": "not run", "reason": "needs 2 GPUs"}},
+        quiet=True, versions={"torch": "2.11", "cuda": "13.0"}, machine="H200")
+    page = str(results.parent / "docs" / "gpu.md")
+    text = "\n".join(render_tables.gpu_check(page))
+    assert "torch 2.11, CUDA 13.0" in text and "| cp_timing | not run | - | needs 2 GPUs |" in text
+    assert ("torch bf16: out 1.0e-03, grad 2.0e-03, LSE 3.0e-03 (1/1 ok); x bf16: out 1.0e-03, "
+            "grad NaN (0/2 ok; Boom: bad)") in text
+    row = lambda system, variant, tok: {"system": system, "variant": variant, "tokens_per_s": tok,
+                                        "tflops_per_gpu": 1.0, "mfu": 0.5}
+    _write(results, "bench_gpu", "2026-01-01T0000Z", [], {"models": {
+        "m": {"rows": [row("ours", "torch", 300.0), row("transformers", "sdpa", 100.0),
+                       row("transformers", "eager", 50.0),
+                       {"system": "ours", "variant": "te", "skipped": "not installed"}]},
+        "n": {"rows": [row("ours", "torch", 10.0),
+                       {"system": "ours", "variant": "te", "skipped": "not installed"}]}}},
+        quiet=True)
+    lines = render_tables.gpu_throughput(page)
+    assert lines[0].endswith(" Not run (not installed): ours te.")
+    assert "| m | ours | torch | **300** | 1.0 | 50.0% | 3.00x |" in lines
+    assert "| m | transformers | eager | **50** | 1.0 | 50.0% | 0.50x |" in lines
+    assert "| n | ours | torch | **10** | 1.0 | 50.0% | - |" in lines

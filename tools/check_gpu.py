@@ -9,7 +9,7 @@ Sections, each in its own process under its own timeout (and within ``--budget``
 failing or hanging one stops nothing; the report is rewritten after each:
 
 1. ``parity``: every kernel that runs here (``torch`` = PyTorch's FlashAttention-2 op,
-   ``cudnn``, ``flash``, ``te``) in bf16 and fp16 against the float64 reference, GQA
+   ``flash``, ``te``) in bf16 and fp16 against the float64 reference, GQA
    (``tools/gpu_check_kernels.py``).
 2. ``kernel_time``: causal varlen forward/backward per kernel, Qwen2.5 head shapes,
    documents of 1K-32K tokens.
@@ -80,7 +80,7 @@ HOOKS = (("calibrate_gpu", "benchmarks/calibrate_gpu.py",
           ["--device", "cuda", "--skrull-attention-kernel", "auto", "--time-budget-s",
            "{budget}", "--json", "{report}"], 100),
          ("bench_gpu", "benchmarks/bench_gpu.py",
-          ["--device", "cuda", "--bf16", "--kernels", "torch,cudnn,flash,te", "--time-budget-s",
+          ["--device", "cuda", "--bf16", "--kernels", "torch,flash,te", "--time-budget-s",
            "{budget}", "--json", "{report}"], 150))
 
 
@@ -176,7 +176,7 @@ def section_kernel_time(kernels, dtypes, timeout) -> dict:
 
 
 def _cp_kernel(kernels) -> str:
-    return next((k for k in kernels if k in ("torch", "flash", "cudnn")), "torch")
+    return next((k for k in kernels if k in ("torch", "flash")), "torch")
 
 
 def _cp_worker(what: str, kernels, timeout):
@@ -421,7 +421,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="print the plan; run nothing")
     ap.add_argument("--all", action="store_true", help="also the training run and the hooks")
-    ap.add_argument("--kernels", default=None, help="comma list of torch,cudnn,flash,te "
+    ap.add_argument("--kernels", default=None, help="comma list of torch,flash,te "
                     "(default: those that run here; all with --dry-run)")
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--sections", default=None, help="comma list of section names to run")

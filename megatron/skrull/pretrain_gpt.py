@@ -206,7 +206,7 @@ def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
     except RuntimeError as exc:  # the kernel's library is missing: exit 2 naming the fix
         raise ValueError(f"--skrull-attention-kernel {cfg.skrull.attention_kernel}: {exc}") from exc
     half = cfg.bf16 or cfg.fp16
-    if device.type == "cuda" and name in ("torch", "flash", "cudnn") and not half:
+    if device.type == "cuda" and name in ("torch", "flash") and not half:
         raise ValueError(f"--skrull-attention-kernel {cfg.skrull.attention_kernel} runs the "
                          f"{name} kernel, fp16/bf16 only on CUDA: add --bf16 (or --fp16), or "
                          "use --skrull-attention-kernel reference (float64, slow)")

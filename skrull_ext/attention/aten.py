@@ -1,12 +1,12 @@
 """PyTorch's own varlen attention kernels on CUDA behind :class:`AttentionKernel`.
 
 Every CUDA build of PyTorch ships FlashAttention-2 varlen kernels as private ATen ops
-(``aten._flash_attention_forward`` / ``_backward``), and newer ones a cuDNN varlen
-attention (``aten._cudnn_attention_forward`` / ``_backward``).  Both return a block's
-log-sum-exp and take a given (merged) ``out``/``lse`` in their backward: exactly what the
-ring needs, with nothing to install.  ``--skrull-attention-kernel torch`` runs the flash op
-on CUDA (ATen's CPU flash attention on CPU, :class:`~skrull_ext.attention.kernels.CpuFlashKernel`);
-``cudnn`` the cuDNN op.
+(``aten._flash_attention_forward`` / ``_backward``).  They return a block's log-sum-exp and
+take a given (merged) ``out``/``lse`` in their backward: exactly what the ring needs, with
+nothing to install.  ``--skrull-attention-kernel torch`` runs them on CUDA (ATen's CPU flash
+attention on CPU, :class:`~skrull_ext.attention.kernels.CpuFlashKernel`).  PyTorch's cuDNN
+varlen attention is not offered: on an H200 it was 2.6-22x slower for these shapes and its
+backward gave NaN gradients through this adapter (docs/gpu.md).
 
 Their schemas differ between releases (read from the sources; ``torch/nn/attention/varlen.py``
 of 2.10+ calls them this way):
@@ -15,17 +15,15 @@ of 2.10+ calls them this way):
   dropout_p, is_causal, return_debug_mask, *, scale, ...)``; later releases add keyword-only
   ``window_size_left/right``, ``seqused_k``, ``alibi_slopes``, ``block_table``, ``num_splits``;
 * the flash backward's random-state arguments are ``philox_seed, philox_offset`` in earlier
-  releases and ``rng_state, unused`` later (same positions);
-* the cuDNN backward takes ``philox_seed, philox_offset, attn_bias`` *before* ``cum_seq_q``
-  (torch 2.13), not where ``varlen.py``'s dead cuDNN branch puts them.
+  releases and ``rng_state, unused`` later (same positions).
 
 So :class:`OpCall` reads an op's schema once, fills arguments by *name*, fails at
 construction naming any required argument it cannot fill, and picks outputs by their
-return names.  The varlen LSE comes in three layouts, normalised to ours
-(``[H, total_q]`` float32): ``[H, total_q]`` (CUDA flash), ``[B, H, max_q]`` (padded: ROCm
-builds, flash-attn before 2.6), ``[total_q, H, 1]`` (cuDNN's ragged stats); the backward
-gets the layout its forward returned.  Only fp16/bf16 and Ampere or newer, like the kernels
-themselves; tests drive the adapters with fakes of the ops (``tests/fakes/aten.py``).
+return names.  The varlen LSE comes in two layouts, normalised to ours (``[H, total_q]``
+float32): ``[H, total_q]`` (CUDA flash) and ``[B, H, max_q]`` (padded: ROCm builds,
+flash-attn before 2.6); the backward gets the layout its forward returned.  Only fp16/bf16
+and Ampere or newer, like the kernels themselves; tests drive the adapter with fakes of the
+ops (``tests/fakes/aten.py``).
 """
 from __future__ import annotations
 
@@ -37,12 +35,11 @@ import torch
 from skrull_ext.attention.kernels import AttentionKernel, _check_block, as_segments, empty_block
 
 FLASH_OPS = ("_flash_attention_forward", "_flash_attention_backward")
-CUDNN_OPS = ("_cudnn_attention_forward", "_cudnn_attention_backward")
-#: Argument names the adapters fill (every name any supported schema uses).
+#: Argument names the adapter fills (every name any supported schema uses).
 FILLED = frozenset({
     "query", "key", "value", "grad_out", "out", "logsumexp", "cum_seq_q", "cum_seq_k",
-    "max_q", "max_k", "dropout_p", "is_causal", "return_debug_mask", "scale", "attn_bias",
-    "compute_log_sumexp", "rng_state", "unused", "philox_seed", "philox_offset"})
+    "max_q", "max_k", "dropout_p", "is_causal", "return_debug_mask", "scale", "rng_state",
+    "unused", "philox_seed", "philox_offset"})
 
 
 class OpCall:
@@ -106,25 +103,12 @@ def flash_op_problem(device: torch.device) -> Optional[str]:
     return None
 
 
-def cudnn_op_problem(device: torch.device) -> Optional[str]:
-    """Why PyTorch's cuDNN varlen attention op cannot run on ``device`` (None when it can)."""
-    if device.type != "cuda":
-        return f"PyTorch's cuDNN attention runs on CUDA, not {device.type}"
-    op = getattr(torch.ops.aten, CUDNN_OPS[0], None)
-    if op is None or "cum_seq_q" not in {a.name for a in op.default._schema.arguments}:
-        return f"torch {torch.__version__} has no varlen aten.{CUDNN_OPS[0]}"
-    if not torch.backends.cudnn.is_available():
-        return "cuDNN is not available to this torch"
-    return None
-
 
 def _lse_to_ours(lse, cu_q, heads: int):
-    """``(lse [H, Tq] float32, layout)`` of a varlen LSE in any of the three layouts."""
+    """``(lse [H, Tq] float32, layout)`` of a varlen LSE in either layout."""
     tq = cu_q.total
     if lse.dim() == 2 and tuple(lse.shape) == (heads, tq):
         return lse, "ht"
-    if lse.dim() == 3 and tuple(lse.shape) == (tq, heads, 1):  # cuDNN's ragged stats
-        return lse[..., 0].transpose(0, 1), "th1"
     if lse.dim() == 3 and tuple(lse.shape[:2]) == (len(cu_q.cu) - 1, heads):  # padded
         seg, pos = _token_coords(cu_q, lse.device)
         return lse[seg, :, pos].transpose(0, 1), "bhm"
@@ -136,8 +120,6 @@ def _lse_to_op(lse, layout: str, cu_q):
     """Inverse of :func:`_lse_to_ours` for the backward (the layout its forward returned)."""
     if layout == "ht":
         return lse.contiguous()
-    if layout == "th1":
-        return lse.transpose(0, 1).unsqueeze(-1).contiguous()
     seg, pos = _token_coords(cu_q, lse.device)
     padded = lse.new_zeros((len(cu_q.cu) - 1, lse.shape[0], max(cu_q.max_len, 1)))
     padded[seg, :, pos] = lse.transpose(0, 1)
@@ -152,21 +134,29 @@ def _token_coords(cu_q, device):
     return seg, tok - cu[seg]
 
 
-class _AtenVarlenKernel(AttentionKernel):
-    """Shared forward/backward plumbing of the two ATen varlen ops."""
+class TorchVarlenKernel(AttentionKernel):
+    """PyTorch's bundled FlashAttention-2 varlen kernels (``aten._flash_attention_*``).
 
-    ops_names: tuple = ()
-    default_layout = "ht"
+    Args:
+        ops: ATen op namespace (default ``torch.ops.aten``; tests pass a fake).
+    """
+
+    name = "torch"
 
     def __init__(self, ops=None):
         ops = torch.ops.aten if ops is None else ops
-        self._fwd, self._bwd = (OpCall(ops, n) for n in self.ops_names)
-        self._layout = self.default_layout  # learned from the forward's LSE
+        self._fwd, self._bwd = (OpCall(ops, n) for n in FLASH_OPS)
+        self._layout = "ht"  # learned from the forward's LSE
         self._dummies: dict = {}
 
-    def _expand(self, cu_q, heads: int, kv_heads: int) -> bool:
-        """Whether to run GQA with K/V expanded to every query head."""
-        return False
+    @staticmethod
+    def _expand(cu_q) -> bool:
+        """Whether to run GQA with K/V expanded to every query head.
+
+        With max_q == 1 and GQA the forward regroups q as [B, group, Hkv, D], which needs
+        exactly one query per segment; an empty segment breaks that reshape.
+        """
+        return cu_q.max_len <= 1 and len(cu_q.cu) - 1 != cu_q.total
 
     def forward(self, q, k, v, cu_q, cu_k, *, causal, scale):
         _check_block(q, k, v, cu_q, cu_k, causal)
@@ -174,10 +164,10 @@ class _AtenVarlenKernel(AttentionKernel):
             return empty_block(q)
         cu_q, cu_k = as_segments(cu_q, q.device), as_segments(cu_k, q.device)
         group = q.shape[1] // k.shape[1]
-        if group > 1 and self._expand(cu_q, q.shape[1], k.shape[1]):
+        if group > 1 and self._expand(cu_q):
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         res = self._fwd(dict(self._common(q, k, v, cu_q, cu_k, causal, scale),
-                             return_debug_mask=False, compute_log_sumexp=True))
+                             return_debug_mask=False))
         out = self._fwd.output(res, ("output",), 0)
         lse, self._layout = _lse_to_ours(self._fwd.output(
             res, ("softmax_logsumexp", "logsumexp"), 1), cu_q, q.shape[1])
@@ -190,7 +180,7 @@ class _AtenVarlenKernel(AttentionKernel):
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         cu_q, cu_k = as_segments(cu_q, q.device), as_segments(cu_k, q.device)
         hk, group = k.shape[1], q.shape[1] // k.shape[1]
-        expand = group > 1 and self._expand(cu_q, q.shape[1], hk)
+        expand = group > 1 and self._expand(cu_q)
         if expand:
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         values = self._common(q, k, v, cu_q, cu_k, causal, scale)
@@ -204,30 +194,10 @@ class _AtenVarlenKernel(AttentionKernel):
 
     @staticmethod
     def _common(q, k, v, cu_q, cu_k, causal, scale) -> dict:
-        # contiguous: cuDNN's ragged offsets assume packed [T, H, D] (a no-op here mostly)
+        # contiguous: the op needs a unit stride in the last dimension (a no-op mostly)
         return dict(query=q.contiguous(), key=k.contiguous(), value=v.contiguous(),
                     cum_seq_q=cu_q.cu_dev, cum_seq_k=cu_k.cu_dev, max_q=cu_q.max_len,
-                    max_k=cu_k.max_len, dropout_p=0.0, is_causal=causal, scale=scale,
-                    attn_bias=None)
-
-    def _random_state(self, device) -> dict:
-        raise NotImplementedError
-
-
-class TorchVarlenKernel(_AtenVarlenKernel):
-    """PyTorch's bundled FlashAttention-2 varlen kernels (``aten._flash_attention_*``).
-
-    Args:
-        ops: ATen op namespace (default ``torch.ops.aten``; tests pass a fake).
-    """
-
-    name = "torch"
-    ops_names = FLASH_OPS
-
-    def _expand(self, cu_q, heads, kv_heads):
-        # With max_q == 1 and GQA the forward regroups q as [B, group, Hkv, D], which
-        # needs exactly one query per segment; an empty segment breaks that reshape.
-        return cu_q.max_len <= 1 and len(cu_q.cu) - 1 != cu_q.total
+                    max_k=cu_k.max_len, dropout_p=0.0, is_causal=causal, scale=scale)
 
     def _random_state(self, device) -> dict:
         # Dropout is 0, so the kernels never read the random state; the backward still
@@ -237,28 +207,3 @@ class TorchVarlenKernel(_AtenVarlenKernel):
             self._dummies[device] = (seed, torch.empty(0, device=device))
         seed, unused = self._dummies[device]
         return dict(rng_state=seed, unused=unused, philox_seed=seed, philox_offset=unused)
-
-
-class CudnnVarlenKernel(_AtenVarlenKernel):
-    """PyTorch's cuDNN varlen attention (``aten._cudnn_attention_*``, ragged offsets).
-
-    GQA runs with K/V expanded to every query head (and dK/dV summed back): releases
-    disagree on whether the varlen cuDNN path takes fewer KV heads.
-
-    Args:
-        ops: ATen op namespace (default ``torch.ops.aten``; tests pass a fake).
-    """
-
-    name = "cudnn"
-    ops_names = CUDNN_OPS
-    default_layout = "th1"
-
-    def _expand(self, cu_q, heads, kv_heads):
-        return True
-
-    def _random_state(self, device) -> dict:
-        if device not in self._dummies:  # what its forward returns without dropout
-            self._dummies[device] = tuple(torch.zeros(1, dtype=torch.int64, device=device)
-                                          for _ in range(2))
-        seed, offset = self._dummies[device]
-        return dict(philox_seed=seed, philox_offset=offset)

@@ -4,8 +4,8 @@ and ``dacp_attention(backend=)`` take the same names (:data:`KERNEL_CHOICES`).
 ``auto`` never picks a float64 kernel on CUDA: it takes Transformer Engine, else
 flash-attn, else PyTorch's own FlashAttention-2 varlen op (``torch``, nothing to install),
 else fails with what to install; the choice is logged once per device type.  ``torch``
-names ATen's CPU flash attention on CPU and the FlashAttention-2 op on CUDA; ``cudnn`` is
-PyTorch's cuDNN varlen attention (CUDA only, :mod:`skrull_ext.attention.aten`).
+names ATen's CPU flash attention on CPU and the FlashAttention-2 op on CUDA
+(:mod:`skrull_ext.attention.aten`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from skrull_ext.attention.te import TEBackend
 log = logging.getLogger("skrull_ext.attention")
 
 #: Values of ``--skrull-attention-kernel`` and ``SKRULL_ATTENTION_KERNEL``.
-KERNEL_CHOICES = ("auto", "flash", "te", "torch", "cudnn", "reference")
+KERNEL_CHOICES = ("auto", "flash", "te", "torch", "reference")
 ENV_VAR = "SKRULL_ATTENTION_KERNEL"
 _ALIASES = {"cpu_flash": "torch", "flash_attn": "flash"}  # earlier names of ``backend=``
 
@@ -35,11 +35,6 @@ def _torch_kernel(device: torch.device):
     return aten.TorchVarlenKernel()
 
 
-def _cudnn_kernel(device: torch.device):
-    _require(aten.cudnn_op_problem(device), "cudnn")
-    return aten.CudnnVarlenKernel()
-
-
 def _require(problem, name: str) -> None:
     if problem is not None:
         raise RuntimeError(f"the {name} kernel cannot run here: {problem}; use "
@@ -47,8 +42,7 @@ def _require(problem, name: str) -> None:
 
 
 _BUILDERS = {"reference": lambda device: ReferenceKernel(), "torch": _torch_kernel,
-             "cudnn": _cudnn_kernel, "flash": lambda device: FlashAttnKernel(),
-             "te": lambda device: TEBackend()}
+             "flash": lambda device: FlashAttnKernel(), "te": lambda device: TEBackend()}
 
 
 def _importable(module: str) -> bool:

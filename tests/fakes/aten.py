@@ -1,10 +1,9 @@
-"""Fakes of PyTorch's CUDA varlen attention ops (``torch.ops.aten._flash_attention_*``,
-``_cudnn_attention_*``), computing in float64 on CPU.
+"""Fakes of PyTorch's CUDA FlashAttention-2 varlen ops (``torch.ops.aten._flash_attention_*``),
+computing in float64 on CPU.
 
 What is faithful (schemas as printed by torch 2.13's ``op.default._schema``; the earlier
 ``philox_seed``/``philox_offset`` naming from ``torch/_meta_registrations.py``; behaviour
-read from ``aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp`` and
-``cudnn/MHA.cpp``):
+read from ``aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp``):
 
 * each op is an object with ``default._schema`` (a real ``FunctionSchema``) whose
   ``__call__`` binds arguments by that schema (positional, then keyword-only) and rejects
@@ -14,13 +13,10 @@ read from ``aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp`` an
   builds return), +inf for a query with no key; with ``max_q == 1`` and GQA the forward
   regroups q per segment, which fails unless every segment has exactly one query; the
   backward reads the LSE in the layout its forward returned and takes two random-state
-  tensors;
-* cuDNN: ragged offsets over packed ``[T, H, D]`` (q/k/v/out must be contiguous); the
-  LSE ("softmax stats") is ``[total_q, H, 1]`` float32 in forward and backward.
+  tensors.
 
 Liberties: any floating dtype (float64 inputs keep a float64 LSE, for tight tolerances);
-no dropout, window or bias (asserted off); the cuDNN fake refuses GQA (the adapter always
-expands K/V heads for it).
+no dropout or window (asserted off).
 """
 from __future__ import annotations
 
@@ -44,18 +40,6 @@ _FLASH_BWD = (
     "SymInt max_k, float dropout_p, bool is_causal, Tensor {seed}, Tensor {offset}, *, "
     "float? scale=None, SymInt? window_size_left=None, SymInt? window_size_right=None) "
     "-> (Tensor, Tensor, Tensor)")
-_CUDNN_FWD = (
-    "aten::_cudnn_attention_forward(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, "
-    "Tensor? cum_seq_q, Tensor? cum_seq_k, SymInt max_q, SymInt max_k, bool compute_log_sumexp, "
-    "float dropout_p=0., bool is_causal=False, bool return_debug_mask=False, *, "
-    "float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, "
-    "Tensor cum_seq_k, SymInt max_q, SymInt max_k, Tensor philox_seed, Tensor philox_offset, "
-    "Tensor debug_attn_mask)")
-_CUDNN_BWD = (
-    "aten::_cudnn_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
-    "Tensor out, Tensor logsumexp, Tensor philox_seed, Tensor philox_offset, Tensor attn_bias, "
-    "Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, float dropout_p, "
-    "bool is_causal, *, float? scale=None) -> (Tensor, Tensor, Tensor)")
 #: ``variant -> (random-state names, extra keyword-only forward params, padded LSE)``.
 FLASH_VARIANTS = {
     "2.13": (("rng_state", "unused"), ", Tensor? block_table=None, int? num_splits=None", False),
@@ -94,10 +78,9 @@ def _lse_type(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _check_inputs(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, packed=False):
+def _check_inputs(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p):
     for t in (q, k, v):
         assert t.stride(-1) == 1, "last dimension must be contiguous"
-        assert not packed or t.is_contiguous(), "cuDNN's ragged offsets need packed [T, H, D]"
     assert dropout_p == 0.0
     return _segments(cu_q, q, max_q, "cum_seq_q"), _segments(cu_k, q, max_k, "cum_seq_k")
 
@@ -147,46 +130,12 @@ def _flash_backward(padded, seed_names):
     return backward
 
 
-def _cudnn_forward(query, key, value, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k,
-                   compute_log_sumexp, dropout_p, is_causal, return_debug_mask, scale=None):
-    assert attn_bias is None and compute_log_sumexp
-    assert query.shape[1] == key.shape[1], "the fake cuDNN op takes no GQA: expand K/V"
-    cq, ck = _check_inputs(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
-                           packed=True)
-    scale = scale if scale is not None else query.shape[-1] ** -0.5
-    out, lse = attend(query, key, value, cq, ck, is_causal, scale)
-    seed = torch.zeros(1, dtype=torch.int64)
-    return (out, lse.to(_lse_type(query)).transpose(0, 1).unsqueeze(-1).contiguous(), cum_seq_q,
-            cum_seq_k, max_q, max_k, seed, seed.clone(), torch.empty(0))
-
-
-def _cudnn_backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset,
-                    attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
-                    scale=None):
-    assert attn_bias is None and torch.is_tensor(philox_seed) and torch.is_tensor(philox_offset)
-    assert query.shape[1] == key.shape[1], "the fake cuDNN op takes no GQA: expand K/V"
-    cq, ck = _check_inputs(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
-                           packed=True)
-    assert out.is_contiguous() and grad_out.is_contiguous()
-    assert tuple(logsumexp.shape) == (query.shape[0], query.shape[1], 1), logsumexp.shape
-    assert logsumexp.dtype == _lse_type(query)
-    grads = [torch.empty_like(t) for t in (query, key, value)]
-    scale = scale if scale is not None else query.shape[-1] ** -0.5
-    attend_backward(grad_out, query, key, value, out, logsumexp[..., 0].transpose(0, 1), cq, ck,
-                    is_causal, scale, *grads)
-    return tuple(grads)
-
-
-def ops(variant: str = "2.13", cudnn: bool = True) -> types.SimpleNamespace:
-    """A fake ``torch.ops.aten`` holding the flash ops of ``variant`` (and the cuDNN ops)."""
+def ops(variant: str = "2.13") -> types.SimpleNamespace:
+    """A fake ``torch.ops.aten`` holding the flash ops of ``variant``."""
     seeds, extra, padded = FLASH_VARIANTS[variant]
     names = dict(seed=seeds[0], offset=seeds[1], extra=extra)
-    ns = types.SimpleNamespace(
+    return types.SimpleNamespace(
         _flash_attention_forward=FakeOp(_FLASH_FWD.format(**names),
                                         _flash_forward(padded, seeds)),
         _flash_attention_backward=FakeOp(_FLASH_BWD.format(**names),
                                          _flash_backward(padded, seeds)))
-    if cudnn:
-        ns._cudnn_attention_forward = FakeOp(_CUDNN_FWD, _cudnn_forward)
-        ns._cudnn_attention_backward = FakeOp(_CUDNN_BWD, _cudnn_backward)
-    return ns
