@@ -298,6 +298,29 @@ def paper_table_history(page: str) -> list[str]:
                  rows, "ll" + "r" * len(PAPER_POLICIES) + "l")
 
 
+def lookahead(page: str) -> list[str]:
+    """``benchmarks/lookahead.py``'s per-model summary (N = 1's total over N's)."""
+    run = current("lookahead")
+    rows = []
+    for r in run["rows"]["summary"]:
+        p, s = r["predicted"], r["simulated"]
+        rows.append([r["model"].replace("qwen2.5-", ""), str(r["n"]),
+                     f"{num(p[0], 3)}x ({num(p[2], 3)})",
+                     f"{num(s[0], 3)}x ({num(s[1], 3)}-{num(s[2], 3)})",
+                     *(f"{num(a, 2)} -> {num(b, 2)}" for a, b in (
+                         r["max_over_mean"], r["p90_over_mean"])),
+                     f"{num(r['slowest'][0], 2)} ({num(r['slowest'][1], 2)})",
+                     "{} -> {}".format(*(num(x, 2) for x in r["tokens_max_over_mean"])),
+                     "{}/{}".format(*r["windows_grouped"]),
+                     "{} ({})".format(*(num(x, 1) for x in r["judge_ms_per_iteration"])),
+                     "{} ({})".format(*(num(x, 3) for x in r["judge_per_iteration_time"]))])
+    head = ["model", "N", "predicted (best)", "simulated (worst-best)", "max/mean",
+            "p90/mean", "slowest (worst)", "tokens max/mean", "windows regrouped",
+            "judge ms/iter (max)", "judge/iteration (max)"]
+    return [source_line(run, page, _doc(page, "benchmarks.md", "every-benchmark")), "",
+            *table(head, rows, "ll" + "r" * 9)]
+
+
 def _span(values) -> list:
     flat = [v for x in values for v in (x if isinstance(x, list) else
                                          x.get("runs", []) if isinstance(x, dict) else [x])]
@@ -498,6 +521,7 @@ TABLES = {
     "e2e-cpu": e2e_cpu, "e2e-cpu-history": e2e_cpu_history,
     "online-refit": online_refit, "online-refit-history": online_refit_history,
     "paper-table": paper_table, "paper-table-history": paper_table_history,
+    "lookahead": lookahead,
     "headline": headline, "gpu-check": gpu_check, "gpu-kernel-time": gpu_kernel_time,
     "gpu-throughput": gpu_throughput, "gpu-history": gpu_history,
 }

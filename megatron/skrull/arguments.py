@@ -13,6 +13,7 @@ import sys
 from typing import Optional, Sequence
 
 from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICES
+from skrull_ext.scheduler.lookahead import MAX_LOOKAHEAD
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS
 from skrull_ext.sharding import shard_tokens
 
@@ -384,9 +385,13 @@ class SkrullArgs:
     plan_ahead: bool = True  # --[no-]skrull-plan-ahead: plan batch i+1 while i trains
     online_cost_model: bool = False  # --skrull-online-cost-model: refit to measured times
     plan_budget_ms: float = DEFAULT_BUDGET_MS  # --skrull-plan-budget-ms: refinement work
+    lookahead: int = 1  # --skrull-lookahead: global batches planned together (1: as drawn)
 
     def __post_init__(self) -> None:
         p = []
+        if not 1 <= self.lookahead <= MAX_LOOKAHEAD:
+            p.append(f"--skrull-lookahead {self.lookahead}: use an integer in [1, "
+                     f"{MAX_LOOKAHEAD}] (1 trains every global batch as drawn)")
         if self.attention_kernel not in KERNEL_CHOICES:
             p.append(f"attention kernel {self.attention_kernel!r} (--skrull-attention-kernel or "
                      f"${KERNEL_ENV_VAR}): use one of {', '.join(KERNEL_CHOICES)}")
@@ -559,7 +564,7 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                     cost_model_config=ns.skrull_cost_model_config,
                     plan_ahead=ns.skrull_plan_ahead,
                     online_cost_model=ns.skrull_online_cost_model,
-                    plan_budget_ms=ns.skrull_plan_budget_ms)
+                    plan_budget_ms=ns.skrull_plan_budget_ms, lookahead=ns.skrull_lookahead)
     ckpt = _group(CheckpointArgs, p, save=ns.save, load=ns.load,
                   save_interval=ns.save_interval, pretrained_hf=ns.pretrained_hf,
                   ckpt_format=ns.ckpt_format, finetune=ns.finetune,

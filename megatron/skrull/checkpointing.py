@@ -471,7 +471,12 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
             state = optimizer_state.convert(_single(trainer.optimizer), state, other_kind)
         with cuda_to_cpu(meta.device):
             _optimizer_load(trainer.optimizer, state)
-    trainer.sampler.load_state_dict(loaded["data"])
+    try:
+        trainer.sampler.load_state_dict(loaded["data"])
+    except ValueError as exc:
+        # The data order would change (--global-batch-size, --seed, --skrull-lookahead):
+        # bad input, one error line, never a fallback to an older checkpoint.
+        raise CheckpointError(f"--load {path}: {exc}") from None
     trainer.iteration = int(loaded["iteration"])  # (moves a stateful LR schedule along)
     if "opt_param_scheduler" in loaded:  # then the saved schedule state wins
         scheduler = _scheduler(trainer)

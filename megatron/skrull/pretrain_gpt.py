@@ -135,6 +135,7 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     from megatron.core.distributed import finalize_model_grads
 
     from megatron.skrull.data import make_sampler
+    from megatron.skrull.lookahead import lookahead_sampler
     from megatron.skrull.model import build_model
     from megatron.skrull.optimizer import build_optimizer, build_scheduler, wrap_ddp
     from megatron.skrull.batch_schedule import make_batch_scheduler, model_spec
@@ -182,11 +183,13 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         # NCCL: the CP group's first batched P2P call must involve all its ranks, and a
         # plan may open with a micro-batch of CP sub-group rings only (docs/attention.md).
         RingComm(groups.cp_group).warm_up(device)
+    batch_scheduler = batch_scheduler or make_batch_scheduler(cfg, vocab)
     return Trainer(
         model=ddp, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.optim),
         source=source,
-        sampler=make_sampler(source, cfg.global_batch_size, cfg.optim.seed),
-        batch_scheduler=batch_scheduler or make_batch_scheduler(cfg, vocab),
+        sampler=lookahead_sampler(make_sampler(source, cfg.global_batch_size, cfg.optim.seed),
+                                  source.lengths, cfg.skrull.lookahead, batch_scheduler),
+        batch_scheduler=batch_scheduler,
         groups=groups, device=device,
         float64_loss=cfg.fp64 and tp == 1, plan_ahead=cfg.skrull.plan_ahead,
         attention_backend=attention_kernel,
@@ -333,7 +336,9 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                 f"starting at iteration {trainer.iteration}; scheduler "
                 f"{cfg.skrull.scheduler} on the {skrull_ext.BACKEND} backend"
                 + (f" ({cfg.skrull.objective} objective)" if cfg.skrull.scheduler == "skrull"
-                   else ""))
+                   else "")
+                + (f", lookahead windows of {cfg.skrull.lookahead} global batches"
+                   if cfg.skrull.lookahead > 1 else ""))
         precision = ("fp64" if cfg.fp64 else "bf16" if cfg.bf16 else "fp16" if cfg.fp16
                      else "fp32")
         printer(f" skrull: {precision} params, distributed optimizer "
