@@ -133,6 +133,8 @@ def test_flags_give_the_schedule_its_iterations_and_lr_samples():
      "greater than or equal to start batch size, got 6 and 8"),
     (["--rampup-batch-size", "6", "2", "8", "--train-samples", "30"], ["--train-iters"],
      "nothing to ramp"),
+    (["--rampup-batch-size", "2", "2", "0", "--train-samples", "30"], ["--train-iters"],
+     "ramp-up samples 0: nothing to ramp"),
     (["--rampup-batch-size", "2", "2", "8", "--train-samples", "30"],
      ["--train-iters", "--global-batch-size"], "needs --global-batch-size"),
     ([], ["--global-batch-size"], "give --global-batch-size N"),

@@ -222,7 +222,8 @@ class GlobalBatchSizes:
         return self.consumed_before(iteration + 1) - self.consumed_before(iteration)
 
     def settled_iteration(self, iteration: int) -> Optional[int]:
-        """The first iteration of the final size if it is <= ``iteration``, else ``None``."""
+        """An iteration <= ``iteration`` from which every size is the final one, else
+        ``None`` (the first such one the walk reaches: the same on every call)."""
         self._walk(iteration)
         last = len(self._consumed) - 1
         return last if self._consumed[last] >= self._settled and last <= iteration else None
@@ -273,6 +274,8 @@ def _rampup_problems(ns: Any, problems: list) -> None:
               (increment > 0, f"batch size increment should be positive, got {increment}"),
               (samples >= 0, f"ramp-up samples should be non-negative, got {samples}"))
     problems.extend(f"{RAMPUP_FLAG}: {msg}; {fix}" for ok, msg in checks if not ok)
+    if samples == 0:  # (mcore would divide by zero)
+        problems.append(f"{RAMPUP_FLAG}: ramp-up samples 0: nothing to ramp; drop the flag")
     if gbs is None:
         problems.append(f"{RAMPUP_FLAG} needs --global-batch-size (the size after the ramp)")
     elif start > 0 and increment > 0:
