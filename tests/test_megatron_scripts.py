@@ -1,11 +1,11 @@
 """Megatron-LM's example scripts run as written (sizes scaled) on CPU in one process.
 
-One launch (tests/_megatron_scripts.py) runs five command lines through the launcher:
+One launch (tests/_megatron_scripts.py) runs four command lines through the launcher:
 the Llama-3 8B fp8 script (one refusal line: no fp8 here), the same with its DTYPE switch
-off, the GPT-3 175B script (one refusal line: its batch-size ramp), the same without the
-ramp line, and the Qwen2.5-7B model flags.  The runs train two iterations each; the log
-shows the accepted flags' notes once, the mapped attention back-end, and Megatron-LM's
-sample-based LR schedule.
+off, the GPT-3 175B script (its --step-batch-size-schedule scaled so the global batch grows
+1, 1, 2, 3, 4 over six iterations) and the Qwen2.5-7B model flags.  The log shows the
+accepted flags' notes once, the mapped attention back-end, Megatron-LM's sample-based LR
+schedule and the global batch size of each iteration.
 """
 from __future__ import annotations
 
@@ -50,19 +50,25 @@ def test_fp8_script_without_transformer_engine_is_one_line(runs):
     assert "--fp8-format" in _errors(run)[0] and "Transformer Engine" in _errors(run)[0]
 
 
-def test_batch_size_ramp_is_one_line(runs):
-    results, _ = runs
-    run = results["gpt3_ramp"]
-    assert run["rc"] == 2 and len(_errors(run)) == 1, run["stderr"]
-    assert "--step-batch-size-schedule" in _errors(run)[0]
+def test_gpt3_script_ramps_the_global_batch_as_written(runs):
+    results, tmp = runs
+    out = results["gpt3"]["stdout"]
+    # Megatron's "global batch size: N" of iterations 1..6 under "0:1 0.256K:2 0.512K:3
+    # 0.768K:4" at 128 tokens per sample: consumed 0, 1, 2, 4, 7, 11 samples before each.
+    sizes = [int(n) for n in re.findall(r"\| global batch size: +(\d+) \|", out)]
+    assert sizes == [1, 1, 2, 3, 4, 4], out[-3000:]
+    assert "1 from 0, 2 from 2, 3 from 4, 4 from 6" in out
+    # Megatron-LM saves a checkpoint before each change of the batch size (and at the end).
+    saved = sorted(d for d in os.listdir(f"{tmp}/gpt3_ckpt") if d.startswith("iter_"))
+    assert saved == ["iter_0000002", "iter_0000003", "iter_0000004", "iter_0000006"]
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt3", "qwen"])
-def test_script_trains(runs, name):
+@pytest.mark.parametrize("name,iters", [("llama", "2"), ("gpt3", "6"), ("qwen", "2")])
+def test_script_trains(runs, name, iters):
     results, _ = runs
     run = results[name]
     assert run["rc"] == 0, run["stdout"][-2000:] + run["stderr"][-2000:]
-    assert re.findall(r" iteration +(\d+)/", run["stdout"])[-1] == "2"
+    assert re.findall(r" iteration +(\d+)/", run["stdout"])[-1] == iters
     # Every accepted reason is one line, printed once.
     notes = re.findall(r" skrull: accepted Megatron-LM flags? (.*?): ", run["stdout"])
     assert notes and len(notes) == len(set(notes)), notes

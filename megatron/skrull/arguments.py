@@ -576,7 +576,7 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     run = _group(MegatronRunArgs, p, **mx.run)
     _raise_if(p)
     return RunConfig(model=model, parallel=parallel, optim=optim, data=data, skrull=skrull,
-                     checkpoint=ckpt, logging=log, global_batch_size=ns.global_batch_size,
+                     checkpoint=ckpt, logging=log, global_batch_size=mx.global_batch_size,
                      seq_length=ns.seq_length, device=ns.device, fp64=ns.fp64,
                      bf16=ns.bf16, fp16=ns.fp16, sequence_parallel=ns.sequence_parallel,
                      recompute=RecomputeArgs(recompute_granularity=ns.recompute_granularity,

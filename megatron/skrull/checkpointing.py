@@ -365,6 +365,24 @@ def _check_compatible(path: str, config: Optional[dict],
     return saved.get("layout")
 
 
+def _check_data_position(path: str, trainer) -> None:
+    """The sampler's resume rules (same data, global batch size or batch-size schedule, seed)
+    as one :class:`CheckpointError` before anything is loaded (not an unreadable checkpoint:
+    every older one would fail alike)."""
+    import copy
+
+    from megatron.core.dist_checkpointing import load_common_state_dict
+
+    saved = load_common_state_dict(path).get("data")
+    sampler = getattr(trainer.sampler, "sampler", trainer.sampler)  # PlannedBatches wraps it
+    if saved is None or not hasattr(sampler, "load_state_dict"):
+        return
+    try:
+        copy.deepcopy(sampler).load_state_dict(saved)
+    except ValueError as exc:
+        raise CheckpointError(f"--load {path}: {exc}") from None
+
+
 def _model_defaults() -> dict[str, Any]:
     from megatron.skrull.arguments import ModelArgs
 
@@ -448,6 +466,8 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
 
     with cpu_checkpoint_io(meta.device), cuda_to_cpu(meta.device):
         layout = _check_compatible(path, config, opts)
+        if not opts.finetune:
+            _check_data_position(path, trainer)
         if opts.load_optim and not opts.finetune:  # the schedule is loaded with the optimizer
             _check_schedule(path, _scheduler(trainer))
         request = _state(trainer, meta, config, is_loading=True, opts=opts, saved_layout=layout)

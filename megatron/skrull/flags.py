@@ -127,7 +127,16 @@ def _parallel_flags(ap: argparse.ArgumentParser) -> None:
 
 def _optimizer_flags(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("batching and optimisation")
-    g.add_argument("--global-batch-size", type=int, required=True, help="sequences per iteration")
+    g.add_argument("--global-batch-size", type=int, help="sequences per iteration (required "
+                   "unless --step-batch-size-schedule gives the sizes)")
+    g.add_argument("--step-batch-size-schedule", metavar='"THRESHOLD:BS ..."',
+                   help="global batch size by consumed tokens (K/M/B/T suffixes; thresholds "
+                        "// --seq-length = samples), Megatron-LM's; the LR schedule counts "
+                        "samples")
+    g.add_argument("--rampup-batch-size", type=int, nargs=3,
+                   metavar=("START", "INCR", "SAMPLES"),
+                   help="deprecated in Megatron-LM: ramp from START by INCR to "
+                        "--global-batch-size over SAMPLES samples (needs --train-samples)")
     g.add_argument("--micro-batch-size", type=int, default=1,
                    help="accepted for Megatron scripts; the scheduler packs micro-batches "
                         "to --skrull-bucket-size tokens instead")

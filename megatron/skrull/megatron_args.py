@@ -317,9 +317,12 @@ ACCEPTED: tuple[tuple[str, str], ...] = (
      "--muon-use-syrk --muon-extra-scale-factor --muon-scalar-optimizer --lion-beta1 "
      "--lion-beta2 --main-grads-dtype --main-params-dtype --exp-avg-dtype --exp-avg-sq-dtype "
      "--lr-wsd-decay-style --lr-wsd-decay-iters --lr-wsd-decay-samples"),
-    ("only used with --fim-data (refused) or a batch-size ramp (refused)",
+    ("only used with --fim-data (refused)",
      "--fim-rate --fim-spm-rate --fim-split-sample --fim-fragment-rate --fim-no-prefix "
-     "--fim-prefix-token --fim-middle-token --fim-suffix-token --fim-pad-token --fim-eod-token "
+     "--fim-prefix-token --fim-middle-token --fim-suffix-token --fim-pad-token --fim-eod-token"),
+    ("the scheduler plans a global batch of any size (no multiple of --micro-batch-size x DP "
+     "is needed), so no batch is decreased; with --step-batch-size-schedule it is an error, "
+     "as in Megatron-LM",
      "--decrease-batch-size-if-needed"),
 )
 
@@ -343,9 +346,6 @@ REFUSED: tuple[tuple[str, str], ...] = (
     ("this initialisation is not supported (--init-method-std and one seed for every rank "
      "are); drop the flag",
      "--embedding-init-method-std --init-method-xavier-uniform --data-parallel-random-init"),
-    ("the global batch size is constant (--global-batch-size); batch-size ramps are not "
-     "supported, drop the flag",
-     "--rampup-batch-size --step-batch-size-schedule"),
     ("the optimizer and its schedule here are AdamW with a constant --weight-decay and "
      "warmup from 0; drop the flag (or set the equivalent one)",
      "--use-precision-aware-optimizer --lr-warmup-init --start-weight-decay "

@@ -134,7 +134,8 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     """
     from megatron.core.distributed import finalize_model_grads
 
-    from megatron.skrull.data import make_sampler
+    from megatron.skrull.batch_size import GlobalBatchSizes
+    from megatron.skrull.batch_size_samplers import scheduled_sampler
     from megatron.skrull.lookahead import lookahead_sampler
     from megatron.skrull.model import build_model
     from megatron.skrull.optimizer import build_optimizer, build_scheduler, wrap_ddp
@@ -183,12 +184,14 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         # NCCL: the CP group's first batched P2P call must involve all its ranks, and a
         # plan may open with a micro-batch of CP sub-group rings only (docs/attention.md).
         RingComm(groups.cp_group).warm_up(device)
+    sizes = GlobalBatchSizes(cfg.run.batch_sizes) if cfg.run.batch_sizes else None
     batch_scheduler = batch_scheduler or make_batch_scheduler(cfg, vocab)
+    sampler = scheduled_sampler(source, cfg.global_batch_size, cfg.optim.seed, sizes)
     return Trainer(
-        model=ddp, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.optim),
-        source=source,
-        sampler=lookahead_sampler(make_sampler(source, cfg.global_batch_size, cfg.optim.seed),
-                                  source.lengths, cfg.skrull.lookahead, batch_scheduler),
+        model=ddp, optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, cfg.optim, batch_sizes=cfg.run.batch_sizes),
+        source=source, batch_sizes=sizes,
+        sampler=lookahead_sampler(sampler, source.lengths, cfg.skrull.lookahead, batch_scheduler),
         batch_scheduler=batch_scheduler,
         groups=groups, device=device,
         float64_loss=cfg.fp64 and tp == 1, plan_ahead=cfg.skrull.plan_ahead,

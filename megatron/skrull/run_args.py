@@ -14,7 +14,8 @@ import os
 import signal
 from typing import Any, Optional
 
-from megatron.skrull import megatron_args
+from megatron.skrull import batch_size, megatron_args
+from megatron.skrull.batch_size import BatchSizeArgs
 from megatron.skrull.errors import ConfigError
 from megatron.skrull.loggers import wandb_problems
 
@@ -41,6 +42,7 @@ class MegatronRunArgs:
     eod_mask_loss: bool = False  # no loss where the input token is EOD
     transformer_impl: str = "local"  # mcore layer spec: local or transformer_engine
     padded_vocab_size: Optional[int] = None
+    batch_sizes: Optional[BatchSizeArgs] = None  # --step-batch-size-schedule / --rampup-...
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -81,10 +83,17 @@ def schedule_problems(o: Any) -> list[str]:
 def run_problems(cfg: Any) -> list[str]:
     """Checks of :class:`MegatronRunArgs` against the rest of a ``RunConfig``."""
     padded, tp = cfg.run.padded_vocab_size, cfg.parallel.tensor_model_parallel_size
+    p = []
     if padded is not None and padded % tp:
-        return [f"--padded-vocab-size {padded} is not divisible by "
-                f"--tensor-model-parallel-size {tp}; pick a multiple of {tp}"]
-    return []
+        p.append(f"--padded-vocab-size {padded} is not divisible by "
+                 f"--tensor-model-parallel-size {tp}; pick a multiple of {tp}")
+    # A lookahead window regroups N equal-sized drawn batches; with a batch-size schedule
+    # the window's sizes differ and its exact resume is untested: refused, not guessed.
+    if cfg.run.batch_sizes is not None and cfg.skrull.lookahead > 1:
+        p.append(f"--skrull-lookahead {cfg.skrull.lookahead} with a batch-size schedule "
+                 "(--step-batch-size-schedule / --rampup-batch-size) is not supported; "
+                 "use --skrull-lookahead 1 or a fixed --global-batch-size")
+    return p
 
 
 def lr_schedule_steps(o: Any) -> tuple[float, float]:
@@ -106,16 +115,18 @@ class MegatronKwargs:
     run: dict
     attention_kernel: str
     problems: list
+    global_batch_size: int = 1
 
 
-def iteration_schedule(ns: argparse.Namespace, problems: list) -> dict:
+def iteration_schedule(ns: argparse.Namespace, problems: list,
+                       gbs: Optional[int] = None) -> dict:
     """``train_iters`` / ``lr_warmup_iters`` / ``lr_decay_iters`` from iterations or samples.
 
     Sample-based training is Megatron-LM's: ``train_samples // global batch`` iterations,
     and the LR schedule counted in samples -- the same as counting iterations of
     ``samples / global batch`` (a fraction is kept: the schedule's ratios are unchanged).
     """
-    it, samples, gbs = ns.train_iters, ns.train_samples, max(1, ns.global_batch_size)
+    it, samples, gbs = ns.train_iters, ns.train_samples, max(1, gbs or ns.global_batch_size or 1)
     out = {"train_iters": it, "lr_warmup_iters": ns.lr_warmup_iters,
            "lr_decay_iters": ns.lr_decay_iters}
     if it is None and samples is None:
@@ -183,7 +194,9 @@ def _gqa_note(ns: argparse.Namespace) -> Optional[str]:
 def from_namespace(ns: argparse.Namespace) -> MegatronKwargs:
     """The Megatron-LM flags' share of the configuration (see the module docstring)."""
     problems, notes = megatron_args.problems_and_notes(ns)
-    schedule = iteration_schedule(ns, problems)
+    sizes, gbs, ramp_schedule = batch_size.from_namespace(ns, problems, notes)
+    # A batch-size schedule keeps the checks and replaces the values (batch sizes vary).
+    schedule = {**iteration_schedule(ns, problems, 1 if sizes else None), **ramp_schedule}
     kernel = attention_kernel(ns, notes)
     if (gqa := _gqa_note(ns)) is not None:
         notes.append(gqa)
@@ -199,5 +212,6 @@ def from_namespace(ns: argparse.Namespace) -> MegatronKwargs:
         run=dict(exit_duration_in_mins=ns.exit_duration_in_mins, exit_signal=ns.exit_signal,
                  distributed_timeout_minutes=ns.distributed_timeout_minutes,
                  eod_mask_loss=ns.eod_mask_loss, transformer_impl=ns.transformer_impl,
-                 padded_vocab_size=ns.padded_vocab_size, notes=tuple(notes)),
-        attention_kernel=kernel, problems=problems)
+                 padded_vocab_size=ns.padded_vocab_size, batch_sizes=sizes,
+                 notes=tuple(notes)),
+        attention_kernel=kernel, problems=problems, global_batch_size=gbs)
