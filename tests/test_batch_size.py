@@ -138,6 +138,8 @@ def test_flags_give_the_schedule_its_iterations_and_lr_samples():
     (["--rampup-batch-size", "2", "2", "8", "--train-samples", "30"],
      ["--train-iters", "--global-batch-size"], "needs --global-batch-size"),
     ([], ["--global-batch-size"], "give --global-batch-size N"),
+    (["--step-batch-size-schedule", "0:2 96:4", "--skrull-lookahead", "2"],
+     ["--global-batch-size"], "--skrull-lookahead 2 with a batch-size schedule"),
 ])
 def test_bad_schedules_are_one_line_naming_the_fix(extra, drop, needle):
     with pytest.raises(ConfigError) as info:
