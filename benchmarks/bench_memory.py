@@ -11,7 +11,8 @@ iteration, and measures:
   and backward of one micro-batch (``torch.autograd.graph.saved_tensors_hooks``, live
   storages, recomputed tensors included), divided by its tokens.
 
-Next to them: :class:`skrull_ext.costmodel.memory.TrainingMemory`'s prediction.  Two-process
+Next to them: :class:`skrull_ext.costmodel.memory.TrainingMemory`'s prediction (for the
+activations its saved terms, with torch's composite RMSNorm of the CPU).  Two-process
 settings (DP 2 for the distributed optimizer, TP 2 with and without sequence parallelism)
 report rank 0.  Settings
 whose flags the launcher does not accept are reported as skipped.
@@ -205,7 +206,8 @@ def run_setting(flags: list[str], fields: dict[str, Any]) -> Optional[dict[str, 
     from megatron.skrull.arguments import ConfigError, parse_args
     from megatron.skrull.cpu_compat import apply_cpu_compat
     from megatron.skrull.pretrain_gpt import build_trainer, init_distributed, init_model_parallel
-    from skrull_ext.costmodel.memory import TrainingMemory
+    from skrull_ext.costmodel.activations import SAVED
+    from skrull_ext.costmodel.memory import TrainingMemory, norm_for
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage text
@@ -225,11 +227,13 @@ def run_setting(flags: list[str], fields: dict[str, Any]) -> Optional[dict[str, 
     while hasattr(model, "module"):  # mcore DDP / Float16Module
         model = model.module
     vocab = model.vocab_size
-    mem = TrainingMemory(dp_cp_size=cfg.parallel.dp_size, **fields)
+    mem = TrainingMemory(dp_cp_size=cfg.parallel.dp_size,
+                         norm=norm_for(device.type, cfg.model.normalization), **fields)
     spec = spec_of(cfg, vocab)
+    # The CPU meter sees saved tensors only: the model's saved terms, CPU's composite norm.
+    alpha = mem.activation_bytes_per_token(spec, kinds=(SAVED,))
     return {"measured": {**static, "activation_bytes_per_token": act / tokens},
-            "predicted": {**mem.static_breakdown(spec),
-                          "activation_bytes_per_token": mem.activation_bytes_per_token(spec)}}
+            "predicted": {**mem.static_breakdown(spec), "activation_bytes_per_token": alpha}}
 
 
 def _rank_main(rank: int, world: int, store: str, out: str, flags, fields) -> None:

@@ -89,6 +89,8 @@ def test_memory_bench_compares_peaks_and_trains_the_planners_bucket(outputs):
         for r in s["rows"]:
             assert not r["oom"] and r["measured_peak"] > r["measured_static"] > 0
             assert r["predicted_peak"] > r["predicted_static"] > 0
+            # CPU: static tensors plus saved tensors, the model's saved terms (composite norm)
+            assert abs(r["error_pct"]) < 1, r
         assert s["fit"]["alpha_bytes_per_token"] > 0
         rec = s["recommended"]
         assert rec["bucket"] > 128 and not rec["oom"]
