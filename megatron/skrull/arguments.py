@@ -383,7 +383,7 @@ class SkrullArgs:
     objective: str = "ring"  # how the scheduler composes a micro-batch's time
     attention_kernel: str = "auto"  # --skrull-attention-kernel, else $SKRULL_ATTENTION_KERNEL
     plan_ahead: bool = True  # --[no-]skrull-plan-ahead: plan batch i+1 while i trains
-    online_cost_model: bool = False  # --skrull-online-cost-model: refit to measured times
+    online_cost_model: Optional[bool] = None  # --skrull-online-cost-model; None: on CUDA
     plan_budget_ms: float = DEFAULT_BUDGET_MS  # --skrull-plan-budget-ms: refinement work
     lookahead: int = 1  # --skrull-lookahead: global batches planned together (1: as drawn)
 

@@ -239,8 +239,9 @@ def _skrull_flags(ap: argparse.ArgumentParser) -> None:
                    help="schedule the next global batch on a worker thread while this one "
                         "trains (default on)")
     g.add_argument("--skrull-online-cost-model", action=argparse.BooleanOptionalAction,
-                   default=False, help="refit the cost model to measured iteration times "
-                   "during training (same fit on every rank)")
+                   default=None, help="refit the cost model to measured iteration times "
+                   "during training (same fit on every rank; default: on with --device "
+                   "cuda, off on CPU, where plans then stay deterministic)")
     g.add_argument("--skrull-lookahead", type=int, default=1, metavar="N",
                    help="plan N global batches together, regrouping their samples between "
                         "the N iterations when the scheduler predicts that faster (1: as "

@@ -341,7 +341,9 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                 + (f" ({cfg.skrull.objective} objective)" if cfg.skrull.scheduler == "skrull"
                    else "")
                 + (f", lookahead windows of {cfg.skrull.lookahead} global batches"
-                   if cfg.skrull.lookahead > 1 else ""))
+                   if cfg.skrull.lookahead > 1 else "")
+                + (", cost model refitted online" if trainer.batch_scheduler.refit is not None
+                   else ""))
         precision = ("fp64" if cfg.fp64 else "bf16" if cfg.bf16 else "fp16" if cfg.fp16
                      else "fp32")
         printer(f" skrull: {precision} params, distributed optimizer "
