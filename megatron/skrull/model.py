@@ -49,7 +49,8 @@ from megatron.core.transformer.transformer_block import (TransformerBlockSubmodu
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from skrull_ext.attention import dacp_attention
-from skrull_ext.attention.layout import RankLayout
+from skrull_ext.attention.layout import RankLayout, on_device
+from skrull_ext.attention.staging import device_key
 
 from megatron.skrull.arguments import ModelArgs, RecomputeArgs
 from megatron.skrull.rope import RopeArgs, RopeFrequencies, rope_args
@@ -84,18 +85,23 @@ class SkrullPackedSeqParams(PackedSeqParams):
         if self.layout is None:
             raise ValueError("SkrullPackedSeqParams needs the rank's layout")
         if self.cu_seqlens_q is None:
-            cu = stream_cu_seqlens(self.layout)
-            self.cu_seqlens_q = self.cu_seqlens_kv = cu
-            longest = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+            cu = _stream_offsets(self.layout)
+            self.cu_seqlens_q = self.cu_seqlens_kv = torch.tensor(cu, dtype=torch.int32)
+            # from the host offsets: no tensor is read back
+            longest = max((b - a for a, b in zip(cu[:-1], cu[1:])), default=0)
             self.max_seqlen_q = self.max_seqlen_kv = longest
+
+
+def _stream_offsets(layout: RankLayout) -> list[int]:
+    local = list(layout.local_cu_seqlens)
+    dist = [local[-1] + x for x in layout.dist_cu_seqlens[1:]]
+    grouped = [g.offset + x for g in layout.groups for x in g.cu_seqlens[1:]]  # hybrid CP
+    return local + dist + grouped
 
 
 def stream_cu_seqlens(layout: RankLayout) -> torch.Tensor:
     """``[docs + 1]`` int32 offsets of every document (or shard) in ``layout``'s stream."""
-    local = list(layout.local_cu_seqlens)
-    dist = [local[-1] + x for x in layout.dist_cu_seqlens[1:]]
-    grouped = [g.offset + x for g in layout.groups for x in g.cu_seqlens[1:]]  # hybrid CP
-    return torch.tensor(local + dist + grouped, dtype=torch.int32)
+    return torch.tensor(_stream_offsets(layout), dtype=torch.int32)
 
 
 # layout -> {(rope id, device): [T, 1, 1, rot_dim] table}; every layer of a micro-batch
@@ -122,10 +128,25 @@ def rotary_table(rope: RopeFrequencies, positions: torch.Tensor) -> torch.Tensor
 def _layout_rotary_table(rope: RopeFrequencies, rope_key: tuple, layout: RankLayout,
                          device: torch.device) -> torch.Tensor:
     per_layout = _ROPE_TABLES.setdefault(layout, {})
-    key = (rope_key, str(device))
+    key = (rope_key, device_key(device))
     if key not in per_layout:
-        per_layout[key] = rotary_table(rope, layout.position_ids.to(device))
+        # Positions staged with the micro-batch (skrull_ext.attention.meta.stage_layout),
+        # frequencies moved once per run: no host-to-device copy per micro-batch here.
+        positions = on_device(layout, device, "position_ids",
+                              lambda lay, dev: lay.position_ids.to(dev))
+        per_layout[key] = rotary_table(_rope_on(rope, key), positions)
     return per_layout[key]
+
+
+def _rope_on(rope: RopeFrequencies, key: tuple) -> RopeFrequencies:
+    """``rope`` with its frequencies on the device of ``key`` = ``(rope key, device)``,
+    moved once per run (the same frequencies for every layer with that rope key)."""
+    if key not in _ROPE_ON_DEVICE:
+        _ROPE_ON_DEVICE[key] = dataclasses.replace(rope, inv_freq=rope.inv_freq.to(key[1]))
+    return _ROPE_ON_DEVICE[key]
+
+
+_ROPE_ON_DEVICE: dict = {}  # (rope key, device) -> RopeFrequencies on the device
 
 
 class SkrullCoreAttention(MegatronModule):
