@@ -14,15 +14,16 @@ Only mcore's public extension points are used (no private method is overridden):
 * **Layer spec.**  :func:`layer_spec` is mcore's local GPT spec with
   :class:`SkrullCoreAttention` as the ``core_attention`` submodule.  It receives q/k/v as
   ``[T, heads, head_dim]``, applies RoPE at the layout's *global* position ids
-  (restarting at 0 per sample, shards keeping their global positions) with mcore's
-  ``apply_rotary_pos_emb``, and calls ``dacp_attention(q, k, v, layout, cp_group)``.
+  (restarting at 0 per sample, shards keeping their global positions) as mcore's
+  unfused ``apply_rotary_pos_emb`` does (:func:`apply_rope`), and calls
+  ``dacp_attention(q, k, v, layout, cp_group)``.
 * **RoPE.**  The model is a plain ``GPTModel`` built with ``position_embedding_type="none"``
   so mcore computes no rotary table of its own: its table is indexed by stream row and
   its THD path re-slices every document for CP as if each were zigzag-sharded, neither
   of which holds for Skrull's mix of whole local and sharded distributed documents.
   The frequencies (plain, ``linear``, ``llama3`` or ``yarn`` scaled:
-  :mod:`megatron.skrull.rope`) equal mcore's and transformers'; the table of a micro-batch
-  is built once and shared by every layer.  YaRN's attention factor multiplies cos and sin
+  :mod:`megatron.skrull.rope`) equal mcore's and transformers'; the table of a micro-batch,
+  its cos and sin, are built once and shared by every layer.  YaRN's attention factor multiplies cos and sin
   (mcore's ``mscale``, transformers' ``attention_scaling``), so q and k reach every DACP
   kernel already scaled.  There are no RoPE parameters, so checkpoints and Hugging Face
   weights are those of a ``rope`` GPTModel.
@@ -37,7 +38,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+from megatron.core.models.common.embeddings.rope_utils import (_rotate_half,
+                                                                apply_rotary_pos_emb)
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.packed_seq_params import PackedSeqParams
@@ -138,6 +140,38 @@ def _layout_rotary_table(rope: RopeFrequencies, rope_key: tuple, layout: RankLay
     return per_layout[key]
 
 
+def _layout_cos_sin(rope: RopeFrequencies, rope_key: tuple, layout: RankLayout,
+                    device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """``(cos, sin)`` of the micro-batch's angles times the attention factor, in ``dtype``
+    (``[T, 1, 1, rot_dim]``): what mcore's unfused RoPE computes from the angle table in
+    every call (4 kernels per tensor, layer and pass), once per micro-batch and layers."""
+    per_layout = _ROPE_TABLES.setdefault(layout, {})
+    key = ("cos_sin", rope_key, device_key(device), dtype)
+    if key not in per_layout:
+        freqs = _layout_rotary_table(rope, rope_key, layout, device)
+        m = rope.attention_factor
+        per_layout[key] = ((torch.cos(freqs) * m).to(dtype), (torch.sin(freqs) * m).to(dtype))
+    return per_layout[key]
+
+
+def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               interleaved: bool = False) -> torch.Tensor:
+    """mcore's unfused RoPE (``rope_utils._apply_rotary_pos_emb_bshd``: the same ops in the
+    same order, its ``_rotate_half``) with ``cos`` and ``sin`` given instead of recomputed
+    from the angles; mcore's public API takes precomputed ones only through flash-attn's
+    fused kernel.  Bit-equal to ``apply_rotary_pos_emb`` (tests/test_skrull_model.py).
+
+    Args:
+        t: ``[T, 1, heads, dim]``.
+        cos, sin: ``[T, 1, 1, rot_dim]`` in ``t.dtype`` (:func:`_layout_cos_sin`).
+        interleaved: ``config.rotary_interleaved``.
+    """
+    rot = cos.shape[-1]
+    t, t_pass = t[..., :rot], t[..., rot:]
+    t = (t * cos) + (_rotate_half(t, interleaved) * sin)
+    return torch.cat((t, t_pass), dim=-1) if t_pass.shape[-1] else t
+
+
 def _rope_on(rope: RopeFrequencies, key: tuple) -> RopeFrequencies:
     """``rope`` with its frequencies on the device of ``key`` = ``(rope key, device)``,
     moved once per run (the same frequencies for every layer with that rope key)."""
@@ -180,6 +214,9 @@ class SkrullCoreAttention(MegatronModule):
         self._rope = None if rotary_base is None else RopeFrequencies.build(
             rope, head_dim, rotary_base, config.rotary_interleaved)
         self._rope_key = (head_dim, rotary_base, config.rotary_interleaved, rope)
+        # mcore's unfused bshd RoPE (what apply_rotary_pos_emb runs for this config), with
+        # cos and sin computed once per micro-batch (:func:`apply_rope`)
+        self._unfused_rope = not (config.apply_rope_fusion or config.multi_latent_attention)
 
     @property
     def rope(self) -> Optional[RopeFrequencies]:
@@ -215,7 +252,12 @@ class SkrullCoreAttention(MegatronModule):
             raise ValueError(f"stream of {query.shape[0]} rows < the layout's {tokens} tokens")
         if padding:
             query, key, value = query[:tokens], key[:tokens], value[:tokens]
-        if self._rope is not None:
+        if self._rope is not None and self._unfused_rope:
+            cos, sin = _layout_cos_sin(self._rope, self._rope_key, layout, query.device,
+                                       query.dtype)
+            query, key = (apply_rope(x[:, None], cos, sin, self.config.rotary_interleaved)[:, 0]
+                          for x in (query, key))
+        elif self._rope is not None:
             freqs = _layout_rotary_table(self._rope, self._rope_key, layout, query.device)
             # mscale: cos and sin times YaRN's attention factor, as transformers does.
             query, key = (apply_rotary_pos_emb(x[:, None], freqs, self.config,
