@@ -23,10 +23,10 @@ Only mcore's public extension points are used (no private method is overridden):
   of which holds for Skrull's mix of whole local and sharded distributed documents.
   The frequencies (plain, ``linear``, ``llama3`` or ``yarn`` scaled:
   :mod:`megatron.skrull.rope`) equal mcore's and transformers'; the table of a micro-batch,
-  its cos and sin, are built once and shared by every layer.  YaRN's attention factor multiplies cos and sin
-  (mcore's ``mscale``, transformers' ``attention_scaling``), so q and k reach every DACP
-  kernel already scaled.  There are no RoPE parameters, so checkpoints and Hugging Face
-  weights are those of a ``rope`` GPTModel.
+  its cos and sin, are built once and shared by every layer.  YaRN's attention factor
+  multiplies cos and sin (mcore's ``mscale``, transformers' ``attention_scaling``), so q
+  and k reach every DACP kernel already scaled.  There are no RoPE parameters, so
+  checkpoints and Hugging Face weights are those of a ``rope`` GPTModel.
 """
 from __future__ import annotations
 
