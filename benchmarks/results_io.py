@@ -103,8 +103,10 @@ def meta(name: str, run: Optional[dict] = None,
         "machine": f"{platform.machine()} {_cpu_model()}",
         "cpus": os.cpu_count(),
         "load_average": {"start": (run or {}).get("load", []), "end": _load()},
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        # $SKRULL_COMMIT: the commit of a copied checkout whose .git is stale (a GPU kit).
+        "commit": os.environ.get("SKRULL_COMMIT") or _git("rev-parse", "HEAD"),
+        "dirty": (None if os.environ.get("SKRULL_COMMIT") else
+                  bool(_git("status", "--porcelain", "--untracked-files=no"))),
         "versions": _versions(),
     }
     if run:
