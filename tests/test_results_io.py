@@ -227,3 +227,16 @@ def test_launcher_tables_pick_their_configuration(results):
     _write(results, "pp_table", "2026-01-02T0000Z", [9.0], pp(200))
     assert "| p | 1 | 4 | 200 | 2.00 | 2.00 | 3.00 | 1.50x | 1.0 | 0.0% | 2.00 (200) |" in \
         render_training.pp_table(page)
+
+
+def test_no_committed_result_is_a_test_run():
+    """Tests record into a temporary directory (tests/conftest.py); a result whose command
+    names pytest's temporary paths was written by a test and must not be committed."""
+    import glob
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "benchmarks", "results")
+    leftovers = [os.path.basename(p) for p in glob.glob(os.path.join(root, "*.json"))
+                 if "pytest-of-" in json.load(open(p, encoding="utf-8")).get(
+                     "meta", {}).get("command", "")]
+    assert not leftovers, leftovers
