@@ -293,7 +293,8 @@ def main(argv=None) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
-        results_io.record(f"bench_memory_{args.device}", result, run, argv)
+        results_io.record(f"bench_memory_{args.device}", result, run, argv,
+                          script="bench_memory")
         return 0
     if launcher:
         ap.error(f"unrecognized arguments: {' '.join(launcher)}")

@@ -318,7 +318,8 @@ def main(argv=None) -> dict:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    results_io.record(f"memory_breakdown_{args.device}", result, run, argv)
+    results_io.record(f"memory_breakdown_{args.device}", result, run, argv,
+                      script="memory_breakdown")
     return result
 
 

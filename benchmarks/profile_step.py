@@ -10,7 +10,8 @@ in this process, as the calibration does), so the host-side cost can be read op 
         --recompute-granularity selective --json profile.json
 
 It prints the busiest ops by self CPU time and by device time, the host-device syncs and
-copies, and the step's wall time against the device's busy time; ``--json`` keeps them.
+copies, and the step's wall time against the device's busy time; ``--json`` keeps them, as
+does ``benchmarks/results/profile_step-<date>.json``.
 Runs on ``--device cpu`` with ``--shape tiny`` (the test).  Extra arguments are launcher
 flags.
 """
@@ -27,6 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_common as gc_  # noqa: E402
+import results_io  # noqa: E402
 
 SYNC_OPS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "aten::item",
             "aten::_local_scalar_dense", "cudaMemcpyAsync", "aten::to", "aten::copy_")
@@ -83,6 +85,7 @@ def profile(trainer, ids, plan, device, steps: int, timed: int = 0) -> dict:
 
 def main(argv=None) -> int:
     args, launcher = parse(argv)
+    run = results_io.start()
     argv_run = gc_.launcher_argv(args.shape, launcher, seq_length=32768, bucket=32768)
     cfg, trainer, _ = gc_.start_run(argv_run)
     try:
@@ -117,10 +120,11 @@ def main(argv=None) -> int:
     print("host-device syncs and copies per step: " + ", ".join(
         f"{s['name']} x{s['calls']:.0f} ({s['self_cpu_us'] / 1e3:.1f} ms)"
         for s in out["syncs_per_step"]))
+    out["by_self_cpu"] = out["by_self_cpu"][:200]
     if args.json:
-        out["by_self_cpu"] = out["by_self_cpu"][:200]
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)
+    results_io.record("profile_step", out, run, argv)
     return 0
 
 

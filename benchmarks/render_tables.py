@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib
 import os
 import re
 import subprocess
@@ -382,138 +383,9 @@ def _online_row(page: str) -> Optional[list[str]]:
 
 def headline(page: str) -> list[str]:
     """README's one small table: the newest quiet number of each headline benchmark."""
-    rows = [row(page) for row in (_speed_row, _paper_row, _e2e_row, _online_row)]
+    rows = [row(page) for row in (_speed_row, _paper_row, _e2e_row, _online_row,
+                                  _render_gpu().headline_row)]
     return table(["what", "result (newest quiet run)", "details"], [r for r in rows if r], "lll")
-
-
-# ---- GPU runs: tools/check_gpu.py's sections, bench_gpu.py --------------------------------
-
-def gpu_source_line(run: dict, page: str, history: str) -> str:
-    meta, versions = run["meta"], run["meta"].get("versions", {})
-    return (f"_{str(meta.get('date_utc', ''))[:16].replace('T', ' ')} UTC, "
-            f"{meta.get('machine', '')}, torch {versions.get('torch', '?')}, CUDA "
-            f"{versions.get('cuda', '?')}, commit {commit_text(meta)}; "
-            f"{link(run, page, 'data')}, {history}._")
-
-
-def _sci(value) -> str:
-    return value if isinstance(value, str) else "-" if value is None else f"{value:.1e}"
-
-
-def _parity_text(sec: dict) -> str:
-    """Per kernel and dtype: the worst errors and how many cases passed (first error)."""
-    groups: dict = {}
-    for r in sec["rows"]:
-        groups.setdefault((r["kernel"], r["dtype"]), []).append(r)
-    parts = []
-    for (kernel, dtype), rows in groups.items():
-        worst = {}
-        for key in ("out", "grad", "lse"):
-            vals = [r[key] for r in rows if r.get(key) is not None]
-            worst[key] = "NaN" if "NaN" in vals else max(vals) if vals else None
-        errors = [r["error"] for r in rows if r.get("error")]
-        numbers = ", ".join(f"{k if k != 'lse' else 'LSE'} {_sci(v)}" for k, v in worst.items()
-                            if v is not None)
-        parts.append(f"{kernel} {dtype}: {numbers or 'failed'} ({sum(r['ok'] for r in rows)}/"
-                     f"{len(rows)} ok" + (f"; {errors[0]}" if errors else "") + ")")
-    return "; ".join(parts)
-
-
-def _train_text(sec: dict) -> str:
-    loss, tok = sec["losses"], sec["tokens_per_s"]
-    ratio = [p / m for p, m in zip(sec.get("predicted_ms", []), sec.get("iteration_ms", []))]
-    return (f"auto -> {(sec['auto_kernel'] or ['?'])[0]}, loss {loss[0]:.2f} -> {loss[-1]:.2f} "
-            f"in {len(loss)} iterations, {num(min(tok) / 1e3, 0)}-{num(max(tok) / 1e3, 0)}K "
-            "tokens/s" + (f"; predicted / measured iteration time {num(min(ratio), 2)}-"
-                          f"{num(max(ratio), 2)} ({sec.get('cost_model', '')})" if ratio else ""))
-
-
-def _gpu_section_text(name: str, sec: dict, page: str) -> str:
-    if sec.get("reason"):
-        return sec["reason"]
-    if name == "parity":
-        return _parity_text(sec)
-    if name == "kernel_time":
-        return "fwd+bwd, 1K-32K documents: " + ", ".join(
-            f"{r['kernel']} {r['shape'].split()[0]} {num(r['fwd_ms'] + r['bwd_ms'], 1)} ms"
-            for r in sec["rows"] if r.get("ok") and r.get("docs") == "1K-32K")
-    if name == "cp_attention":
-        w = sec["worst"]
-        return (f"{sec['kernel']} over {sec['backend']}: max rel. error vs float64 "
-                f"{_sci(w['vs_fp64'])}, vs one process {_sci(w['vs_one_process'])}; side-stream "
-                f"order {'BAD' if sec['stream_order_problems'] else 'ok'}")
-    if name == "cp_training":
-        return (f"max rel. loss diff {_sci(sec['max_rel_diff'])} over {sec['backend']}, "
-                f"{len(sec['losses']['cp1'])} iterations")
-    if name == "train":
-        return _train_text(sec)
-    found = [r for r in runs(sec["recorded_as"].split("-2")[0]) if
-             r["file"].endswith(sec.get("recorded_as", "?"))]
-    return "numbers: " + (link(found[0], page, sec["recorded_as"]) if found else
-                          f"`{sec.get('recorded_as', '?')}`")
-
-
-def gpu_check(page: str) -> list[str]:
-    run = current("gpu_check")
-    if run is None:
-        return ["_Not yet measured._"]
-    rows = [[name, sec["status"], num(sec.get("seconds"), 1), _gpu_section_text(name, sec, page)]
-            for name, sec in run["rows"].items()]
-    return [gpu_source_line(run, page, history_link(page, "gpu-runs")), "",
-            *table(["section", "status", "s", "result"], rows, "llrl")]
-
-
-def gpu_kernel_time(page: str) -> list[str]:
-    run = current("gpu_check", lambda r: "kernel_time" in r["rows"])
-    if run is None:
-        return ["_Not yet measured._"]
-    rows = [[r["shape"], r["docs"], f"{r['tokens']:,}", r["kernel"], num(r["fwd_ms"], 1),
-             num(r["bwd_ms"], 1), f"**{num(r['fwd_ms'] + r['bwd_ms'], 1)}**", num(r["tflops"], 0),
-             num(r["first_ms"], 0)]
-            for r in run["rows"]["kernel_time"]["rows"] if r.get("ok")]
-    head = ["heads (Q/KV x dim)", "documents", "tokens", "kernel", "fwd ms", "bwd ms",
-            "fwd+bwd ms", "TFLOP/s", "first call ms"]
-    return [gpu_source_line(run, page, history_link(page, "gpu-runs")), "",
-            *table(head, rows, "llrlrrrrr")]
-
-
-def gpu_throughput(page: str) -> list[str]:
-    run = current("bench_gpu")
-    if run is None:
-        return ["_Not yet measured._"]
-    rows, skipped = [], []
-    for model, res in run["rows"]["models"].items():
-        done = [r for r in res.get("rows", []) if not r.get("skipped")]
-        best = max((r["tokens_per_s"] for r in done if r["system"] == "transformers"), default=0)
-        skipped += [f"{r['system']} {r['variant']}" for r in res.get("rows", []) if r.get("skipped")]
-        rows += [[model, r["system"], r["variant"], f"**{num(r['tokens_per_s'], 0)}**",
-                  num(r["tflops_per_gpu"], 1), pct(r.get("mfu")),
-                  num(r["tokens_per_s"] / best, 2) + "x" if best else "-"] for r in done]
-    head = ["model", "system", "variant", "tokens/s", "TFLOP/s per GPU", "MFU",
-            "vs best transformers"]
-    note = f" Not run (not installed): {', '.join(dict.fromkeys(skipped))}." if skipped else ""
-    return [gpu_source_line(run, page, history_link(page, "gpu-runs")) + note, "",
-            *table(head, rows, "lllrrrr")]
-
-
-def gpu_history(page: str) -> list[str]:
-    rows = []
-    for run in sorted(runs("gpu_check") + runs("bench_gpu"), key=_order):
-        meta, data = run["meta"], run["rows"]
-        if "models" in data:
-            what = "bench_gpu"
-            result = "; ".join(f"{m}: " + ", ".join(
-                f"{r['variant']} {num(r['tokens_per_s'], 0)}" for r in res.get("rows", [])
-                if r["system"] == "ours" and not r.get("skipped")) + " tokens/s"
-                for m, res in data["models"].items())
-        else:
-            what, ran = "check_gpu", [s for s in data.values() if s["status"] != "not run"]
-            result = f"{sum(s['status'] == 'ok' for s in ran)}/{len(ran)} sections ok"
-        rows.append([str(meta.get("date_utc", ""))[:16].replace("T", " "), what,
-                     meta.get("machine", ""), meta.get("versions", {}).get("torch", ""),
-                     commit_text(meta), result, link(run, page)])
-    return table(["date (UTC)", "run", "machine", "torch", "commit", "result", "data"], rows,
-                 "lllllll")
 
 
 TABLES = {
@@ -522,23 +394,42 @@ TABLES = {
     "online-refit": online_refit, "online-refit-history": online_refit_history,
     "paper-table": paper_table, "paper-table-history": paper_table_history,
     "lookahead": lookahead,
-    "headline": headline, "gpu-check": gpu_check, "gpu-kernel-time": gpu_kernel_time,
-    "gpu-throughput": gpu_throughput, "gpu-history": gpu_history,
+    "headline": headline,
 }
+
+
+def _sibling(name: str):
+    """``benchmarks/<name>.py``, more tables: imported on use, not at the top, because it
+    imports this module's helpers (and with this folder on ``sys.path`` again: a caller may
+    have restored ``sys.path`` since this module was imported)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module(name)
+
+
+def _render_gpu():
+    """``benchmarks/render_gpu.py``, the GPU runs' tables."""
+    return _sibling("render_gpu")
+
+
+def all_tables() -> dict:
+    """:data:`TABLES`, the GPU runs' tables and the launcher's (``render_training.py``)."""
+    return {**TABLES, **_render_gpu().TABLES, **_sibling("render_training").TABLES}
 
 
 def render_page(path: str) -> tuple[str, list[str]]:
     """The page's text with every block re-rendered, and the names of unknown blocks."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    unknown = []
+    unknown, tables = [], all_tables()
 
     def fill(match):
         name = match.group(2)
-        if name not in TABLES:
+        if name not in tables:
             unknown.append(name)
             return match.group(0)
-        return match.group(1) + "\n".join(TABLES[name](path)) + "\n" + match.group(4)
+        return match.group(1) + "\n".join(tables[name](path)) + "\n" + match.group(4)
 
     return BLOCK.sub(fill, text), unknown
 
@@ -554,7 +445,7 @@ def main(argv=None) -> int:
         new, unknown = render_page(path)
         for name in unknown:
             print(f"error: {os.path.relpath(path, ROOT)}: unknown table '{name}' (known: "
-                  f"{', '.join(TABLES)})", file=sys.stderr)
+                  f"{', '.join(all_tables())})", file=sys.stderr)
             return 2
         with open(path, encoding="utf-8") as f:
             old = f.read()

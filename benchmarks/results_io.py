@@ -91,19 +91,22 @@ def _versions() -> dict:
 
 
 def meta(name: str, run: Optional[dict] = None,
-         argv: Optional[Sequence[str]] = None) -> dict:
-    """Where and how the numbers were taken: date, command, machine, load, commit."""
+         argv: Optional[Sequence[str]] = None, script: Optional[str] = None) -> dict:
+    """Where and how the numbers were taken: date, command (``benchmarks/<script or
+    name>.py`` and ``argv``), machine, load, commit."""
     now = time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
     out = {
         "date_utc": datetime.datetime.fromtimestamp(
             now, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": shlex.join([f"benchmarks/{name}.py", *argv]),
+        "command": shlex.join([f"benchmarks/{script or name}.py", *argv]),
         "machine": f"{platform.machine()} {_cpu_model()}",
         "cpus": os.cpu_count(),
         "load_average": {"start": (run or {}).get("load", []), "end": _load()},
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        # $SKRULL_COMMIT: the commit of a copied checkout whose .git is stale (a GPU kit).
+        "commit": os.environ.get("SKRULL_COMMIT") or _git("rev-parse", "HEAD"),
+        "dirty": (None if os.environ.get("SKRULL_COMMIT") else
+                  bool(_git("status", "--porcelain", "--untracked-files=no"))),
         "versions": _versions(),
     }
     if run:
@@ -112,14 +115,16 @@ def meta(name: str, run: Optional[dict] = None,
 
 
 def record(name: str, rows: Any, run: Optional[dict] = None,
-           argv: Optional[Sequence[str]] = None, **extra: Any) -> Optional[str]:
+           argv: Optional[Sequence[str]] = None, *, script: Optional[str] = None,
+           **extra: Any) -> Optional[str]:
     """Writes ``{"meta": ..., "rows": rows}`` (plus ``extra`` keys in meta) to
     ``<results dir>/<name>-<UTC date and time>.json``; returns the path, or None when
-    recording is off or failed (one warning line)."""
+    recording is off or failed (one warning line).  ``script``: the benchmark's file name
+    when it is not ``name`` (``bench_memory.py`` records ``bench_memory_cuda``)."""
     directory = results_dir()
     if directory is None:
         return None
-    info = meta(name, run, argv)
+    info = meta(name, run, argv, script)
     info.update(extra)
     stamp = info["date_utc"].replace(":", "")  # 2026-11-26T031205Z
     path = os.path.join(directory, f"{name}-{stamp}.json")

@@ -24,6 +24,9 @@ start=$(date +%s)
 say() { echo "$*" | tee -a "$LOG"; }
 run() { "$@" 2>&1 | tail -20 | tee -a "$LOG"; return "${PIPESTATUS[0]}"; }
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+# The commit the reports name: $KIT/commit (written by prepare_gpu_kit.sh), since a copied
+# checkout's .git may be stale.
+if [ -z "${SKRULL_COMMIT:-}" ] && [ -f "$KIT/commit" ]; then export SKRULL_COMMIT=$(cat "$KIT/commit"); fi
 
 say "== gpu_check: $(date -Is) on $(hostname); $($PY -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1)"
 if ! $PY -c "import megatron.core" 2>/dev/null; then

@@ -18,4 +18,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVE
 # The parallel compile of csrc/ (setup.py's serial build is the fallback there).
 SHARED=${SKRULL_GPU_SHARED:-/work/shared/gpu}
 if [ -f "$SHARED/build_ext.sh" ]; then cp "$SHARED/build_ext.sh" "$KIT/"; fi
+# The commit being copied (a copied checkout's .git may be stale): gpu_check.sh exports it as
+# SKRULL_COMMIT for the reports. Rewrite it when you copy a newer checkout.
+git rev-parse HEAD > "$KIT/commit" 2>/dev/null || true
 echo "kit in $KIT ($(du -sh "$KIT" | cut -f1)): $(cd "$KIT" && ls whl/* ./*.sh 2>/dev/null | tr '\n' ' ')"

@@ -35,7 +35,8 @@ SHELL_OPS = {"&&", "||", ";", "|"}
 MAX_FIGURE_BYTES = 200 * 1024
 # Benchmarks that pass the flags they do not know on to the launcher (parse_known_args).
 FORWARD_TO_LAUNCHER = {"benchmarks/calibrate_gpu.py", "benchmarks/bench_gpu.py",
-                       "benchmarks/bench_memory.py", "benchmarks/memory_breakdown.py"}
+                       "benchmarks/bench_memory.py", "benchmarks/memory_breakdown.py",
+                       "benchmarks/profile_step.py"}
 
 
 def _read(page: str) -> str:

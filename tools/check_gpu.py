@@ -302,11 +302,16 @@ def meta() -> dict:
         info.update(gpus=torch.cuda.device_count(), gpu=torch.cuda.get_device_name(0),
                     cudnn=torch.backends.cudnn.version(),
                     kernels=gk.available_kernels(torch.device("cuda")))
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                        capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
+    # A copied checkout (an offline GPU machine) may carry a stale .git: $SKRULL_COMMIT, set
+    # by whoever copied it, names the commit that actually runs.
+    info["commit"] = os.environ.get("SKRULL_COMMIT", "")[:7]
+    if not info["commit"]:
+        try:
+            info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                            capture_output=True, text=True,
+                                            timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
     return info
 
 

@@ -110,7 +110,7 @@ def _parallel_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--context-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1,
-                   help="1F1B pipeline stages (docs/training.md, pipeline parallelism)")
+                   help="1F1B pipeline stages (docs/parallelism.md)")
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int,
                    help="interleaved pipeline schedule: not supported (exits with an error)")
     g.add_argument("--sequence-parallel", action="store_true",

@@ -244,7 +244,7 @@ H100 = Hardware(
 # Levenberg-Marquardt on log errors.  gloo P2P: 2-process ping-pong; the fitted extra
 # per-message cost inside training came out ~0.  Fit error over 50 runs: mean |err| 2.7%,
 # max 8.7%; validated on other seeds by benchmarks/validate_training_cpu.py (see
-# docs/planner.md).
+# docs/costmodel.md).
 _CPU_COMM = CommModel(
     sizes_bytes=(65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0),
     seconds=(61.7e-6, 90.6e-6, 269.2e-6, 918.8e-6, 4346.0e-6),
