@@ -24,8 +24,8 @@ from skrull_ext.scheduler.baselines import BASELINES
 from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.pricing import (iteration_seconds, micro_batch_seconds, predict,
                                           predict_arrays, split_times)
-from skrull_ext.scheduler.config import (POLICIES, ScheduleInputError, SchedulerConfig,
-                                         _ROLLBACK_CODES, _VARIANT_CODES)
+from skrull_ext.scheduler.config import (DEFAULT_POLICIES, POLICIES, ScheduleInputError,
+                                         SchedulerConfig, _ROLLBACK_CODES, _VARIANT_CODES)
 from skrull_ext.scheduler.refine import budget_work
 
 
@@ -178,5 +178,5 @@ def _or_hybrid(plan: Plan, config: SchedulerConfig, cost_model: CostModel, array
                            arrays, backend)
     return plan if won is None else won
 
-__all__ = ["POLICIES", "SchedulerConfig", "ScheduleInputError", "check_lengths",
+__all__ = ["DEFAULT_POLICIES", "POLICIES", "SchedulerConfig", "ScheduleInputError", "check_lengths",
            "micro_batch_seconds", "predict", "schedule"]
