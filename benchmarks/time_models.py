@@ -76,9 +76,9 @@ def main(argv=None) -> int:
             gbs=args.gbs, buckets=args.buckets)):
         model = MODEL_PRESETS[mname]
         bucket = max(2 * cp, int(factor * recommend_bucket(model, hw, args.dp_size, cp)))
-        (lengths,) = sample_global_batches(prof, num_batches=1, global_batch_size=gbs,
-                                           seed=args.seed, max_length=max_fitting_length(cp, bucket),
-                                           overflow="truncate").batches
+        (lengths,) = sample_global_batches(
+            prof, num_batches=1, global_batch_size=gbs, seed=args.seed,
+            max_length=max_fitting_length(cp, bucket), overflow="truncate").batches
         got = compare(lengths, model, hw, args.dp_size, cp, bucket, args.objective,
                       args.policies, args.tie)
         r = {p: t[0] / t[1] for p, t in got["times"].items()}

@@ -120,19 +120,20 @@ struct RankTimeOf {
       tail_[0] = static_cast<double>(n - 2) * std::max(b_[0], c_[0]);
       return;
     }
-    double ring = 0.0, blocks = t_dist, ell = 0.0;
-    out_ = 0.0;
-    if (t_comm > 0.0) {
-      const double mu = 3.0 * static_cast<double>(n - 1) * obj.beta;
-      const double tot = mu + obj.lam + obj.beta;
-      const double w = std::max(
-          t_comm - ((2.0 * n - 1.0) * obj.ell + static_cast<double>(n) * obj.step), 0.0);
-      const double outside = tot > 0.0 ? w * ((obj.lam + obj.beta) / tot) : 0.0;
-      ring = w - outside;
-      blocks = t_dist - outside + static_cast<double>(n) * obj.step;
-      ell = obj.ell;
-      out_ = outside + ell;
+    if (!(t_comm > 0.0)) {  // nothing distributed: local work plus t_dist
+      kind_ = 4;
+      b_[0] = t_dist;
+      return;
     }
+    const double mu = 3.0 * static_cast<double>(n - 1) * obj.beta;
+    const double tot = mu + obj.lam + obj.beta;
+    const double w = std::max(
+        t_comm - ((2.0 * n - 1.0) * obj.ell + static_cast<double>(n) * obj.step), 0.0);
+    const double outside = tot > 0.0 ? w * ((obj.lam + obj.beta) / tot) : 0.0;
+    const double ring = w - outside;
+    const double blocks = t_dist - outside + static_cast<double>(n) * obj.step;
+    const double ell = obj.ell;
+    out_ = outside + ell;
     if (obj.paper()) {
       kind_ = 2;
       c_[0] = ring + 2.0 * static_cast<double>(n - 1) * ell;
@@ -158,6 +159,8 @@ struct RankTimeOf {
         return std::max(x + b_[0], c_[0]) + b_[0] + tail_[0];
       case 2:
         return out_ + std::max(c_[0], x) + b_[0];
+      case 4:
+        return x + b_[0];
       default: {
         double t = out_;
         t = t + (std::max(a_[0] * x + b_[0], c_[0]) + b_[0] + tail_[0]);

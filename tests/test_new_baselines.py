@@ -58,6 +58,12 @@ def test_dynamic_cp_blocks_keep_groups_inside_replicas():
         assert all(shard_check(mb, lengths, 2048) for mb in out)
         assert all(first // block == (first + size - 1) // block
                    for mb in out for first, size, _ in mb)
+    for d, n in ((2, 3), (3, 2), (1, 6)):  # non-power-of-two worlds and replicas too
+        lengths = np.clip(rng.lognormal(6.0, 1.5, 60), 1, 3900).astype(np.int64)  # fits 2 ranks
+        for block in (n, d * n):
+            out = dynamic_cp_world(lengths, d, n, 2000, block)
+            assert all(shard_check(mb, lengths, 2000) for mb in out)
+            assert sorted(i for mb in out for _, _, g in mb for i in g) == list(range(60))
     # Megatron's empty ranks are filled by doubling across the whole world; ours stay idle
     # in the replicas that got nothing.
     assert dynamic_cp_world([100], 2, 2, 2048, block=4) == [[(0, 4, (0,))]]

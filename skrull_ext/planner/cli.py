@@ -97,10 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequences longer than what fits: error (default), truncate, redraw")
     p.add_argument("--num-batches", type=count, default=20)
     p.add_argument("--seed", type=int, default=0)
+    extras = ", ".join(p for p in POLICIES if p not in DEFAULT_POLICIES)
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                    help="comma-separated policies to compare (skrull is always included; "
-                        f"default all but {', '.join(p for p in POLICIES if p not in DEFAULT_POLICIES)}, "
-                        "which need pip install 'skrull-megatron[bench]')")
+                        f"default all but {extras}, which need pip install "
+                        "'skrull-megatron[bench]')")
     p.add_argument("--backend", choices=("cpp", "python"), default=None)
     p.add_argument("--objective", choices=("paper", "ring"), default="ring",
                    help="the scheduler's micro-batch objective: paper (docs/design.md section 3) or "

@@ -27,8 +27,9 @@ Differences (ours), all written down:
 * Lengths: Megatron schedules ``padded_seq_len`` (padded to ``2 N``, dynamic CP ``2 D N``,
   after the mock dataset's shift by one token); we pad every length to a multiple of
   ``2 x block`` for the decisions (``block``: see below; ``= D N`` exactly as Megatron
-  when groups may span the world) and count a plan's tokens with our zigzag padding,
-  which is never more, so a plan is always within the bucket.
+  when groups may span the world; for a non-power-of-two block, also of twice its
+  largest power of two) and count a plan's tokens with our zigzag padding, which is never
+  more, so a plan is always within the bucket.
 * Order: Megatron's global order is the DP-rank-major gather of what each rank's sampler
   drew, a permutation of the batch; we take the batch in index order (``dp_balanced``
   packs in that order; dynamic CP sorts anyway, stably, ties by index as Megatron's
@@ -108,8 +109,9 @@ def cp_needed(length: int, bucket_size: int, limit: int) -> int:
 class _Round:
     """The state of one micro-batch of :func:`dynamic_cp_world` over ``total`` ranks."""
 
-    def __init__(self, total: int):
-        self.total = total
+    def __init__(self, total: int, block: int):
+        self.total, self.block = total, block
+        self.first_free = list(range(0, total, block))  # per block: ranks below are taken
         self.lens = [[] for _ in range(total)]   # per rank: the lengths it holds
         self.work = [0.0] * total                # per rank: sum of S^2 / g
         self.ids = [[] for _ in range(total)]    # per rank: the sample ids it holds
@@ -124,6 +126,8 @@ class _Round:
             self.packed[gid] = 0.0
             for r in ranks:
                 self.group_of[r] = gid
+            b = ranks[0] // self.block  # new groups take a block's lowest free ranks
+            self.first_free[b] = max(self.first_free[b], ranks[-1] + 1)
         self.packed[gid] += s / size
         w = s * s / size
         for r in ranks:
@@ -148,10 +152,9 @@ def _place(rnd: _Round, sid: int, s: int, bucket: int, block: int, cap: float):
             t = rnd.projected(ranks, w)
             if t <= cap and (best is None or t < best[0]):
                 best = (t, gid, ranks)
-        for first in range(0, rnd.total, block):  # open one on the lowest free ranks
-            free = [r for r in range(first, first + block) if rnd.group_of[r] is None]
-            if len(free) >= g:
-                ranks = free[:g]
+        for b, lo in enumerate(rnd.first_free):  # open one on the lowest free ranks
+            if (b + 1) * block - lo >= g:
+                ranks = list(range(lo, lo + g))
                 t = rnd.projected(ranks, w)
                 if t <= cap and (best is None or t < best[0]):
                     best = (t, None, ranks)
@@ -174,7 +177,9 @@ def _fill_block(rnd: _Round, lo: int, hi: int) -> bool:
         if len(ranks) != smallest:
             continue
         first, last, extra = ranks[0], ranks[-1], double - smallest
-        if last + 1 > empty[0] or last + extra >= hi:
+        # (ours: the last test) the ranks pushed right must stay in [lo, hi); Megatron's
+        # indexing fails there, which only non-power-of-two worlds reach.
+        if last + 1 > empty[0] or last + extra >= hi or empty[0] + extra > hi:
             continue
         lens, ids = list(rnd.lens[last]), list(rnd.ids[last])
         moved = [(rnd.lens[r], rnd.work[r], rnd.ids[r]) for r in range(last + 1, empty[0])]
@@ -216,7 +221,7 @@ def _fill_whole(rnd: _Round, lo: int, hi: int, pool, bucket: int) -> list:
 def _next_micro_batch(pool, total: int, block: int, bucket: int):
     """``next_hdp_group_packing_aware`` on blocks of ``block`` ranks: ``(round, rest)``."""
     pool = sorted(pool, key=lambda x: -x[1])  # stable: equal lengths keep their order
-    rnd = _Round(total)
+    rnd = _Round(total, block)
     sid, s = pool[0]
     rnd.add(0, list(range(cp_needed(s, bucket, block))), sid, s)
     cap = float(s) * float(bucket) * (1.0 + WORKLOAD_CAP_DELTA)
@@ -251,7 +256,9 @@ def dynamic_cp_world(lengths, dp_size: int, cp_size: int, bucket_size: int,
         (``block = D N``: Megatron's own rule; ``block = N``: groups inside DP replicas).
     """
     total = dp_size * cp_size
-    mult = 2 * block if block > 1 else 1
+    # Megatron pads to 2 x world; a multiple of 2 g for every group size g (powers of two
+    # up to the block, and the block) keeps its packing test within our zigzag tokens.
+    mult = math.lcm(2 * block, 2 * (1 << (block.bit_length() - 1))) if block > 1 else 1
     pool = [(i, _padded(int(s), mult)) for i, s in enumerate(lengths)]
     out = []
     while pool:

@@ -79,17 +79,15 @@ def objective_arg(objective):
 
 
 def _split(t_comm, t_dist, n: int, terms):
-    """``(outside, ring, blocks, ell)`` of :func:`rank_time` (scalars or arrays)."""
+    """``(outside + ell, ring, blocks, ell)`` of :func:`rank_time` where anything is
+    distributed (scalars or arrays)."""
     lam, beta, ell, o = terms[:4]
     mu = 3.0 * (n - 1) * beta
     tot = mu + lam + beta
     frac = (lam + beta) / tot if tot > 0.0 else 0.0
     w = np.maximum(t_comm - ((2.0 * n - 1.0) * ell + n * o), 0.0)
     outside = w * frac
-    has = t_comm > 0.0
-    ring = np.where(has, w - outside, 0.0)
-    blocks = np.where(has, t_dist - outside + n * o, t_dist)
-    return np.where(has, outside + ell, 0.0), ring, blocks, ell
+    return outside + ell, w - outside, t_dist - outside + n * o, ell
 
 
 def rank_time(x: float, t_comm: float, t_dist: float, n: int, objective: str = "paper"
@@ -104,8 +102,9 @@ def rank_time(x: float, t_comm: float, t_dist: float, n: int, objective: str = "
     and the first block overlap the first exchange, every later exchange overlaps one
     block: ``max(x + b, c) + b + (n - 2) max(b, c)``.  With an :class:`Objective` the terms
     are split as the module doc says (``paper``: the ring's transfers hidden by the local
-    work, everything else added).  All are non-decreasing in ``x``; with nothing
-    distributed all are ``x``.
+    work, everything else added), and with nothing distributed (``t_comm = 0``) it is
+    ``x + t_dist``.  All are non-decreasing in ``x``; with nothing distributed all are
+    ``x``.
     """
     terms = getattr(objective, "terms", None)
     if n < 2 or (terms is None and objective == "paper"):
@@ -114,19 +113,16 @@ def rank_time(x: float, t_comm: float, t_dist: float, n: int, objective: str = "
         b = t_dist / n
         c = t_comm / (n - 1)
         return max(x + b, c) + b + (n - 2) * max(b, c)
-    if t_comm > 0.0:
-        lam, beta, ell, o, a = terms
-        mu = 3.0 * (n - 1) * beta
-        tot = mu + lam + beta
-        w = max(t_comm - ((2.0 * n - 1.0) * ell + n * o), 0.0)
-        outside = w * ((lam + beta) / tot) if tot > 0.0 else 0.0
-        ring = w - outside
-        blocks = t_dist - outside + n * o
-        out = outside + ell
-    else:
-        a = terms[4]
-        ring = out = ell = 0.0
-        blocks = t_dist
+    if not t_comm > 0.0:  # nothing distributed (or a ring that costs nothing)
+        return x + t_dist
+    lam, beta, ell, o, a = terms
+    mu = 3.0 * (n - 1) * beta
+    tot = mu + lam + beta
+    w = max(t_comm - ((2.0 * n - 1.0) * ell + n * o), 0.0)
+    outside = w * ((lam + beta) / tot) if tot > 0.0 else 0.0
+    ring = w - outside
+    blocks = t_dist - outside + n * o
+    out = outside + ell
     if objective == "paper":
         return out + max(ring + 2.0 * (n - 1) * ell, x) + blocks
     t = out
@@ -147,17 +143,18 @@ def rank_times(t_local, t_comm, t_dist, n: int, objective) -> np.ndarray:
         c = t_comm / (n - 1)
         return np.maximum(t_local + b, c) + b + (n - 2) * np.maximum(b, c)
     t_comm = np.asarray(t_comm, dtype=np.float64)
-    out, ring, blocks, ell = _split(t_comm, np.asarray(t_dist, dtype=np.float64), n, terms)
-    ell = np.where(t_comm > 0.0, ell, 0.0)
+    t_dist = np.asarray(t_dist, dtype=np.float64)
+    out, ring, blocks, ell = _split(t_comm, t_dist, n, terms)
     a = terms[4]
     if objective == "paper":
-        return out + np.maximum(ring + 2.0 * (n - 1) * ell, t_local) + blocks
-    t = out
-    for share, part in ((a, _FWD_BYTES), (1.0 - a, 1.0 - _FWD_BYTES)):
-        b = share * blocks / n
-        c = part * ring / (n - 1) + ell
-        t = t + (np.maximum(share * t_local + b, c) + b + (n - 2) * np.maximum(b, c))
-    return t
+        t = out + np.maximum(ring + 2.0 * (n - 1) * ell, t_local) + blocks
+    else:
+        t = out
+        for share, part in ((a, _FWD_BYTES), (1.0 - a, 1.0 - _FWD_BYTES)):
+            b = share * blocks / n
+            c = part * ring / (n - 1) + ell
+            t = t + (np.maximum(share * t_local + b, c) + b + (n - 2) * np.maximum(b, c))
+    return np.where(t_comm > 0.0, t, t_local + t_dist)
 
 
 __all__ = ["Objective", "objective_arg", "objective_of", "rank_time", "rank_times"]
