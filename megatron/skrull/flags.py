@@ -9,11 +9,13 @@ import argparse
 import signal
 
 from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICES
+from skrull_ext.scheduler.config import POLICIES
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_ms_arg
 
 from megatron.skrull.rope import POSITION_EMBEDDING_TYPES
 
-SCHEDULERS = ("skrull", "per-seq-cp", "all-cp", "sorted", "hybrid-cp", "kk")
+# Every policy of the scheduler (flexsp needs SciPy: pip install 'skrull-megatron[bench]').
+SCHEDULERS = POLICIES
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,8 @@ every argument.  So for any plan:
   its length in tokens, padding only adds), so the batch needs at least
   ``ceil(sum S / (C N))`` micro-batches, each paying the fixed overhead;
 * **one sample**: the DP rank holding sample ``i`` takes at least its cheapest placement
-  alone, ``min(cost_i, rank_time(0, comm_i + latency, share_i))``, plus one overhead;
+  alone, ``min(cost_i, rank_time(0, comm_i + latency, share_i))`` on its group's ``g``
+  ranks, plus one overhead;
 * **indivisible samples over DP ranks**: of the ``j D + 1`` samples with the most work,
   one DP rank holds ``j + 1``, so it works at least the ``j + 1`` smallest of them.
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from skrull_ext import _backend
 from skrull_ext.sharding import shard_tokens_array
+from skrull_ext.scheduler.objective import objective_arg, objective_of, rank_times
 
 
 def _group_sizes(cp_size: int) -> list[int]:
@@ -34,14 +36,6 @@ def _group_sizes(cp_size: int) -> list[int]:
         sizes.append(g)
         g *= 2
     return sizes + [cp_size]
-
-
-def _rank_time(x, t_comm, t_dist, n: int, objective: str):
-    """:func:`skrull_ext.scheduler.reference.rank_time` elementwise (numpy)."""
-    if objective == "paper" or n < 2:
-        return np.maximum(t_comm, x) + t_dist
-    b, c = t_dist / n, t_comm / (n - 1)
-    return np.maximum(x + b, c) + b + (n - 2) * np.maximum(b, c)
 
 
 def sample_bounds(lengths, cost_model, cp_size: int, bucket_size: int, *, arrays=None,
@@ -67,8 +61,8 @@ def sample_bounds(lengths, cost_model, cp_size: int, bucket_size: int, *, arrays
     if backend == "cpp" and _backend.CPP is not None:
         return _backend.CPP.sample_bounds(
             s, n, bucket_size, cost_model.cost_scalars, sizes,
-            [cost_model.ring_seconds_per_byte(g) for g in sizes],
-            [cost_model.comm_latency(g) for g in sizes], cost_model.objective == "ring",
+            [cost_model.shard_token_seconds(g) for g in sizes],
+            [cost_model.comm_latency(g) for g in sizes], objective_arg(objective_of(cost_model)),
             *(arrays if arrays is not None else ()))
     work = np.full(s.shape, np.inf)
     alone = np.full(s.shape, np.inf)
@@ -85,7 +79,7 @@ def sample_bounds(lengths, cost_model, cp_size: int, bucket_size: int, *, arrays
             share = cost_model.share_seconds(s, g)
             comm = cost_model.comm_seconds(s, g) + cost_model.comm_latency(g)
         work = np.where(fits, np.minimum(work, g * share), work)
-        t = _rank_time(0.0, comm, share, n, cost_model.objective)
+        t = rank_times(0.0, comm, share, g, objective_of(cost_model))  # on its g ranks
         alone = np.where(fits, np.minimum(alone, t), alone)
     return work, alone
 
