@@ -104,6 +104,10 @@ class _DACPAttention(torch.autograd.Function):
         ctx.meta, ctx.comm, ctx.kernel, ctx.scale, ctx.gcomms = meta, comm, kernel, scale, gcomms
         if _one_call(meta, q):  # nothing to overlap: no side stream, no copy
             out, lse = kernel.forward(q, k, v, seg, seg, causal=True, scale=scale)
+            # A kernel may return a strided view (the CPU one: [H, T, d] transposed); the
+            # caller reshapes ``out`` to [T, H * d], which would copy it next to the one
+            # saved here.  Contiguous, both are one storage (no copy when it already is).
+            out = out.contiguous()
             ctx.save_for_backward(q, k, v, out, lse)
             return out
         out = torch.empty_like(q)
