@@ -120,15 +120,28 @@ def _core(lengths, cost_model, dp_size: int, cp_size: int, bucket_size: int, *, 
 MU_GRID = (1.0, 0.5, 0.0)
 
 
-def _dist_terms(shares, comm, n: int, objective: str, mu: float):
-    """``(per-sample seconds, latency weight)`` a distributed sample adds to its DP rank's
-    time under the relaxation ``mu`` (see :func:`global_lower_bound`)."""
-    if objective == "ring" and n > 2:
-        k = (n - 2) * (1.0 - mu) / (n - 1)
-        return shares * ((2.0 + (n - 2) * mu) / n) + k * comm, k
-    if objective == "ring":
-        return shares, 0.0
-    return shares + (1.0 - mu) * comm, 1.0 - mu
+def _dist_terms(shares, comm, n: int, cost_model, mu: float):
+    """``(per-sample seconds, seconds per micro-batch with a ring)`` a distributed sample
+    adds to its DP rank's time under the relaxation ``mu`` (see :func:`global_lower_bound`).
+
+    :func:`~skrull_ext.scheduler.objective.rank_time` with the cost model's ring terms
+    splits ``w = sum comm`` into ``frac w`` outside the ring (linear work and the dK/dV
+    return) and ``(1 - frac) w`` of transfers; what is outside adds, the transfers are
+    relaxed by ``mu``, and the latencies and step overheads are the per-ring constant.
+    """
+    lam, beta, ell, o = cost_model.ring_terms[:4]
+    tot = 3.0 * (n - 1) * beta + lam + beta
+    frac = (lam + beta) / tot if tot > 0.0 else 0.0
+    if cost_model.objective != "ring":  # out + max(ring + 2 (n - 1) ell, x) + blocks
+        return (shares + (1.0 - mu) * (1.0 - frac) * comm,
+                ell + n * o + (1.0 - mu) * 2.0 * (n - 1) * ell)
+    if n == 2:  # per phase max(a x + b, c) + b >= a x + 2 b
+        return shares, ell + n * o
+    # Per phase a x + 2 b + (n - 2) (mu b + (1 - mu) c); the phases' b sum to blocks / n
+    # and their c to ring / (n - 1) + 2 ell.
+    g, k = (2.0 + (n - 2) * mu) / n, (n - 2) * (1.0 - mu) / (n - 1)
+    return (g * shares + (frac * (1.0 - g) + k * (1.0 - frac)) * comm,
+            ell + g * n * o + 2.0 * (n - 2) * (1.0 - mu) * ell)
 
 
 def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: int) -> float:
@@ -143,10 +156,10 @@ def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: 
     ring_mbs = -(-int(shard_tokens_array(s[forced], n).sum()) // c) if forced.any() else 0
     best = 0.0
     for mu in MU_GRID:
-        dist, k = _dist_terms(shares, comm, n, cost_model.objective, mu)
+        dist, ring = _dist_terms(shares, comm, n, cost_model, mu)
         local = costs / n if cost_model.objective == "ring" else mu * costs / n
         per = np.minimum(np.where(fits_local, local, np.inf), np.where(fits_dist, dist, np.inf))
-        average = (float(per.sum()) + k * cost_model.comm_latency(n) * ring_mbs) / d
+        average = (float(per.sum()) + ring * ring_mbs) / d
         best = max(best, average + ovh * min_mbs / d, _indivisible(per, d) + ovh)
     return best
 
@@ -172,11 +185,12 @@ def global_lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_s
       overhead, so if the best plan's slowest DP rank takes ``T``, every sample with
       ``cost_i + overhead > T`` is distributed there (and one that does not fit whole
       always is);
-    * a micro-batch with distributed samples pays its ring: under ``ring`` a rank's time
-      ``max(x + b, c) + b + (n - 2) max(b, c)`` is at least ``x + 2b + (n - 2)(mu b +
+    * a micro-batch with distributed samples pays its ring: under ``ring`` each phase's
+      ``max(a x + b, c) + b + (n - 2) max(b, c)`` is at least ``a x + 2b + (n - 2)(mu b +
       (1 - mu) c)`` for any ``mu`` in [0, 1] (local work overlaps only the first
-      exchange), under ``paper`` ``max(c', x) + t`` is at least ``mu x + (1 - mu) c' + t``;
-      both sum over samples, the ring latency once per micro-batch with a ring (at least
+      exchange), under ``paper`` ``max(c', x)`` is at least ``mu x + (1 - mu) c'``; the
+      work outside the ring adds (:func:`_dist_terms`); all sum over samples, the ring's
+      latencies and step overheads once per micro-batch with a ring (at least
       ``ceil(forced shards / C)`` of them).
 
     With those per-sample terms, the average and indivisible terms of :func:`lower_bound`
