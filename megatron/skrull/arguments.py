@@ -18,6 +18,7 @@ from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS
 from skrull_ext.sharding import shard_tokens
 
 from megatron.skrull import hybrid_cp
+from megatron.skrull.blend import blend_flag_problems
 from megatron.skrull.errors import ConfigError  # public here too
 from megatron.skrull.flags import SCHEDULERS, build_parser  # noqa: F401 - public here too
 from megatron.skrull.loggers import LoggingArgs  # public here too
@@ -248,7 +249,7 @@ class DataArgs:
         p = []
         if self.data_path and self.mock_data:
             p.append("--data-path and --mock-data are exclusive; drop one of them")
-        p += _blend_problems(self)
+        p += blend_flag_problems(self)
         if self.split is not None:
             from megatron.skrull.samples import parse_split
 
@@ -267,33 +268,6 @@ class DataArgs:
     def use_mock(self) -> bool:
         return self.mock_data or not (self.data_path or self.data_args_path or
                                       self.train_data_path or self.per_split_data_args_path)
-
-
-def _blend_problems(d: DataArgs) -> list[str]:
-    """Megatron's exclusivity rules of the blend flags, and the blends' syntax."""
-    from megatron.skrull.blend import parse_blend
-
-    p = []
-    given = [f for f, v in (("--data-path", d.data_path), ("--data-args-path", d.data_args_path),
-                            ("--train-data-path", d.train_data_path),
-                            ("--per-split-data-args-path", d.per_split_data_args_path)) if v]
-    if len(given) > 1:
-        p.append(f"{' and '.join(given)} are exclusive; give the training data once")
-    if d.per_split_data_args_path and d.valid_data_path:
-        p.append("--per-split-data-args-path holds the validation blend; drop --valid-data-path")
-    if d.split is not None and (d.train_data_path or d.per_split_data_args_path):
-        p.append("--split cuts --data-path; with per-split blends give --valid-data-path "
-                 "instead (drop --split)")
-    if d.mock_data and given and given[0] != "--data-path":  # that one is reported above
-        p.append(f"{given[0]} and --mock-data are exclusive; drop one of them")
-    for flag, items in (("--data-path", d.data_path), ("--train-data-path", d.train_data_path),
-                        ("--valid-data-path", d.valid_data_path)):
-        try:
-            if items:
-                parse_blend(items, flag)
-        except ValueError as exc:
-            p.append(str(exc))
-    return p
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -298,3 +298,29 @@ def describe_blend(source: ConcatSource) -> str:
     parts = ", ".join(f"{name} {w:.3f} ({n} samples)"
                       for name, w, n in zip(source.names, source.weights, source.sizes))
     return f" skrull: training blend of {len(source.sources)} datasets (weight, size): {parts}"
+
+
+def blend_flag_problems(d) -> list[str]:
+    """Megatron's exclusivity rules of the blend flags, and the blends' syntax (``d``: the
+    run's :class:`~megatron.skrull.arguments.DataArgs`); one line per problem."""
+    p = []
+    given = [f for f, v in (("--data-path", d.data_path), ("--data-args-path", d.data_args_path),
+                            ("--train-data-path", d.train_data_path),
+                            ("--per-split-data-args-path", d.per_split_data_args_path)) if v]
+    if len(given) > 1:
+        p.append(f"{' and '.join(given)} are exclusive; give the training data once")
+    if d.per_split_data_args_path and d.valid_data_path:
+        p.append("--per-split-data-args-path holds the validation blend; drop --valid-data-path")
+    if d.split is not None and (d.train_data_path or d.per_split_data_args_path):
+        p.append("--split cuts --data-path; with per-split blends give --valid-data-path "
+                 "instead (drop --split)")
+    if d.mock_data and given and given[0] != "--data-path":  # that one is reported above
+        p.append(f"{given[0]} and --mock-data are exclusive; drop one of them")
+    for flag, items in (("--data-path", d.data_path), ("--train-data-path", d.train_data_path),
+                        ("--valid-data-path", d.valid_data_path)):
+        try:
+            if items:
+                parse_blend(items, flag)
+        except ValueError as exc:
+            p.append(str(exc))
+    return p

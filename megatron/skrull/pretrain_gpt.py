@@ -132,8 +132,6 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     Returns:
         A :class:`megatron.skrull.training.Trainer` at iteration 0.
     """
-    from megatron.core.distributed import finalize_model_grads
-
     from megatron.skrull.batch_size import GlobalBatchSizes
     from megatron.skrull.batch_size_samplers import scheduled_sampler
     from megatron.skrull.lookahead import lookahead_sampler
@@ -159,26 +157,11 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
                         sequence_parallel=cfg.sequence_parallel_active,
                         transformer_impl=cfg.run.transformer_impl)
     if cfg.checkpoint.pretrained_hf:  # before DDP and the optimizer copy anything
-        from megatron.core import parallel_state as ps
-        from megatron.skrull.hf.io import load_pretrained
-
-        rename = None
-        if cfg.parallel.pipeline_model_parallel_size > 1:
-            from megatron.skrull.pipeline import whole_model_name
-
-            rename = whole_model_name(model)
-        load_pretrained(model, cfg.checkpoint.pretrained_hf, cfg.model,
-                        tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp, rename=rename)
+        _load_pretrained_hf(cfg, model)
     ddp = wrap_ddp(model, cfg.optim, grad_reduce_in_fp32=cfg.bf16 or cfg.fp16, device=device)
     optimizer = build_optimizer(ddp, cfg.optim, params_dtype=cfg.params_dtype, bf16=cfg.bf16,
                                 fp16=cfg.fp16, device=device)
-    # What Megatron's training.py wires into the model config for its schedules.
-    config = ddp.config
-    config.no_sync_func = ddp.no_sync
-    config.finalize_model_grads_func = finalize_model_grads
-    config.grad_scale_func = optimizer.scale_loss
-    if cfg.optim.overlap_param_gather:
-        config.param_sync_func = ddp.start_param_sync
+    _wire_schedule_hooks(cfg, ddp, optimizer)
     groups = ParallelGroups.from_parallel_state()
     if groups.cp_size > 1:
         # NCCL: the CP group's first batched P2P call must involve all its ranks, and a
@@ -198,6 +181,34 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         attention_backend=attention_kernel,
         pad_multiple=tp if cfg.sequence_parallel_active else 1,
         flops_fn=functools.partial(model_flops, model_spec(cfg, vocab)))
+
+
+def _load_pretrained_hf(cfg: RunConfig, model) -> None:
+    """``--pretrained-hf``'s weights into ``model`` (this TP rank's slices; a pipeline
+    stage's layers renamed to the whole model's)."""
+    from megatron.core import parallel_state as ps
+    from megatron.skrull.hf.io import load_pretrained
+
+    rename = None
+    if cfg.parallel.pipeline_model_parallel_size > 1:
+        from megatron.skrull.pipeline import whole_model_name
+
+        rename = whole_model_name(model)
+    load_pretrained(model, cfg.checkpoint.pretrained_hf, cfg.model,
+                    tp_rank=ps.get_tensor_model_parallel_rank(),
+                    tp_size=cfg.parallel.tensor_model_parallel_size, rename=rename)
+
+
+def _wire_schedule_hooks(cfg: RunConfig, ddp, optimizer) -> None:
+    """What Megatron's training.py wires into the model config for its schedules."""
+    from megatron.core.distributed import finalize_model_grads
+
+    config = ddp.config
+    config.no_sync_func = ddp.no_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    if cfg.optim.overlap_param_gather:
+        config.param_sync_func = ddp.start_param_sync
 
 
 def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
