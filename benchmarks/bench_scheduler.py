@@ -143,7 +143,7 @@ def bench_case(k: int, bucket: int, args) -> dict:
     core = lambda: ext.portfolio_schedule(  # noqa: E731
         lengths, costs, comm, latency, DP, CP, bucket, 2, cost_model.micro_batch_overhead, 3,
         shares, objective=_OBJECTIVE_CODES[cost_model.objective],
-        budget=budget_work(cfg.plan_budget_ms), flat=True)
+        budget=budget_work(cfg.plan_budget_ms, len(lengths)), flat=True)
     full = lambda: schedule(lengths, cfg, cost_model, backend="cpp")  # noqa: E731
     stat = min if args.stat == "min" else statistics.median
     row["core_ms"] = median_ms(core, runs, stat=stat)

@@ -6,9 +6,11 @@ preset's, DP ranks fixed by ``--dp-size``) and compares the predicted iteration 
 (:func:`skrull_ext.scheduler.predict`): Skrull's ratio to each baseline
 (``t_baseline / t_skrull``, >= 1 means Skrull is at least as fast), to the lower bound
 (:func:`skrull_ext.scheduler.bound.lower_bound`, and the tighter
-:func:`~skrull_ext.scheduler.bound.global_lower_bound`), against a stronger search (Skrull's
-own local search warm-started from its plan and run to convergence: ``--search-budget-ms``)
-and Skrull's planning latency.  Buckets
+:func:`~skrull_ext.scheduler.bound.global_lower_bound`), against a stronger search and
+Skrull's planning latency.  The stronger search starts from Skrull's plan: its own local
+search run far longer (``--search-budget-ms``), then ``--search-time-s`` seconds per batch
+of large-neighbourhood search (``benchmarks/plan_search.py``: ruin and recreate under
+simulated annealing, then MILP repairs of a few micro-batches by scipy's HiGHS).  Buckets
 are ``--buckets`` multiples of the planner's recommended bucket; sequences longer than
 what a bucket holds are truncated (``--overflow truncate``).  The last line is the worst
 ratio to any baseline over every batch of every setting.
@@ -48,13 +50,16 @@ BASELINES = [p for p in POLICIES if p != "skrull"]
 
 
 def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: str,
-                budget_ms: float = DEFAULT_BUDGET_MS, search_ms: float = 0.0) -> dict:
+                budget_ms: float = DEFAULT_BUDGET_MS, search_ms: float = 0.0,
+                search_s: float = 0.0) -> dict:
     """Every policy on ``batches``; per-batch predicted times, bounds, the stronger
-    search's time (``search_ms`` > 0) and Skrull's latency."""
+    search's time (``search_ms`` > 0: Skrull's local search with that budget;
+    ``search_s`` > 0: then the large-neighbourhood search) and Skrull's latency."""
     cost = dataclasses.replace(hw.cost_model(model, cp, dp), objective=objective)
     times = {p: [] for p in POLICIES}
-    bounds, tight, searched, latency_ms, mbs = [], [], [], [], []
+    bounds, tight, searched, refined, latency_ms, mbs = [], [], [], [], [], []
     for lengths in batches:
+        plans = {}
         for policy in POLICIES:
             cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, policy=policy,
                                   plan_budget_ms=budget_ms)
@@ -62,6 +67,7 @@ def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: st
             plan = schedule(lengths, cfg, cost)
             elapsed = time.perf_counter() - start
             times[policy].append(plan.predicted["iteration_time"])
+            plans[policy] = plan
             if policy == "skrull":
                 latency_ms.append(1e3 * elapsed)
                 bounds.append(plan.predicted["lower_bound"])
@@ -70,11 +76,10 @@ def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: st
                 # A plan with sub-group rings is bounded by lower_bound's sub-group terms.
                 tight.append(bounds[-1] if grouped else
                              global_lower_bound(lengths, cost, dp, cp, bucket, backend="cpp"))
-        if search_ms > 0:
-            cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket,
-                                  plan_budget_ms=search_ms)
-            searched.append(min(times["skrull"][-1],
-                                schedule(lengths, cfg, cost).predicted["iteration_time"]))
+        if search_ms > 0 or search_s > 0:
+            best = _stronger_search(lengths, plans["skrull"], cost, dp, cp, bucket, search_ms,
+                                    search_s, refined)
+            searched.append(best.predicted["iteration_time"])
     sk = np.array(times["skrull"])
     row = {
         "mean_s": {p: float(np.mean(t)) for p, t in times.items()},
@@ -86,7 +91,30 @@ def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: st
     }
     if searched:  # >= 1: how much faster the stronger search's plan is (worst batch)
         row["search_gain"] = float((sk / np.array(searched)).max())
+        row["search_s"] = [float(t) for t in searched]
+    if refined:  # its first stage alone: Skrull's local search with a larger budget
+        row["refine_gain"] = float((sk / np.array(refined)).max())
     return row
+
+
+def _stronger_search(lengths, plan, cost, dp: int, cp: int, bucket: int, search_ms: float,
+                     search_s: float, refined: list):
+    """The best of Skrull's ``plan``, its local search with ``search_ms`` (that time
+    appended to ``refined``) and ``search_s`` seconds of :func:`plan_search.search` from
+    the better of the two."""
+    best = plan
+    if search_ms > 0:
+        cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket,
+                              plan_budget_ms=search_ms)
+        longer = schedule(lengths, cfg, cost)
+        if longer.predicted["iteration_time"] < best.predicted["iteration_time"]:
+            best = longer
+        refined.append(best.predicted["iteration_time"])
+    if search_s > 0:
+        from plan_search import search  # benchmarks/ (scipy for its MILP stage)
+
+        best = search(best, cost, search_s)
+    return best
 
 
 def bucket_for(args, mname: str, hw, cp: int, factor: float) -> int:
@@ -128,8 +156,11 @@ def main(argv=None) -> int:
                         help="models whose bucket follows Megatron's memory defaults (no "
                              "distributed optimizer, no recompute; 'all': every model)")
     parser.add_argument("--search-budget-ms", type=budget_ms_arg, default=300.0,
-                        help="the stronger search: skrull's refinement run from its plan "
-                             "with this budget (0: skip)")
+                        help="the stronger search's first stage: skrull's refinement run "
+                             "from its plan with this budget (0: skip)")
+    parser.add_argument("--search-time-s", type=float, default=5.0,
+                        help="the stronger search's second stage: seconds per batch of "
+                             "large-neighbourhood search (benchmarks/plan_search.py; 0: skip)")
     parser.add_argument("--num-batches", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write every row here")
@@ -158,7 +189,7 @@ def main(argv=None) -> int:
                                         global_batch_size=gbs, seed=args.seed,
                                         max_length=limit, overflow="truncate").batches
         row = run_setting(batches, model, hw, args.dp_size, cp, bucket, objective,
-                          args.plan_budget_ms, args.search_budget_ms)
+                          args.plan_budget_ms, args.search_budget_ms, args.search_time_s)
         row.update(profile=pname, model=mname, cp=cp, gbs=gbs, bucket=bucket, factor=factor)
         rows.append(row)
         print(f"{pname[:22]:22} {mname:13} {cp:>3} {gbs:>5} {bucket:>7} "

@@ -231,6 +231,13 @@ std::optional<std::vector<RankSplit>> level_schedule(const GdsContext& ctx, int 
 std::vector<RankSplit> refine(const GdsContext& ctx, std::vector<RankSplit> splits,
                               double overhead, int64_t budget, int64_t* spent = nullptr);
 
+// ---- lns.cpp: (ours) ruin and recreate after the local search (reference lns.lns): at
+// most `budget` work units, stopping once the slowest DP rank's time reaches floor_t
+// (plan_lower_bound); the best plan seen, never slower than `splits`.
+std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
+                           double overhead, int64_t budget, double floor_t,
+                           int64_t* spent = nullptr);
+
 // ---- bound.cpp: (C++ only) what schedule() checks and reports, without per-sample Python.
 // reference bound.lower_bound with subgroups=False, before the iteration overhead and
 // its 1e-12 slack (sums in another order than numpy's: equal up to rounding).
