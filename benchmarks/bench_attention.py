@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import results_io
 from skrull_ext.attention import RingComm, dacp_attention
 from skrull_ext.attention.layout import build_rank_layout
 
@@ -145,6 +146,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    run = results_io.start()
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "report.json")
         mp.start_processes(worker, args=(args, os.path.join(tmp, "store"), out_path),
@@ -155,6 +157,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
+    results_io.record("bench_attention", report, run, argv)
     return 0
 
 

@@ -48,6 +48,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_io  # noqa: E402
 import train_harness as th  # noqa: E402
 
 POLICIES = ("skrull", "all-cp", "per-seq-cp")
@@ -158,17 +159,48 @@ def print_tables(rows, plans, first):
               f"{plan.num_micro_batches}")
 
 
+def pass_totals(order, times, policies, first: int) -> dict:
+    """Per policy, each measured pass's total over the measured iterations (s)."""
+    passes = len(times[0]) if times else 0
+    return {p: [sum(times[j][r] for j, (i, q) in enumerate(order) if q == p and i >= first)
+                for r in range(passes)] for p in policies}
+
+
 def print_passes(order, times, policies, first: int):
     """Each measured pass's total per policy and its ratio to the first policy's."""
-    passes = len(times[0]) if times else 0
-    totals = {p: [sum(times[j][r] for j, (i, q) in enumerate(order) if q == p and i >= first)
-                  for r in range(passes)] for p in policies}
+    totals = pass_totals(order, times, policies, first)
+    passes = len(totals[policies[0]])
     ref = policies[0]
     print(f"\nper measured pass, total (s) and / {ref}'s:")
     print(f"{'pass':>4} " + " ".join(f"{p:>17}" for p in policies))
     for r in range(passes):
         print(f"{r + 1:4d} " + " ".join(
             f"{totals[p][r]:8.1f} ({totals[p][r] / totals[ref][r]:.2f}x)" for p in policies))
+
+
+def result_rows(order, times, rows, plans, first: int) -> dict:
+    """The recorded numbers: per policy the summary and each measured pass's total / the
+    first policy's; per iteration its tokens, longest sample and (measured, predicted) ms."""
+    policies = list(rows)
+    totals = pass_totals(order, times, policies, first)
+    ref = policies[0]
+    out = {"policies": [], "iterations": []}
+    for p, r in rows.items():
+        out["policies"].append({
+            "policy": p, "median_iteration_ms": 1e3 * r["seconds"],
+            "total_s": sum(r["per_iter"].values()),
+            "total_ratio": sum(r["per_iter"].values()) / sum(rows[ref]["per_iter"].values()),
+            "pass_ratios": [a / b for a, b in zip(totals[p], totals[ref])],
+            "local_share": r["local"], "micro_batches": r["mbs"],
+            "predicted_ms": 1e3 * r["predicted"], "split_s": r["split"]})
+    for i in sorted(rows[ref]["per_iter"]):
+        lengths = plans[ref][i].lengths
+        row = {"iter": i, "tokens": int(lengths.sum()), "longest": int(lengths.max())}
+        for p in policies:
+            row[p] = [1e3 * rows[p]["per_iter"][i],
+                      1e3 * plans[p][i].predicted["iteration_time"]]
+        out["iterations"].append(row)
+    return out
 
 
 def main(argv=None):
@@ -196,6 +228,7 @@ def main(argv=None):
     ap.add_argument("--data-dir", help="where the corpus goes (default: a temporary dir)")
     ap.add_argument("--json", help="also write every run's times and split here")
     args = ap.parse_args(argv)
+    run = results_io.start()
     t0 = time.time()
     load0 = " ".join(f"{x:.1f}" for x in os.getloadavg())
     with tempfile.TemporaryDirectory() as tmp:
@@ -219,6 +252,8 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"order": order, "runs": res, "summary": rows}, f)
+    results_io.record("bench_e2e_cpu", result_rows(order, res["times"], rows, plans,
+                                                   args.warmup), run, argv)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_common as gc_  # noqa: E402
+import results_io  # noqa: E402
 import hf_baseline  # noqa: E402
 
 from skrull_ext.costmodel.flops import model_flops, peak_tflops  # noqa: E402
@@ -180,6 +181,7 @@ def main(argv=None) -> int:
     from megatron.skrull.pretrain_gpt import SetupError
 
     args, launcher = parse(argv)
+    run = results_io.start()
     budget = gc_.Budget(args.time_budget_s)
     models = [m for m in args.models.split(",") if m]
     out, status = {"models": {}}, 0
@@ -197,6 +199,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)
+    results_io.record("bench_gpu", out, run, argv)
     return status
 
 

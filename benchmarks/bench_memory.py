@@ -11,7 +11,8 @@ iteration, and measures:
   and backward of one micro-batch (``torch.autograd.graph.saved_tensors_hooks``, live
   storages, recomputed tensors included), divided by its tokens.
 
-Next to them: :class:`skrull_ext.costmodel.memory.TrainingMemory`'s prediction.  Two-process
+Next to them: :class:`skrull_ext.costmodel.memory.TrainingMemory`'s prediction (for the
+activations its saved terms, with torch's composite RMSNorm of the CPU).  Two-process
 settings (DP 2 for the distributed optimizer, TP 2 with and without sequence parallelism)
 report rank 0.  Settings
 whose flags the launcher does not accept are reported as skipped.
@@ -39,6 +40,7 @@ from typing import Any, Optional
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_io  # noqa: E402
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
@@ -204,7 +206,8 @@ def run_setting(flags: list[str], fields: dict[str, Any]) -> Optional[dict[str, 
     from megatron.skrull.arguments import ConfigError, parse_args
     from megatron.skrull.cpu_compat import apply_cpu_compat
     from megatron.skrull.pretrain_gpt import build_trainer, init_distributed, init_model_parallel
-    from skrull_ext.costmodel.memory import TrainingMemory
+    from skrull_ext.costmodel.activations import SAVED
+    from skrull_ext.costmodel.memory import TrainingMemory, norm_for
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage text
@@ -224,11 +227,13 @@ def run_setting(flags: list[str], fields: dict[str, Any]) -> Optional[dict[str, 
     while hasattr(model, "module"):  # mcore DDP / Float16Module
         model = model.module
     vocab = model.vocab_size
-    mem = TrainingMemory(dp_cp_size=cfg.parallel.dp_size, **fields)
+    mem = TrainingMemory(dp_cp_size=cfg.parallel.dp_size,
+                         norm=norm_for(device.type, cfg.model.normalization), **fields)
     spec = spec_of(cfg, vocab)
+    # The CPU meter sees saved tensors only: the model's saved terms, CPU's composite norm.
+    alpha = mem.activation_bytes_per_token(spec, kinds=(SAVED,))
     return {"measured": {**static, "activation_bytes_per_token": act / tokens},
-            "predicted": {**mem.static_breakdown(spec),
-                          "activation_bytes_per_token": mem.activation_bytes_per_token(spec)}}
+            "predicted": {**mem.static_breakdown(spec), "activation_bytes_per_token": alpha}}
 
 
 def _rank_main(rank: int, world: int, store: str, out: str, flags, fields) -> None:
@@ -280,6 +285,7 @@ def main(argv=None) -> int:
                     help="with --device: recompute settings to measure, in this order")
     ap.add_argument("--time-budget-s", type=float, default=90.0)
     args, launcher = ap.parse_known_args(argv)
+    run = results_io.start()
     if args.device:
         from memory_allocator import main as allocator_main
 
@@ -287,6 +293,8 @@ def main(argv=None) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
+        results_io.record(f"bench_memory_{args.device}", result, run, argv,
+                          script="bench_memory")
         return 0
     if launcher:
         ap.error(f"unrecognized arguments: {' '.join(launcher)}")
@@ -297,6 +305,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    results_io.record("bench_memory", results, run, argv)
     return 0
 
 

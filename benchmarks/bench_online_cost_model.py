@@ -26,6 +26,7 @@ import sys
 import tempfile
 
 import numpy as np
+import results_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?iteration time ([\d.]+) ms "
@@ -59,8 +60,9 @@ def main(argv=None) -> int:
     ap.add_argument("--settle", type=int, default=4, help="iterations before the summary")
     ap.add_argument("--seeds", nargs="+", default=["cpu", "h100", "file"], choices=sorted(SEEDS))
     args = ap.parse_args(argv)
+    run = results_io.start()
     print(f"load average at start: {_load()}")
-    summary = []
+    summary, recorded = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             rows = {}
@@ -75,10 +77,14 @@ def main(argv=None) -> int:
             errs = {on: np.median([abs(p / m - 1) for i, m, p in r if i > args.settle])
                     for on, r in rows.items()}
             summary.append((seed, errs[False], errs[True]))
+            recorded.append({"seed": seed, "off": errs[False], "on": errs[True],
+                             "iterations": [[i, m0, p0, m1, p1] for (i, m0, p0), (_, m1, p1)
+                                            in zip(rows[False], rows[True])]})
     print(f"\nload average at the end: {_load()}")
     print("median |predicted / measured - 1| after iteration", args.settle)
     for seed, off, on in summary:
         print(f"  seed {seed:5s}: online off {off:7.1%} | online on {on:6.1%}")
+    results_io.record("bench_online_cost_model", recorded, run, argv, settle=args.settle)
     return 0
 
 

@@ -36,6 +36,7 @@ import sys
 import time
 
 import numpy as np
+import results_io
 
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
@@ -252,6 +253,7 @@ def main(argv=None) -> int:
                         help="instead: time the refinement alone and print work units per ms "
                         "(the basis of --skrull-plan-budget-ms's conversion)")
     args = parser.parse_args(argv)
+    run = results_io.start()
     try:
         cases = ([tuple(int(x) for x in c.split(":")) for c in args.cases] if args.cases
                  else list(CALIBRATE_CASES) if args.calibrate
@@ -275,6 +277,8 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=2)
+    results_io.record("bench_scheduler_calibrate" if args.calibrate else "bench_scheduler",
+                      rows, run, argv, stat=args.stat)
     return 0
 
 

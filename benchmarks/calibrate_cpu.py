@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_io  # noqa: E402
 from cpu_block import TINY_SPEC, Layer, TinyModel, best_times, micro_batch_step  # noqa: E402
 
 from skrull_ext.costmodel.model import CommModel, TimeModel  # noqa: E402
@@ -203,6 +204,7 @@ def main(argv=None):
                         help="torch threads (default 1: one core per rank, as in the 2-process "
                              "CPU runs of this project, and robust to a shared machine)")
     args = parser.parse_args(argv)
+    run = results_io.start()
     torch.set_num_threads(args.threads)
     reps = 3 if args.quick else 9
     att_s = [64, 128, 256, 512, 1024, 2048] + ([] if args.quick else [3072, 4096])
@@ -242,6 +244,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)
+    results_io.record("calibrate_cpu", report, run, argv)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_common as gc_  # noqa: E402
 import gpu_micro  # noqa: E402
+import results_io  # noqa: E402
 from calibrate_cpu import nonneg_lstsq  # noqa: E402
 
 from skrull_ext.costmodel.model import CostModel, TimeModel  # noqa: E402
@@ -287,6 +288,7 @@ def main(argv=None) -> int:
     from megatron.skrull.pretrain_gpt import SetupError
 
     args, launcher = parse(argv)
+    run = results_io.start()
     budget = gc_.Budget(args.time_budget_s)
     argv_run = gc_.launcher_argv(args.shape, launcher, seq_length=32768, bucket=32768)
     config_path = args.cost_model_config or (
@@ -309,6 +311,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1, default=str)
+    results_io.record("calibrate_gpu", out, run, argv)
     if not status:
         print_summary(out)
     return status

@@ -40,6 +40,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_io  # noqa: E402
 import train_harness as th  # noqa: E402
 
 from skrull_ext.costmodel.model import CommModel  # noqa: E402
@@ -287,6 +288,7 @@ def main(argv=None):
     ap.add_argument("--save-measurements", help="write the measured cases here")
     ap.add_argument("--measurements", help="fit these saved measurements (no runs)")
     args = ap.parse_args(argv)
+    run = results_io.start()
     if args.measurements:
         with open(args.measurements, encoding="utf-8") as f:
             saved = json.load(f)
@@ -307,14 +309,15 @@ def main(argv=None):
     if args.cost_model_config:
         with open(args.cost_model_config, "w", encoding="utf-8") as f:
             json.dump(cost_model_config(hw, spec_for(rows[0])), f, indent=1)
+    out = {"preset": {k: v for k, v in dataclasses.asdict(hw).items()
+                      if k not in ("intra_node_comm", "inter_node_comm")},
+           "comm": dataclasses.asdict(comm), "fit_error": summary,
+           "cost_model_config": cost_model_config(hw, spec_for(rows[0])),
+           "measurements": [{k: v for k, v in r.items() if k != "plan"} for r in rows]}
     if args.json:
-        out = {"preset": {k: v for k, v in dataclasses.asdict(hw).items()
-                          if k not in ("intra_node_comm", "inter_node_comm")},
-               "comm": dataclasses.asdict(comm), "fit_error": summary,
-               "cost_model_config": cost_model_config(hw, spec_for(rows[0])),
-               "measurements": [{k: v for k, v in r.items() if k != "plan"} for r in rows]}
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)
+    results_io.record("calibrate_training_cpu", out, run, argv)
 
 
 if __name__ == "__main__":

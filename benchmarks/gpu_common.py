@@ -149,6 +149,16 @@ def start_run(argv: Sequence[str]):
     return cfg, trainer, vocab
 
 
+def training_memory(cfg, device: torch.device, recompute: Optional[str]):
+    """The :class:`TrainingMemory` of this run (precision, recompute, the device's norm)."""
+    from skrull_ext.costmodel.memory import TrainingMemory, norm_for
+
+    precision = {torch.bfloat16: "bf16", torch.float16: "fp16",
+                 torch.float64: "fp64"}.get(cfg.params_dtype, "fp32")
+    return TrainingMemory(precision=precision, recompute=recompute,
+                          norm=norm_for(device.type, cfg.model.normalization))
+
+
 def stop_run() -> None:
     """Tears down what :func:`start_run` set up (model-parallel state, process group) and
     returns the memory, so the next run starts from an empty device."""

@@ -11,7 +11,9 @@ filled to the bucket (documents of the mock data, longest first, while they fit)
   CPU (no allocator statistics) the parameters', gradients' and optimizer's storages plus
   the peak of live saved-for-backward tensors (``bench_memory.SavedTensorPeak``);
 * **predicted**: :class:`skrull_ext.costmodel.memory.TrainingMemory`'s static bytes plus
-  ``alpha x tokens`` (what the planner sizes the bucket with);
+  ``alpha x tokens`` (what the planner sizes the bucket with; on CPU ``alpha`` of the
+  saved tensors only, what the CPU measures, and torch's composite RMSNorm:
+  :func:`~skrull_ext.costmodel.memory.norm_for`);
 * a line ``bytes = alpha x tokens + beta`` fitted through the buckets
   (:meth:`MemoryModel.fit`): the measured ``alpha`` to pass the planner as
   ``--activation-bytes-per-token`` if the model's is off.
@@ -66,6 +68,14 @@ def filled_batch(source, bucket: int) -> np.ndarray:
     return gc_.fill(source.lengths, order, bucket, bucket)
 
 
+def predicted_alpha(training, spec, device) -> float:
+    """The model's bytes per token of what ``device``'s meter sees (CPU: saved tensors)."""
+    from skrull_ext.costmodel.activations import SAVED
+
+    kinds = {"kinds": (SAVED,)} if device.type == "cpu" else {}
+    return training.activation_bytes_per_token(spec, **kinds)
+
+
 def one_iteration(trainer, spec, training, bucket: int, device) -> dict:
     """Runs a micro-batch filled to ``bucket``; measured and predicted bytes (or ``oom``)."""
     from skrull_ext.costmodel.model import default_cost_model
@@ -76,7 +86,7 @@ def one_iteration(trainer, spec, training, bucket: int, device) -> dict:
     row = {"bucket": bucket, "tokens": tokens,
            "predicted_static": training.static_bytes(spec),
            "predicted_peak": training.static_bytes(spec)
-           + training.activation_bytes_per_token(spec) * tokens}
+           + predicted_alpha(training, spec, device) * tokens}
     try:
         with peak_meter(trainer, device) as m:
             trainer.run_plan(ids, plan)
@@ -91,12 +101,14 @@ def one_iteration(trainer, spec, training, bucket: int, device) -> dict:
 
 
 def recommended_bucket(spec, training, device, device_gb) -> int:
-    """The planner's bucket for this device's memory (10% margin)."""
+    """The planner's bucket for this device's memory (10% margin; CPU: 16 GiB unless
+    ``device_gb`` says otherwise)."""
     from skrull_ext.costmodel.hardware import get_hardware
-    from skrull_ext.planner.cli import memory_bucket
+    from skrull_ext.planner.cli import DEFAULT_DEVICE_GB, memory_bucket
 
     if device_gb is None:
-        device_gb = torch.cuda.get_device_properties(device).total_memory / GIB
+        device_gb = (torch.cuda.get_device_properties(device).total_memory / GIB
+                     if device.type == "cuda" else DEFAULT_DEVICE_GB["cpu"])
     hw = get_hardware("h100" if device.type == "cuda" else "cpu")
     return memory_bucket(spec, hw, 1, 1, device_gb=device_gb, training=training)
 
@@ -114,14 +126,12 @@ def fitted_line(rows) -> dict:
 def run_setting(name, flags, recompute, base_argv, buckets, device_gb, deadline) -> dict:
     """One recompute setting: the buckets, the fitted line, the recommended bucket's run."""
     from megatron.skrull.batch_schedule import model_spec
-    from skrull_ext.costmodel.memory import TrainingMemory
 
     cfg, trainer, vocab = gc_.start_run([*base_argv, *flags])
     try:
         device = trainer.device
         spec = model_spec(cfg, vocab)
-        precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(cfg.params_dtype, "fp32")
-        training = TrainingMemory(precision=precision, recompute=recompute)
+        training = gc_.training_memory(cfg, device, recompute)
         one_iteration(trainer, spec, training, min(buckets), device)  # optimizer state
         rows = []
         for bucket in buckets:
@@ -129,7 +139,7 @@ def run_setting(name, flags, recompute, base_argv, buckets, device_gb, deadline)
                 break
             rows.append(one_iteration(trainer, spec, training, bucket, device))
             print_row(name, rows[-1])
-        out = {"setting": name, "alpha_model": training.activation_bytes_per_token(spec),
+        out = {"setting": name, "alpha_model": predicted_alpha(training, spec, device),
                "rows": rows, "fit": fitted_line(rows)}
         if time.monotonic() < deadline:
             rec = recommended_bucket(spec, training, device, device_gb)

@@ -28,13 +28,12 @@ import dataclasses
 import itertools
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
+import results_io
 
 from skrull_ext.costmodel.model import MODEL_PRESETS
 from skrull_ext.planner.evaluate import max_fitting_length
@@ -165,6 +164,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write every row here")
     args = parser.parse_args(argv)
+    run = results_io.start()
     try:
         hw = get_hardware(args.hardware)
         for path in [args.lengths] if args.lengths else []:
@@ -201,22 +201,10 @@ def main(argv=None) -> int:
     summarize(rows)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"meta": run_meta(args, objective), "rows": rows}, f, indent=1)
+            json.dump({"meta": {**results_io.meta("plan_quality", run, argv), "objective": objective,
+                                "args": vars(args)}, "rows": rows}, f, indent=1)
+    results_io.record("plan_quality", rows, run, argv, objective=objective)
     return 0
-
-
-def run_meta(args, objective: str) -> dict:
-    """Where and how the numbers were taken (machine, load, commit, arguments)."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                check=False).stdout.strip()
-    except OSError:
-        commit = ""
-    return {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "machine": f"{platform.machine()} {platform.processor() or ''} "
-                       f"{os.cpu_count()} CPUs".strip(),
-            "load_average": os.getloadavg(), "commit": commit, "objective": objective,
-            "args": {k: v for k, v in vars(args).items()}}
 
 
 def _default_objective() -> str:

@@ -18,6 +18,7 @@ import sys
 import time
 
 import numpy as np
+import results_io
 
 from skrull_ext.costmodel.hardware import get_hardware
 from skrull_ext.costmodel.model import get_model_spec
@@ -74,6 +75,7 @@ def main(argv=None) -> int:
     parser.add_argument("--num-batches", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    run, recorded = results_io.start(), []
     model, hw = get_model_spec("qwen2.5-7b"), get_hardware("h100")
     start = time.perf_counter()
     print(f"Qwen2.5-7B on {GPUS} H100 (CP={CP}, DP x PP = {GPUS // CP}), global batch "
@@ -84,12 +86,14 @@ def main(argv=None) -> int:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in profile_names():
         for r in run_profile(name, model, hw, args):
+            recorded.append(r)
             print(f"| {r['profile']} | {r['pp']} | {r['dp']} | {r['bucket']} | "
                   f"{r['skrull_plan_order']:.2f} | {r['skrull_best']:.2f} | "
                   f"{r['all-cp_best']:.2f} | {r['all-cp_best'] / r['skrull_best']:.2f}x | "
                   f"{r['skrull_mbs']:.1f} | {100 * r['skrull_bubble']:.1f}% | "
                   f"{r['skrull_tuned']:.2f} ({r['tuned_bucket']}) |")
     print(f"\n({time.perf_counter() - start:.0f} s)")
+    results_io.record("pp_table", recorded, run, argv)
     return 0
 
 

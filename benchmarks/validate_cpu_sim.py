@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_io  # noqa: E402
 from cpu_block import TINY_CPU, TINY_SPEC, TinyModel, best_time  # noqa: E402
 
 from skrull_ext.costmodel.hardware import get_hardware  # noqa: E402
@@ -71,6 +72,7 @@ def main(argv=None) -> int:
                         help="predict with the cpu preset (fitted to the launcher's training "
                              "iterations) instead of the tiny model's own constants")
     args = parser.parse_args(argv)
+    run = results_io.start()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = TinyModel(TINY_SPEC)
@@ -78,7 +80,7 @@ def main(argv=None) -> int:
     cost = hw.cost_model(TINY_SPEC, 1)
     print(f"{'profile':18} {'scale':>6} {'K':>3} {'bucket':>6} {'policy':11} {'mbs':>4} "
           f"{'tokens':>6} {'measured s':>10} {'predicted s':>11} {'error':>7}")
-    errors = []
+    errors, rows = [], []
     for name, scale, gbs, bucket, policy in CASES:
         profile = load_profile(name).scaled(scale)
         lengths = sample_global_batches(profile, num_batches=1, global_batch_size=gbs,
@@ -91,11 +93,14 @@ def main(argv=None) -> int:
         predicted = simulate(plan, TINY_SPEC, hw).iteration_time
         err = (predicted - measured) / measured
         errors.append(err)
+        rows.append({"profile": name, "scale": scale, "gbs": gbs, "bucket": bucket,
+                     "policy": policy, "measured_s": measured, "predicted_s": predicted})
         print(f"{name:18} {scale:6.3g} {gbs:3d} {bucket:6d} {policy:11} {len(docs):4d} "
               f"{int(lengths.sum()):6d} {measured:10.3f} {predicted:11.3f} {100 * err:+6.1f}%")
     errs = np.abs(np.asarray(errors))
     print(f"mean |error| {100 * errs.mean():.1f}%, max |error| {100 * errs.max():.1f}% "
           f"over {len(errors)} plans")
+    results_io.record("validate_cpu_sim", rows, run, argv)
     return 0
 
 

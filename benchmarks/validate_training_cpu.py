@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_io  # noqa: E402
 import train_harness as th  # noqa: E402
 
 from skrull_ext.costmodel.hardware import get_hardware  # noqa: E402
@@ -85,6 +86,7 @@ def main(argv=None):
     ap.add_argument("--global-batches", type=int, nargs="+", default=[16, 32])
     ap.add_argument("--data-dir", help="where the corpus goes (default: a temporary dir)")
     args = ap.parse_args(argv)
+    run = results_io.start()
     seeds = VALIDATION_SEEDS[:2] if args.quick else VALIDATION_SEEDS
     repeats = 2 if args.quick else args.repeats
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,7 +99,10 @@ def main(argv=None):
           f"{spec.num_attention_heads} heads / {spec.num_query_groups} KV groups), CP 2, "
           f"bucket {BUCKET}; {len(cases)} plans x {repeats} repeats, median; "
           f"{time.time() - t0:.0f} s")
-    report(spec, cases, meta, [th.median(t) for t in res["times"]])
+    summary = report(spec, cases, meta, [th.median(t) for t in res["times"]])
+    results_io.record("validate_training_cpu", {
+        name: dict(zip(("mean_abs_pct", "median_abs_pct", "max_abs_pct"), v))
+        for name, v in summary.items()}, run, argv)
 
 
 if __name__ == "__main__":

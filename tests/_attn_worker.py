@@ -40,6 +40,24 @@ def reference_attention(q, k, v, scale):
     return out.transpose(0, 1)
 
 
+def single_rank_parity(backend):
+    """``dacp_attention`` with ``backend`` and no CP group (local and whole distributed
+    documents, GQA) against whole-sequence attention in float64: outputs and gradients."""
+    g = torch.Generator().manual_seed(20)
+    lengths = [7, 1, 12, 4]
+    lay = build_rank_layout(lengths, [2, 0], [[3, 1]], 0, 1)
+    qs, ks, vs = ([torch.randn(n, h, 8, generator=g, dtype=torch.float64).requires_grad_()
+                   for n in lengths] for h in (4, 2, 2))
+    out = dacp_attention(*(lay.pack(t) for t in (qs, ks, vs)), lay, None, backend=backend)
+    ref = lay.pack([reference_attention(q, k, v, 1 / math.sqrt(8)) for q, k, v in zip(qs, ks, vs)])
+    w = torch.randn(*out.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad((out * w).sum(), qs + ks + vs)
+    want = torch.autograd.grad((ref * w).sum(), qs + ks + vs)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
 def placement(kind, world):
     """``(lengths, distributed, local)`` of a named micro-batch for ``world`` CP ranks."""
     rest = [[] for _ in range(world - 1)]
@@ -99,6 +117,10 @@ CASES = {
     "all_dist_fake_flash_2.8": ("all_distributed", 2, 2, 8, torch.float64, "fake_flash:2.8.3",
                                 None, 1e-10),
     "mixed_fake_te": ("mixed", 4, 2, 8, torch.float64, "fake_te:2.9", None, 1e-10),
+    # PyTorch's own CUDA varlen ops (tests/fakes/aten.py): flash, padded-LSE flash
+    "mixed_fake_aten": ("mixed", 4, 2, 8, torch.float64, "fake_aten:2.13", None, 1e-10),
+    "all_dist_fake_aten_padded": ("all_distributed", 2, 1, 8, torch.float64,
+                                  "fake_aten:padded", 0.3, 1e-10),
     "all_dist_fake_te": ("all_distributed", 2, 1, 8, torch.float64, "fake_te:2.9", 0.3, 1e-10),
     "single_short_fake_te_1.13": ("single_short", 2, 2, 4, torch.float64, "fake_te:1.13", None,
                                   1e-10),
@@ -110,7 +132,7 @@ CASES = {
                               1e-10),
 }
 EXTRA = ("overlap_order", "grad_through_layout", "bwd_group", "stream_order_flash",
-         "stream_order_te", "no_host_sync", "grouped_order", "warm_up")
+         "stream_order_te", "no_host_sync", "grouped_order", "warm_up", "host_staged")
 ALL_CASES = tuple(CASES) + EXTRA
 
 
@@ -171,6 +193,12 @@ def fake_backend(backend, log=None):
         yield backend
         return
     kind, version = backend[len("fake_"):].split(":")
+    if kind == "aten":  # kernel instances over fake ops: nothing to install
+        from fakes import aten as fake_aten
+        from skrull_ext.attention import aten
+
+        yield aten.TorchVarlenKernel(ops=fake_aten.ops(version))
+        return
     if kind == "te+flash":  # TE for the full ring, flash-attn for the sub-group rings
         mods = {**fakes.install_in_process("flash", "2.8.3", log),
                 **fakes.install_in_process("te", version, log)}
@@ -319,6 +347,27 @@ def check_warm_up(rank, world):
             pass
         else:
             raise AssertionError("warm_up on a sub-group ring must refuse")
+
+
+def check_host_staged(rank, world):
+    """Exchanges staged through host memory (what gloo needs for CUDA tensors): the ring
+    gives the same parity, sub-group rings stage too, and a message is taken when posted
+    (changing the tensor afterwards does not change what the next rank receives)."""
+    comm = RingComm(dist.group.WORLD, host_staging=True)
+    assert comm.subgroup(rank - rank % 2, 2).host_staging is True
+    assert RingComm(dist.group.WORLD)._stage_device  # gloo: CUDA tensors would be staged
+    mine = torch.full((3, 2), float(rank))
+    recv = comm.send_recv_async(mine, channel="bwd_dkv")
+    _, wire_send, wire_recv, _ = comm._pending["bwd_dkv"]
+    assert wire_send is not mine and wire_recv is not recv  # gloo sees host copies only
+    mine.fill_(-1.0)
+    comm.wait("bwd_dkv")
+    assert (recv == float((rank - 1) % world)).all(), recv
+    with fake_backend("fake_aten:2.13") as kernel:
+        run_case("mixed_gqa", rank, world, kernel=kernel,
+                 comm_factory=lambda: RingComm(dist.group.WORLD, host_staging=True))
+    run_case("grouped", rank, world,
+             comm_factory=lambda: RingComm(dist.group.WORLD, host_staging=True))
 
 
 @contextlib.contextmanager
@@ -479,6 +528,8 @@ def worker(rank, world, store, out_dir, names):
                 check_warm_up(rank, world)
             elif name == "grouped_order":
                 check_grouped_order(rank, world)
+            elif name == "host_staged":
+                check_host_staged(rank, world)
             elif name in FAKE_CHECKS:
                 FAKE_CHECKS[name](rank, world)
             else:

@@ -13,7 +13,7 @@ from fakes import flash_attn as fake_flash
 from skrull_ext.attention import ReferenceKernel, dacp_attention, get_kernel
 from skrull_ext.attention.layout import build_rank_layout
 
-from _attn_worker import reference_attention
+from _attn_worker import reference_attention, single_rank_parity
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
@@ -96,19 +96,7 @@ def test_auto_on_cuda_prefers_te_then_flash_and_logs_once(monkeypatch, caplog):
 
 def _single_rank(backend, monkeypatch, kind, version, log=None):
     fakes.install(monkeypatch, kind, version, log)
-    lengths = [7, 1, 12, 4]
-    lay = build_rank_layout(lengths, [2, 0], [[3, 1]], 0, 1)
-    qs = [rand(n, 4, 8, seed=20 + i).requires_grad_() for i, n in enumerate(lengths)]
-    ks = [rand(n, 2, 8, seed=30 + i).requires_grad_() for i, n in enumerate(lengths)]
-    vs = [rand(n, 2, 8, seed=40 + i).requires_grad_() for i, n in enumerate(lengths)]
-    out = dacp_attention(*(lay.pack(t) for t in (qs, ks, vs)), lay, None, backend=backend)
-    ref = lay.pack([reference_attention(q, k, v, 1 / math.sqrt(8)) for q, k, v in zip(qs, ks, vs)])
-    w = rand(*out.shape, seed=9)
-    got = torch.autograd.grad((out * w).sum(), qs + ks + vs)
-    want = torch.autograd.grad((ref * w).sum(), qs + ks + vs)
-    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
-    for g, r in zip(got, want):
-        torch.testing.assert_close(g, r, atol=1e-12, rtol=1e-12)
+    single_rank_parity(backend)
 
 
 @pytest.mark.parametrize("version", fakes.FLASH_VERSIONS)

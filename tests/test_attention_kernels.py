@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from skrull_ext.attention import ReferenceKernel, dacp_attention, get_kernel
-from skrull_ext.attention import choice
+from skrull_ext.attention import aten, choice
 from skrull_ext.attention.kernels import CpuFlashKernel
 from skrull_ext.attention.ring import _merge
 from skrull_ext.attention.layout import build_rank_layout
@@ -109,7 +109,9 @@ def test_get_kernel_selection_and_errors(monkeypatch):
     assert get_kernel(inst, CPU, torch.float32) is inst
     with pytest.raises(ValueError, match="unknown attention kernel 'fast'"):
         get_kernel("fast", CPU, torch.float32)
-    with pytest.raises(ValueError, match="CPU flash attention; on cuda use te or flash"):
+    monkeypatch.setattr(choice, "_CACHE", {})
+    monkeypatch.setattr(aten, "flash_op_problem", lambda device: "no FlashAttention here")
+    with pytest.raises(RuntimeError, match="torch kernel cannot run here: no FlashAttention"):
         get_kernel("torch", torch.device("cuda"), torch.float16)
     monkeypatch.setenv(choice.ENV_VAR, "reference")
     assert get_kernel(None, CPU, torch.float32).name == "reference"
@@ -124,7 +126,10 @@ def test_auto_on_cuda_never_falls_back_to_reference(monkeypatch):
     float64 reference kernel runs on CUDA only when asked for."""
     monkeypatch.setattr(choice, "te_available", lambda: False)
     monkeypatch.setattr(choice, "flash_attn_available", lambda: False)
-    with pytest.raises(RuntimeError, match=r"install Transformer Engine or flash-attn.*"
+    monkeypatch.setattr(aten, "flash_op_problem", lambda device: "needs an Ampere GPU")
+    monkeypatch.setattr(choice, "_CACHE", {})
+    with pytest.raises(RuntimeError, match=r"needs an Ampere GPU; install Transformer Engine "
+                                           r"or flash-attn.*"
                                            r"skrull-megatron\[gpu\].*reference"):
         get_kernel("auto", torch.device("cuda"), torch.bfloat16)
     assert get_kernel("reference", torch.device("cuda"), torch.bfloat16).name == "reference"

@@ -172,6 +172,7 @@ def test_mcore_ddp_optimizer_schedule_still_assume_cuda():
 
 
 def test_cuda_to_cpu_mode_is_scoped():
+    cpu_compat.keep_float64(True)  # what a --fp64 run sets (build_trainer)
     t64 = torch.zeros(2, dtype=torch.float64)
     with cpu_compat.cuda_to_cpu("cpu"):
         assert torch.zeros(3, dtype=torch.int, device="cuda").device.type == "cpu"
@@ -188,6 +189,25 @@ def test_cuda_to_cpu_mode_is_scoped():
     if NO_CUDA:
         with pytest.raises((AssertionError, RuntimeError)):
             torch.zeros(1, device="cuda")
+
+
+def test_float64_kept_only_in_fp64_parity_mode():
+    # mcore's fp16 loss scaler computes its inverse scale in double and casts it back with
+    # .float(); the float64-keeping .float() must not touch that outside --fp64 runs.
+    from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+
+    t64 = torch.zeros(2, dtype=torch.float64)
+    try:
+        cpu_compat.keep_float64(False)
+        with cpu_compat.cuda_to_cpu("cpu"):
+            scaler = DynamicGradScaler(initial_scale=2.0 ** 32, min_scale=1.0, growth_factor=2.0,
+                                       backoff_factor=0.5, growth_interval=1000, hysteresis=2)
+            assert scaler.inv_scale.dtype == torch.float32
+            assert t64.float().dtype == torch.float32
+    finally:
+        cpu_compat.keep_float64(True)
+    with cpu_compat.cuda_to_cpu("cpu"):
+        assert t64.float() is t64
 
 
 def test_checkpoint_writer_shim_matches_upstream_and_is_scoped():

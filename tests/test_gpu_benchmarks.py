@@ -1,4 +1,5 @@
-"""calibrate_gpu.py, bench_memory.py --device and bench_gpu.py end to end on CPU (tiny shape).
+"""calibrate_gpu.py, bench_memory.py --device, bench_gpu.py and profile_step.py end to end on
+CPU (tiny shape).
 
 One spawned process runs the three scripts as the GPU script will (``--device cpu`` instead
 of ``cuda``, small budgets); the tests then check what each wrote: JSON shapes, the cost-model
@@ -27,6 +28,7 @@ def _run_scripts(rank, world, tmp):
     import bench_gpu
     import bench_memory
     import calibrate_gpu
+    import profile_step
 
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
@@ -38,6 +40,8 @@ def _run_scripts(rank, world, tmp):
                            "--json", f"{tmp}/mem.json"])
         bench_gpu.main(["--models", "tiny", *TINY_RUN, "--iters", "1", "--kernels", "torch,flash",
                         "--time-budget-s", "300", "--json", f"{tmp}/gpu.json"])
+        profile_step.main(["--shape", "tiny", *TINY_RUN, "--docs", "3", "--steps", "1",
+                           "--json", f"{tmp}/profile.json"])
     with open(f"{tmp}/stdout.txt", "w") as f:
         f.write(log.getvalue())
 
@@ -48,7 +52,8 @@ def outputs(tmp_path_factory):
     spawn(_run_scripts, 1, tmp, timeout=600)
     load = lambda name: json.loads((tmp / name).read_text())  # noqa: E731
     return {"cal": load("cal.json"), "cm_path": str(tmp / "cm.json"), "mem": load("mem.json"),
-            "gpu": load("gpu.json"), "stdout": (tmp / "stdout.txt").read_text()}
+            "gpu": load("gpu.json"), "profile": load("profile.json"),
+            "stdout": (tmp / "stdout.txt").read_text()}
 
 
 @pytest.mark.multiprocess
@@ -89,6 +94,8 @@ def test_memory_bench_compares_peaks_and_trains_the_planners_bucket(outputs):
         for r in s["rows"]:
             assert not r["oom"] and r["measured_peak"] > r["measured_static"] > 0
             assert r["predicted_peak"] > r["predicted_static"] > 0
+            # CPU: static tensors plus saved tensors, the model's saved terms (composite norm)
+            assert abs(r["error_pct"]) < 1, r
         assert s["fit"]["alpha_bytes_per_token"] > 0
         rec = s["recommended"]
         assert rec["bucket"] > 128 and not rec["oom"]
@@ -111,3 +118,14 @@ def test_throughput_bench_runs_ours_and_transformers_on_the_same_batches(outputs
         assert r["tflops_per_gpu"] / r["tokens_per_s"] == pytest.approx(
             ran[0]["tflops_per_gpu"] / ran[0]["tokens_per_s"], rel=1e-9)
     assert "skipped" in rows[("transformers", "flash_attention_2")]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_profile_step_names_the_ops_of_one_step(outputs):
+    prof = outputs["profile"]
+    assert prof["docs"] == 3 and prof["micro_batches"] >= 1
+    assert prof["wall_ms_per_step_profiled"] > 0 and prof["device_busy_ms_per_step"] == 0.0
+    names = {r["name"] for r in prof["by_self_cpu"]}
+    assert "aten::mm" in names or "aten::addmm" in names  # the linear layers ran
+    assert "profile_step:" in outputs["stdout"]

@@ -2,6 +2,7 @@
 settings, and the launcher's real tensors on CPU (static bytes within 1%)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -38,13 +39,49 @@ def test_activation_bytes_by_recompute():
     none = TrainingMemory(precision="bf16").activation_bytes_per_token(Q7)
     sel = TrainingMemory(precision="bf16", recompute="selective").activation_bytes_per_token(Q7)
     full = TrainingMemory(precision="bf16", recompute="full").activation_bytes_per_token(Q7)
-    assert none == sel == Q7.activation_bytes_per_token()  # flash-style kernel: no S^2 term
+    assert none == Q7.activation_bytes_per_token()
+    h, kv, f, v = Q7.hidden_size, Q7.kv_hidden_size, Q7.ffn_hidden_size, Q7.vocab_size
+    # Per layer 14h + 6 h_kv + 10f bf16 bytes, plus two rstd (fp32), RoPE's cos and sin of
+    # q and k (4 x head_dim x 2) and the log-sum-exp (fp32 per head); the final norm, ids,
+    # loss mask, targets, the fp32 softmax and the bf16 logits, positions and labels, the
+    # RoPE table.
+    layer = 14 * h + 6 * kv + 10 * f + 8 + 8 * Q7.head_dim + 4 * Q7.num_attention_heads
+    outside = 4 * h + 4 + 8 + 4 + 9 + 6 * v + 16 + 4 * Q7.head_dim
+    assert none == Q7.num_layers * layer + outside
+    # Selective (core_attn checkpointed): the key after RoPE, cos/sin and the log-sum-exp
+    # go; the query after RoPE is replaced by mcore's query copy the checkpoint keeps.
+    assert none - sel == Q7.num_layers * (2 * kv + 8 * Q7.head_dim + 4 * Q7.num_attention_heads)
+    # Full: layer inputs, and the larger of the cross entropy's moment and a recomputed layer.
+    assert full == Q7.num_layers * 2 * h + outside
     assert full < sel / 3
     assert TrainingMemory(precision="fp32").activation_bytes_per_token(Q7) > 1.5 * none
 
 
+def test_full_recompute_peak_is_the_larger_moment():
+    # A small vocabulary: the recomputed layer (plus the lasting ids and RoPE table)
+    # outweighs the logits, so the peak is in the backward pass; its fused norm saves the
+    # checkpoint's own input tensor (counted once).
+    small = dataclasses.replace(Q7, vocab_size=128)
+    full = TrainingMemory(precision="bf16", recompute="full")
+    layer = TrainingMemory(precision="bf16").layer_activation_bytes_per_token(small)
+    h = small.hidden_size
+    assert full.activation_bytes_per_token(small) == \
+        small.num_layers * 2 * h + layer - 2 * h + 8 + 4 * small.head_dim
+
+
+def test_cpu_norm_saves_fp32_copies():
+    gpu = TrainingMemory(precision="bf16")
+    cpu = TrainingMemory(precision="bf16", norm="composite")
+    h = Q7.hidden_size
+    # Per norm: the fp32 input and normalised tensor (4h + 4h) instead of the bf16 input.
+    assert cpu.layer_activation_bytes_per_token(Q7) - gpu.layer_activation_bytes_per_token(Q7) \
+        == 2 * (8 * h - 2 * h)
+    with pytest.raises(ValueError, match="norm"):
+        TrainingMemory(norm="unfused")
+
+
 @pytest.mark.parametrize("model,low,high", [("qwen2.5-0.5b", 20_000, 60_000),
-                                            ("qwen2.5-7b", 4_000, 20_000)])
+                                            ("qwen2.5-7b", 3_000, 20_000)])
 def test_planner_at_the_papers_settings(tmp_path, model, low, high):
     js = tmp_path / "s.json"
     assert plan_main(["--profile", "lmsyschat1m", "--model", model, "--dp-size", "4",

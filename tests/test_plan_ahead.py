@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 
 from mcore_helpers import spawn, tiny_config
 from megatron.skrull.batch_schedule import make_batch_scheduler
@@ -144,9 +145,15 @@ def test_plan_mismatch_is_one_clear_error_on_every_rank(tmp_path):
     assert (tmp_path / "ok0").exists() and (tmp_path / "ok1").exists()
 
 
-def test_flags():
+def test_flags(monkeypatch):
+    from megatron.skrull.batch_schedule import online_refit
+
     cfg = tiny_config()
-    assert cfg.skrull.plan_ahead and not cfg.skrull.online_cost_model
+    assert cfg.skrull.plan_ahead and cfg.skrull.online_cost_model is None
+    assert not online_refit(cfg)  # the default on CPU: deterministic plans
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert online_refit(dataclasses.replace(cfg, device="cuda"))  # the default on CUDA
+    assert not online_refit(tiny_config(["--no-skrull-online-cost-model"]))
     cfg = tiny_config(["--no-skrull-plan-ahead", "--skrull-online-cost-model"])
     assert not cfg.skrull.plan_ahead and cfg.skrull.online_cost_model
     assert make_batch_scheduler(cfg, VOCAB).refit is not None

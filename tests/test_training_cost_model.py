@@ -1,13 +1,20 @@
-"""The launcher's cost model: hardware presets, the JSON override, CPU planning decisions."""
+"""The launcher's cost model: hardware presets, the JSON override, CPU planning decisions,
+the shipped GPU preset."""
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import sys
 
 import numpy as np
 import pytest
 
+from megatron.skrull.arguments import parse_args
 from megatron.skrull.batch_schedule import build_cost_model, make_batch_scheduler, model_spec
+from megatron.skrull.data import GlobalBatchSampler
+from megatron.skrull.pretrain_gpt import build_sample_source
+from skrull_ext.scheduler import predict
 from skrull_ext.costmodel.hardware import CPU, H100
 
 from mcore_helpers import tiny_config
@@ -17,6 +24,7 @@ from mcore_helpers import tiny_config
 DEMO = ["--hidden-size", "256", "--seq-length", "16384", "--max-position-embeddings", "16384",
         "--skrull-bucket-size", "12288", "--context-parallel-size", "2"]
 VOCAB = 384
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_cpu_runs_use_the_cpu_preset_with_the_run_dtype():
@@ -98,3 +106,39 @@ def test_cpu_batch_scheduler_keeps_short_sequences_local_on_a_long_tail_batch():
     # A batch of short samples only needs no ring at all.
     plan = batch_scheduler(np.random.default_rng(7).integers(20, 512, size=32))
     assert plan.local_token_share() == 1.0
+
+
+def test_shipped_h200_preset_predicts_the_held_out_iterations_it_was_checked_on():
+    """examples/configs/h200_qwen2.5-0.5b_cost_model.json, loaded as the launcher loads it,
+    plans the held-out batches of the calibration run it came from (the same sampler seed,
+    hence the same tokens) and predicts their measured iteration times within 5%."""
+    preset = os.path.join(ROOT, "examples", "configs", "h200_qwen2.5-0.5b_cost_model.json")
+    with open(preset, encoding="utf-8") as f:
+        meta = json.load(f)["calibration"]
+    with open(os.path.join(ROOT, meta["results"]), encoding="utf-8") as f:
+        held_out = json.load(f)["rows"]["validation"]
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        from calibrate_gpu import HELD_OUT_SEED
+    finally:
+        sys.path.pop(0)
+    flags = list(meta["launcher_flags"])
+    flags[flags.index("--device") + 1] = "cpu"  # plans and predictions need no GPU
+    # --skrull-hardware h100 is what --device cuda picks; the file replaces its time terms.
+    cfg = parse_args(flags + ["--skrull-hardware", "h100", "--skrull-cost-model-config",
+                              preset], world_size=1)
+    source = build_sample_source(cfg)
+    vocab = cfg.model.padded_vocab_size(cfg.model.vocab_size or source.vocab_size, 1)
+    scheduler = make_batch_scheduler(cfg, vocab, cost_model=build_cost_model(cfg, vocab))
+    assert scheduler.cost_model.time.micro_batch_overhead == pytest.approx(0.0899907, rel=1e-5)
+    assert scheduler.cost_model.bytes_per_element == 2 and scheduler.refit is None
+    sampler = GlobalBatchSampler(len(source), cfg.global_batch_size, HELD_OUT_SEED)
+    errors = []
+    for i, rec in enumerate(held_out["iterations"]):
+        lengths = source.lengths[np.asarray(next(sampler))]
+        assert int(lengths.sum()) == rec["tokens"], "not the recorded held-out batch"
+        predicted = predict(scheduler(lengths), scheduler.cost_model)["iteration_time"]
+        if i >= held_out["skipped_first"]:  # warm-up iterations, left out by the run too
+            errors.append(predicted / rec["measured"] - 1)
+    assert len(errors) == held_out["summary"]["n"] == 8
+    assert max(map(abs, errors)) < 0.05, errors

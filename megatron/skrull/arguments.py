@@ -13,20 +13,17 @@ import sys
 from typing import Optional, Sequence
 
 from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICES
+from skrull_ext.scheduler.lookahead import MAX_LOOKAHEAD
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS
 from skrull_ext.sharding import shard_tokens
 
 from megatron.skrull import hybrid_cp
+from megatron.skrull.errors import ConfigError  # public here too
 from megatron.skrull.flags import SCHEDULERS, build_parser  # noqa: F401 - public here too
+from megatron.skrull.loggers import LoggingArgs  # public here too
 from megatron.skrull.rope import RopeArgs, flag_problems as rope_flag_problems, rope_kwargs
-
-
-class ConfigError(ValueError):
-    """Invalid flags; ``problems`` holds one message (naming the fix) per problem."""
-
-    def __init__(self, problems: Sequence[str]):
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
+from megatron.skrull.run_args import (MegatronRunArgs, from_namespace, run_problems,
+                                      schedule_problems)
 
 
 def _raise_if(problems: list[str]) -> None:
@@ -191,6 +188,10 @@ class OptimArgs:
     overlap_param_gather: bool = False
     loss_scale: Optional[float] = None  # fp16: None = dynamic loss scaling
     initial_loss_scale: float = 2.0 ** 32
+    # Megatron-LM's (run_args.py): warmup as a fraction; embedding/output layer's own LR
+    lr_warmup_fraction: Optional[float] = None
+    decoupled_lr: Optional[float] = None
+    decoupled_min_lr: Optional[float] = None
     override_opt_param_scheduler: bool = False  # on --load: the flags' schedule wins
     use_checkpoint_opt_param_scheduler: bool = False  # on --load: the checkpoint's wins
 
@@ -224,6 +225,7 @@ class OptimArgs:
         if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
             p.append("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler "
                      "conflict (the flags' schedule or the checkpoint's): pick one")
+        p.extend(schedule_problems(self))
         _raise_if(p)
 
 
@@ -315,6 +317,9 @@ class CheckpointArgs:
     no_load_optim: bool = False
     no_load_rng: bool = False
     exit_signal_handler: bool = False
+    # --no-save-optim / --no-save-rng: loading such a checkpoint needs --no-load-optim/-rng
+    no_save_optim: bool = False
+    no_save_rng: bool = False
 
     def __post_init__(self) -> None:
         p = []
@@ -368,17 +373,6 @@ class ValidationArgs:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LoggingArgs:
-    log_interval: int = 100
-    tensorboard_dir: Optional[str] = None
-    log_throughput: bool = False  # --log-throughput: TFLOP/s per GPU in the log line
-
-    def __post_init__(self) -> None:
-        _raise_if([f"--log-interval must be >= 1, got {self.log_interval}"]
-                  if self.log_interval < 1 else [])
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class SkrullArgs:
     """Scheduler: bucket (tokens per CP rank per micro-batch), policy and cost model."""
 
@@ -389,11 +383,15 @@ class SkrullArgs:
     objective: str = "ring"  # how the scheduler composes a micro-batch's time
     attention_kernel: str = "auto"  # --skrull-attention-kernel, else $SKRULL_ATTENTION_KERNEL
     plan_ahead: bool = True  # --[no-]skrull-plan-ahead: plan batch i+1 while i trains
-    online_cost_model: bool = False  # --skrull-online-cost-model: refit to measured times
+    online_cost_model: Optional[bool] = None  # --skrull-online-cost-model; None: on CUDA
     plan_budget_ms: float = DEFAULT_BUDGET_MS  # --skrull-plan-budget-ms: refinement work
+    lookahead: int = 1  # --skrull-lookahead: global batches planned together (1: as drawn)
 
     def __post_init__(self) -> None:
         p = []
+        if not 1 <= self.lookahead <= MAX_LOOKAHEAD:
+            p.append(f"--skrull-lookahead {self.lookahead}: use an integer in [1, "
+                     f"{MAX_LOOKAHEAD}] (1 trains every global batch as drawn)")
         if self.attention_kernel not in KERNEL_CHOICES:
             p.append(f"attention kernel {self.attention_kernel!r} (--skrull-attention-kernel or "
                      f"${KERNEL_ENV_VAR}): use one of {', '.join(KERNEL_CHOICES)}")
@@ -433,6 +431,7 @@ class RunConfig:
     micro_batch_size: int = 1
     exit_interval: Optional[int] = None
     validation: ValidationArgs = ValidationArgs()
+    run: MegatronRunArgs = MegatronRunArgs()
 
     @property
     def params_dtype(self) -> "torch.dtype":
@@ -493,6 +492,7 @@ def cross_problems(cfg: RunConfig) -> list[str]:
     if cfg.exit_interval is not None and cfg.exit_interval < 1:
         p.append(f"--exit-interval must be >= 1, got {cfg.exit_interval}")
     p.extend(_recompute_problems(cfg.recompute, m.num_layers))
+    p.extend(run_problems(cfg))
     if sum((cfg.fp64, cfg.bf16, cfg.fp16)) > 1:
         chosen = [f for f, on in (("--fp64", cfg.fp64), ("--bf16", cfg.bf16),
                                   ("--fp16", cfg.fp16)) if on]
@@ -510,7 +510,8 @@ def _group(cls, problems: list[str], **values):
 
 def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     """Builds the frozen :class:`RunConfig`; raises :class:`ConfigError` with every problem."""
-    p: list[str] = []
+    mx = from_namespace(ns)  # Megatron-LM's run-control, sample-based and accepted flags
+    p: list[str] = list(mx.problems)
     hybrid, hybrid_problems = hybrid_cp.resolve(ns, world_size)
     p.extend(hybrid_problems)
     model = _group(ModelArgs, p, num_layers=ns.num_layers, hidden_size=ns.hidden_size,
@@ -537,9 +538,8 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
         # round; not wired to Skrull's variable per-rank layouts (docs/training.md).
         p.append("--num-layers-per-virtual-pipeline-stage: the interleaved pipeline schedule is "
                  "not supported with Skrull; drop the flag (non-interleaved 1F1B is used)")
-    optim = _group(OptimArgs, p, lr=ns.lr, train_iters=ns.train_iters, min_lr=ns.min_lr,
-                   lr_warmup_iters=ns.lr_warmup_iters, lr_decay_style=ns.lr_decay_style,
-                   lr_decay_iters=ns.lr_decay_iters, weight_decay=ns.weight_decay,
+    optim = _group(OptimArgs, p, lr=ns.lr, min_lr=ns.min_lr, **mx.optim,
+                   lr_decay_style=ns.lr_decay_style, weight_decay=ns.weight_decay,
                    adam_beta1=ns.adam_beta1, adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps,
                    clip_grad=ns.clip_grad, seed=ns.seed,
                    use_distributed_optimizer=ns.use_distributed_optimizer,
@@ -560,29 +560,30 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
     skrull = _group(SkrullArgs, p, bucket_size=hybrid.bucket_size,
                     scheduler=hybrid.scheduler, hardware=ns.skrull_hardware,
                     objective=ns.skrull_objective,
-                    attention_kernel=(ns.skrull_attention_kernel
-                                      or os.environ.get(KERNEL_ENV_VAR) or "auto"),
+                    attention_kernel=mx.attention_kernel,
                     cost_model_config=ns.skrull_cost_model_config,
                     plan_ahead=ns.skrull_plan_ahead,
                     online_cost_model=ns.skrull_online_cost_model,
-                    plan_budget_ms=ns.skrull_plan_budget_ms)
+                    plan_budget_ms=ns.skrull_plan_budget_ms, lookahead=ns.skrull_lookahead)
     ckpt = _group(CheckpointArgs, p, save=ns.save, load=ns.load,
                   save_interval=ns.save_interval, pretrained_hf=ns.pretrained_hf,
                   ckpt_format=ns.ckpt_format, finetune=ns.finetune,
                   no_load_optim=ns.no_load_optim, no_load_rng=ns.no_load_rng,
-                  exit_signal_handler=ns.exit_signal_handler)
+                  exit_signal_handler=ns.exit_signal_handler, **mx.checkpoint)
     log = _group(LoggingArgs, p, log_interval=ns.log_interval,
-                 tensorboard_dir=ns.tensorboard_dir, log_throughput=ns.log_throughput)
+                 tensorboard_dir=ns.tensorboard_dir, log_throughput=ns.log_throughput,
+                 **mx.logging)
+    run = _group(MegatronRunArgs, p, **mx.run)
     _raise_if(p)
     return RunConfig(model=model, parallel=parallel, optim=optim, data=data, skrull=skrull,
-                     checkpoint=ckpt, logging=log, global_batch_size=ns.global_batch_size,
+                     checkpoint=ckpt, logging=log, global_batch_size=mx.global_batch_size,
                      seq_length=ns.seq_length, device=ns.device, fp64=ns.fp64,
                      bf16=ns.bf16, fp16=ns.fp16, sequence_parallel=ns.sequence_parallel,
                      recompute=RecomputeArgs(recompute_granularity=ns.recompute_granularity,
                                              recompute_method=ns.recompute_method,
                                              recompute_num_layers=ns.recompute_num_layers),
                      micro_batch_size=ns.micro_batch_size, exit_interval=ns.exit_interval,
-                     validation=validation)
+                     validation=validation, run=run)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None, world_size: int = 1) -> RunConfig:

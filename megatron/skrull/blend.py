@@ -35,6 +35,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from megatron.skrull.batch_size import check_schedule
+
 
 @dataclasses.dataclass(frozen=True)
 class Blend:
@@ -225,12 +227,15 @@ class BlendedBatchSampler:
             self._perms[key] = rng.permutation(self.sizes[d])
         return self._perms[key]
 
+    def _consumed(self, iteration: int) -> int:
+        """Blend positions drawn by iterations before ``iteration``."""
+        return iteration * self.global_batch_size  # (batch_size_samplers: a schedule's)
+
     def batch(self, iteration: int) -> list[int]:
         """Concatenated sample ids of ``iteration`` (``global_batch_size`` ints)."""
         if iteration < 0:
             raise ValueError(f"iteration must be >= 0, got {iteration}")
-        lo = iteration * self.global_batch_size
-        hi = lo + self.global_batch_size
+        lo, hi = self._consumed(iteration), self._consumed(iteration + 1)
         self._extend(hi)
         out = []
         for d, c in zip(self._index[lo:hi].tolist(), self._sample_index[lo:hi].tolist()):
@@ -248,11 +253,11 @@ class BlendedBatchSampler:
 
     @property
     def consumed_samples(self) -> int:
-        return self.iteration * self.global_batch_size
+        return self._consumed(self.iteration)
 
     def consumed_per_dataset(self, iteration: Optional[int] = None) -> list[tuple[str, int]]:
         """``(name, samples drawn)`` per dataset after ``iteration`` iterations."""
-        end = (self.iteration if iteration is None else int(iteration)) * self.global_batch_size
+        end = self._consumed(self.iteration if iteration is None else int(iteration))
         self._extend(end)
         counts = np.bincount(self._index[:end], minlength=len(self.sizes))
         return list(zip(self.names, (int(c) for c in counts)))
@@ -274,6 +279,7 @@ class BlendedBatchSampler:
         fix = ("resume with the same --data-path (weights and datasets), --split, "
                "--global-batch-size and --seed")
         blend = state.get("blend")
+        check_schedule(state, getattr(self, "schedule_spec", None))
         if blend is None:
             raise ValueError(f"the checkpoint's data position was saved without a blend; {fix}")
         mine = self.state_dict()

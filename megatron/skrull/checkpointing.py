@@ -262,22 +262,30 @@ def _rng_sharded(meta: CheckpointMeta, state: Any):
     return ShardedObject("rng_state", state, (meta.world_size,), (meta.rank,), replica_id=0)
 
 
+def _saved_parts(config: Optional[dict]) -> dict[str, bool]:
+    """Which optional parts a save writes (``--no-save-optim`` / ``--no-save-rng``)."""
+    ckpt = (config or {}).get("checkpoint") or {}
+    return {"optimizer": not ckpt.get("no_save_optim"), "rng": not ckpt.get("no_save_rng")}
+
+
 def _state(trainer, meta: CheckpointMeta, config: Optional[dict], *, is_loading: bool,
            opts: LoadOptions = LoadOptions(), saved_layout: Optional[dict] = None) -> dict:
     """What is saved (or requested on load); ``opts`` drops the parts not to load."""
     model_sd = _unwrap(trainer.model).sharded_state_dict()
     state: dict[str, Any] = {"model": model_sd, "checkpoint_version": CHECKPOINT_VERSION}
+    saves = _saved_parts(config)
     if not is_loading or not opts.finetune:
         state["iteration"] = trainer.iteration
         state["data"] = trainer.sampler.state_dict()
-        if not is_loading or opts.load_optim:
+        if opts.load_optim if is_loading else saves["optimizer"]:
             state["optimizer"] = _optimizer_sharded(trainer.optimizer, model_sd, is_loading)
             if hasattr(_scheduler(trainer), "state_dict"):
                 state["opt_param_scheduler"] = _scheduler(trainer).state_dict()
-        if not is_loading or (opts.load_rng and saved_layout == meta.layout):
+        if (opts.load_rng and saved_layout == meta.layout) if is_loading else saves["rng"]:
             state["rng_state"] = _rng_sharded(meta, _rng_state())
     if not is_loading:
-        state["skrull"] = {"model": (config or {}).get("model"), "layout": meta.layout}
+        state["skrull"] = {"model": (config or {}).get("model"), "layout": meta.layout,
+                           "saved": saves}
     return state
 
 
@@ -319,15 +327,31 @@ def save_checkpoint(root: str, trainer, meta: CheckpointMeta,
     return path
 
 
+def _check_saved_parts(path: str, saved: dict, opts: LoadOptions) -> None:
+    """A checkpoint saved without its optimizer / RNG state loads only when told not to
+    load them (Megatron-LM exits with the same advice)."""
+    if opts.finetune:
+        return
+    if opts.load_optim and saved.get("optimizer") is False:
+        raise CheckpointError(f"--load {path} was saved with --no-save-optim (no optimizer "
+                              "state): resume with --no-load-optim (a fresh optimizer) or "
+                              "--finetune")
+    if opts.load_rng and saved.get("rng") is False:
+        raise CheckpointError(f"--load {path} was saved with --no-save-rng (no RNG state): "
+                              "resume with --no-load-rng or --finetune")
+
+
 # A padding rule, not the model: the checkpoint's padded vocabulary wins (vocab.py).
 _NOT_THE_MODEL = ("make_vocab_size_divisible_by",)
 
 
-def _check_compatible(path: str, config: Optional[dict]) -> Optional[dict]:
+def _check_compatible(path: str, config: Optional[dict],
+                      opts: LoadOptions = LoadOptions()) -> Optional[dict]:
     """Saved layout; raises :class:`CheckpointError` when the model flags differ."""
     from megatron.core.dist_checkpointing import load_common_state_dict
 
     saved = load_common_state_dict(path).get("skrull", {})
+    _check_saved_parts(path, saved.get("saved") or {}, opts)
     want, have = (config or {}).get("model"), saved.get("model")
     if have is not None:  # flags added since it was saved (e.g. RoPE scaling) at their default
         have = {**_model_defaults(), **have}
@@ -339,6 +363,24 @@ def _check_compatible(path: str, config: Optional[dict]) -> Optional[dict]:
             + ", ".join(f"{k}: saved {have[k]!r}, now {want.get(k)!r}" for k in diff)
             + "); resume with the flags it was saved with or point --load elsewhere")
     return saved.get("layout")
+
+
+def _check_data_position(path: str, trainer) -> None:
+    """The sampler's resume rules (same data, global batch size or batch-size schedule, seed)
+    as one :class:`CheckpointError` before anything is loaded (not an unreadable checkpoint:
+    every older one would fail alike)."""
+    import copy
+
+    from megatron.core.dist_checkpointing import load_common_state_dict
+
+    saved = load_common_state_dict(path).get("data")
+    sampler = getattr(trainer.sampler, "sampler", trainer.sampler)  # PlannedBatches wraps it
+    if saved is None or not hasattr(sampler, "load_state_dict"):
+        return
+    try:
+        copy.deepcopy(sampler).load_state_dict(saved)
+    except ValueError as exc:
+        raise CheckpointError(f"--load {path}: {exc}") from None
 
 
 def _model_defaults() -> dict[str, Any]:
@@ -423,7 +465,9 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
     from megatron.core.dist_checkpointing.core import CheckpointingException
 
     with cpu_checkpoint_io(meta.device), cuda_to_cpu(meta.device):
-        layout = _check_compatible(path, config)
+        layout = _check_compatible(path, config, opts)
+        if not opts.finetune:
+            _check_data_position(path, trainer)
         if opts.load_optim and not opts.finetune:  # the schedule is loaded with the optimizer
             _check_schedule(path, _scheduler(trainer))
         request = _state(trainer, meta, config, is_loading=True, opts=opts, saved_layout=layout)
@@ -436,6 +480,9 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
                                       "use the model flags it was saved with") from None
             raise
     _unwrap(trainer.model).load_state_dict(loaded["model"])
+    if "optimizer" not in loaded:  # fp32 main params must follow the loaded weights (Megatron)
+        with cuda_to_cpu(meta.device):
+            trainer.optimizer.reload_model_params()
     if opts.finetune:
         return 0
     if "optimizer" in loaded:
@@ -444,7 +491,12 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
             state = optimizer_state.convert(_single(trainer.optimizer), state, other_kind)
         with cuda_to_cpu(meta.device):
             _optimizer_load(trainer.optimizer, state)
-    trainer.sampler.load_state_dict(loaded["data"])
+    try:
+        trainer.sampler.load_state_dict(loaded["data"])
+    except ValueError as exc:
+        # The data order would change (--global-batch-size, --seed, --skrull-lookahead):
+        # bad input, one error line, never a fallback to an older checkpoint.
+        raise CheckpointError(f"--load {path}: {exc}") from None
     trainer.iteration = int(loaded["iteration"])  # (moves a stateful LR schedule along)
     if "opt_param_scheduler" in loaded:  # then the saved schedule state wins
         scheduler = _scheduler(trainer)

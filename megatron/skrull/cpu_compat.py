@@ -27,13 +27,18 @@ factory calls get ``device='cpu'``, ``.cuda()`` returns the CPU tensor, and ``ty
 CPU tensor reports the CUDA name mcore expects -- float64 reports ``torch.cuda.FloatTensor``
 and ``.float()`` keeps float64, because our parity mode (``--fp64``) gives float64 the role
 float32 has in mcore (full-precision params and gradients; the distributed optimizer's
-``shard_model_grad.float()`` would otherwise cast fp64 gradients down).  The training loop enters the mode around
-its mcore calls only; nothing outside it changes.
+``shard_model_grad.float()`` would otherwise cast fp64 gradients down); only in that mode
+(:func:`keep_float64`, set by ``build_trainer`` from ``--fp64``), so the fp16 loss scaler's
+deliberate ``double().reciprocal().float()`` stays float32.  The training loop enters the mode
+around its mcore calls only; nothing outside it changes.
 
 Not patched because our stack never reaches them: RoPE's CP slicing
 (``get_pos_emb_on_this_cp_rank``, which also calls ``.cuda()``) -- :mod:`megatron.skrull.model`
 builds ``GPTModel`` without RoPE and applies it in its ``core_attention`` from the global
 position ids of the packed stream, so ``RotaryEmbedding.forward`` / ``get_emb`` never run.
+
+One shim is for CUDA, not CPU: :func:`apply_gloo_cuda_compat` lets mcore's DDP reduce CUDA
+gradients over gloo, for ranks sharing one GPU (see its section at the end).
 
 ``tests/test_cpu_compat.py`` fails when upstream changes under these shims.
 """
@@ -47,7 +52,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["apply_cpu_compat", "cpu_checkpoint_io", "cpu_compat_applied", "cpu_pipeline_p2p",
+__all__ = ["apply_cpu_compat", "apply_gloo_cuda_compat", "cpu_checkpoint_io", "cpu_compat_applied", "cpu_pipeline_p2p",
            "cuda_to_cpu", "resolve_device", "original", "ORIGINALS"]
 
 # name -> object that was replaced (kept so tests can check the upstream behaviour).
@@ -195,6 +200,15 @@ def _is_cuda_device(device: Any) -> bool:
     return device is not None and torch.device(device).type == "cuda"
 
 
+_KEEP_FLOAT64 = True  # --fp64 parity mode (the default keeps the tests' fp64 runs exact)
+
+
+def keep_float64(enabled: bool) -> None:
+    """Whether ``.float()`` keeps float64 inside :func:`cuda_to_cpu` (``--fp64`` runs)."""
+    global _KEEP_FLOAT64
+    _KEEP_FLOAT64 = bool(enabled)
+
+
 class _CudaToCpuMode(TorchFunctionMode):
     """Redirects the CUDA device of mcore's factories, ``.cuda()`` and ``type()`` to CPU."""
 
@@ -202,7 +216,8 @@ class _CudaToCpuMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
             return args[0]
-        if func is torch.Tensor.float and len(args) == 1 and args[0].dtype == torch.float64:
+        if (func is torch.Tensor.float and len(args) == 1 and args[0].dtype == torch.float64
+                and _KEEP_FLOAT64):
             return args[0]  # fp64 parity mode: float64 is the "fp32" of mcore's main params
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             tensor = args[0]
@@ -313,3 +328,42 @@ def cpu_pipeline_p2p(device: Union[str, torch.device, None] = "cpu"):
         yield
     finally:
         torch.cuda.synchronize = saved
+
+
+# --- gloo with CUDA tensors (ranks sharing one GPU: SKRULL_DIST_BACKEND=gloo) -----------------
+#
+# Two processes on one GPU cannot share an NCCL communicator, so the one-GPU CP checks run
+# CUDA ranks over gloo.  gloo's all-reduce, broadcast and all-gather take CUDA tensors
+# (staged through pinned host memory), but mcore's DDP reduces gradient buckets inside
+# ``torch.distributed._coalescing_manager``, which hands the captured all-reduces to
+# ``allreduce_coalesced``: gloo implements that for CPU tensors only ("Invalid backend").
+# ``param_and_grad_buffer`` imports the manager by name; in this mode it gets one that lets
+# the collectives run one by one, synchronously.  Overlapped reduction (async) is refused at
+# startup (megatron.skrull.pretrain_gpt.dist_backend).
+
+class _Done:
+    """What the coalescing manager yields: every collective in it has already finished."""
+
+    def wait(self) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def _one_by_one_coalescing(group=None, device=None, async_ops: bool = False):
+    """Stand-in for ``torch.distributed._coalescing_manager``: no capture, collectives
+    inside run eagerly (gloo has no CUDA ``allreduce_coalesced``)."""
+    if async_ops:
+        raise RuntimeError("overlapped gradient reduction cannot run over gloo with CUDA "
+                           "tensors; drop --overlap-grad-reduce / --overlap-param-gather")
+    yield _Done()
+
+
+def apply_gloo_cuda_compat() -> tuple[str, ...]:
+    """Lets mcore's DDP reduce CUDA gradients over gloo (idempotent); returns the names of
+    the patched objects."""
+    from megatron.core.distributed import param_and_grad_buffer as buffers
+
+    key = "param_and_grad_buffer._coalescing_manager"
+    if buffers._coalescing_manager is not _one_by_one_coalescing:
+        _patch(buffers, "_coalescing_manager", _one_by_one_coalescing, key)
+    return (key,)

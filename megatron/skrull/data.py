@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
+from megatron.skrull.batch_size import check_schedule
 from megatron.skrull.preprocess import FORMAT_VERSION, LOSSMASK_SUFFIX, dataset_paths
 from megatron.skrull.tokenizer import SFTTokenizer
 
@@ -494,14 +495,21 @@ class GlobalBatchSampler:
             self._cached_epoch, self._cached_perm = epoch, perm
         return self._cached_perm
 
+    def _start(self, iteration: int) -> tuple[int, int]:
+        """``(epoch, offset in its permutation)`` of ``iteration``'s first sample."""
+        epoch, pos = divmod(iteration, self.batches_per_epoch)
+        return epoch, pos * self.global_batch_size
+
+    def _size(self, iteration: int) -> int:
+        return self.global_batch_size  # (a batch-size schedule varies it: batch_size_samplers)
+
     def batch(self, iteration: int) -> list[int]:
         """Sample indices of ``iteration`` (``global_batch_size`` distinct ints)."""
         if iteration < 0:
             raise ValueError(f"iteration must be >= 0, got {iteration}")
-        epoch, pos = divmod(iteration, self.batches_per_epoch)
-        start = pos * self.global_batch_size
+        epoch, start = self._start(iteration)
         perm = self.epoch_permutation(epoch)
-        return [int(i) for i in perm[start:start + self.global_batch_size]]
+        return [int(i) for i in perm[start:start + self._size(iteration)]]
 
     def __iter__(self) -> "GlobalBatchSampler":
         return self
@@ -527,6 +535,7 @@ class GlobalBatchSampler:
         if "blend" in state:
             raise ValueError("the checkpoint's data position is of a weighted blend; resume "
                              "with the same --data-path weights and datasets")
+        check_schedule(state, getattr(self, "schedule_spec", None))
         for key in ("num_samples", "global_batch_size", "seed", "shuffle"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(f"sampler state has {key}={state[key]!r} but this run has "

@@ -41,6 +41,14 @@ _PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
 T = TypeVar("T")
 
 
+class ConfigError(ValueError):
+    """Invalid flags; ``problems`` holds one message (naming the fix) per problem."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
 def filter_dependency_warnings() -> None:
     """Ignores :data:`DEPENDENCY_WARNINGS`, only when Megatron-Core's modules raise them."""
     for message in DEPENDENCY_WARNINGS:

@@ -85,7 +85,11 @@ class Evaluator:
             the end).
         printer: Rank 0's line printer (``None``: silent rank).
         writer: TensorBoard ``SummaryWriter`` (rank 0) or ``None``.
+
+    ``log_ppl`` (``--log-validation-ppl-to-tensorboard``) also writes the perplexity.
     """
+
+    log_ppl: bool = False
 
     def __init__(self, *, source: Any, batches: list, eval_interval: Optional[int],
                  origin: str = "", printer: Optional[Callable[[str], None]] = None,
@@ -114,8 +118,9 @@ class Evaluator:
             if self.writer is not None:
                 tag = f"lm loss validation{'-' + self.name if self.name else ''}"
                 self.writer.add_scalar(tag, loss, trainer.iteration)
-                self.writer.add_scalar(f"{tag} ppl", math.exp(min(PPL_CAP, loss)),
-                                       trainer.iteration)
+                if self.log_ppl:  # --log-validation-ppl-to-tensorboard, as Megatron-LM
+                    self.writer.add_scalar(f"{tag} ppl", math.exp(min(PPL_CAP, loss)),
+                                           trainer.iteration)
         if self.printer is not None:
             line = validation_line(trainer.iteration, loss, suffix=suffix, name=self.name)
             self.printer("-" * len(line) + "\n" + line + "\n" + "-" * len(line))

@@ -6,6 +6,7 @@ namespace into the frozen run configuration and checks it.
 from __future__ import annotations
 
 import argparse
+import signal
 
 from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICES
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_ms_arg
@@ -27,6 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     _checkpoint_flags(ap)
     _skrull_flags(ap)
     _runtime_flags(ap)
+    _megatron_run_flags(ap)
+    _megatron_logging_flags(ap)
+    # Last: Megatron-LM's other flags, accepted or refused (docs/megatron_flags.md).
+    from megatron.skrull.megatron_args import add_megatron_flags
+
+    add_megatron_flags(ap)
     return ap
 
 
@@ -120,7 +127,16 @@ def _parallel_flags(ap: argparse.ArgumentParser) -> None:
 
 def _optimizer_flags(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("batching and optimisation")
-    g.add_argument("--global-batch-size", type=int, required=True, help="sequences per iteration")
+    g.add_argument("--global-batch-size", type=int, help="sequences per iteration (required "
+                   "unless --step-batch-size-schedule gives the sizes)")
+    g.add_argument("--step-batch-size-schedule", metavar='"THRESHOLD:BS ..."',
+                   help="global batch size by consumed tokens (K/M/B/T suffixes; thresholds "
+                        "// --seq-length = samples), Megatron-LM's; the LR schedule counts "
+                        "samples")
+    g.add_argument("--rampup-batch-size", type=int, nargs=3,
+                   metavar=("START", "INCR", "SAMPLES"),
+                   help="deprecated in Megatron-LM: ramp from START by INCR to "
+                        "--global-batch-size over SAMPLES samples (needs --train-samples)")
     g.add_argument("--micro-batch-size", type=int, default=1,
                    help="accepted for Megatron scripts; the scheduler packs micro-batches "
                         "to --skrull-bucket-size tokens instead")
@@ -142,7 +158,7 @@ def _optimizer_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--overlap-param-gather", action="store_true")
     g.add_argument("--loss-scale", type=float, help="fp16 static loss scale (default dynamic)")
     g.add_argument("--initial-loss-scale", type=float, default=2.0 ** 32)
-    g.add_argument("--train-iters", type=int, required=True)
+    g.add_argument("--train-iters", type=int, help="iterations to train (or --train-samples)")
     g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
                    dest="override_opt_param_scheduler", action="store_true",
                    help="on --load, the LR schedule flags win over the checkpoint's schedule")
@@ -181,7 +197,7 @@ def _checkpoint_flags(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("checkpointing and logging")
     g.add_argument("--save")
     g.add_argument("--load")
-    g.add_argument("--save-interval", type=int)
+    g.add_argument("--save-interval", "--persistent-save-interval", type=int)
     g.add_argument("--pretrained-hf", metavar="DIR", help="initialise from a Hugging Face model "
                    "directory (config.json + safetensors); model flags come from its config")
     g.add_argument("--ckpt-format", default="torch_dist",
@@ -223,8 +239,13 @@ def _skrull_flags(ap: argparse.ArgumentParser) -> None:
                    help="schedule the next global batch on a worker thread while this one "
                         "trains (default on)")
     g.add_argument("--skrull-online-cost-model", action=argparse.BooleanOptionalAction,
-                   default=False, help="refit the cost model to measured iteration times "
-                   "during training (same fit on every rank)")
+                   default=None, help="refit the cost model to measured iteration times "
+                   "during training (same fit on every rank; default: on with --device "
+                   "cuda, off on CPU, where plans then stay deterministic)")
+    g.add_argument("--skrull-lookahead", type=int, default=1, metavar="N",
+                   help="plan N global batches together, regrouping their samples between "
+                        "the N iterations when the scheduler predicts that faster (1: as "
+                        "drawn; docs/scheduler.md, Lookahead)")
     g.add_argument("--skrull-attention-kernel", choices=KERNEL_CHOICES,
                    help=f"attention kernel (default ${KERNEL_ENV_VAR}, else auto: torch on CPU; "
                         "te, else flash on CUDA; reference only when asked for)")
@@ -236,3 +257,53 @@ def _runtime_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--fp64", action="store_true", help="float64 on CPU (equivalence tests)")
     g.add_argument("--bf16", action="store_true", help="bf16 params, fp32 main params/grads")
     g.add_argument("--fp16", action="store_true", help="fp16 params with loss scaling")
+
+
+def _megatron_run_flags(ap: argparse.ArgumentParser) -> None:
+    """Megatron-LM's run-control flags (megatron/skrull/run_args.py, docs/training.md)."""
+    g = ap.add_argument_group("Megatron-LM run control")
+    g.add_argument("--train-samples", type=int, help="train for N // --global-batch-size "
+                   "iterations; the LR schedule counts samples (instead of --train-iters)")
+    g.add_argument("--lr-decay-samples", type=int, help="with --train-samples")
+    g.add_argument("--lr-warmup-samples", type=int, default=0, help="with --train-samples")
+    g.add_argument("--lr-warmup-fraction", type=float,
+                   help="warmup as a fraction of the LR decay steps")
+    g.add_argument("--decoupled-lr", type=float, help="LR of the input embedding and the "
+                   "output layer (mcore's decoupled LR)")
+    g.add_argument("--decoupled-min-lr", type=float, help="their minimum LR")
+    g.add_argument("--optimizer", default="adam", choices=("adam",),
+                   help="adam: AdamW (decoupled weight decay), as Megatron-LM's adam")
+    g.add_argument("--exit-duration-in-mins", type=int,
+                   help="save a checkpoint and exit after this many minutes")
+    g.add_argument("--exit-signal", default="SIGTERM",
+                   choices=[s.name for s in signal.Signals],
+                   help="the signal --exit-signal-handler catches")
+    g.add_argument("--distributed-timeout-minutes", type=int, default=10,
+                   help="timeout of collective operations")
+    g.add_argument("--eod-mask-loss", action="store_true",
+                   help="no loss on positions whose input token is the EOD token")
+    g.add_argument("--no-save-optim", action="store_true",
+                   help="checkpoints without the optimizer and LR schedule state")
+    g.add_argument("--no-save-rng", action="store_true", help="checkpoints without RNG state")
+    g.add_argument("--padded-vocab-size", type=int,
+                   help="vocabulary rows of the model (default: padded --vocab-size)")
+    g.add_argument("--group-query-attention", action="store_true",
+                   help="use --num-query-groups (GQA)")
+    g.add_argument("--attention-backend", choices=("flash", "fused", "unfused", "local", "auto"),
+                   help="Megatron-LM's attention back-end, mapped onto "
+                        "--skrull-attention-kernel (logged)")
+    g.add_argument("--transformer-impl", default="local",
+                   choices=("local", "transformer_engine"),
+                   help="mcore layer spec (transformer_engine needs Transformer Engine)")
+
+
+def _megatron_logging_flags(ap: argparse.ArgumentParser) -> None:
+    """Megatron-LM's TensorBoard and Weights & Biases flags (megatron/skrull/loggers.py)."""
+    g = ap.add_argument_group("Megatron-LM logging")
+    g.add_argument("--log-timers-to-tensorboard", action="store_true",
+                   help="forward-backward, optimizer and batch-generator times")
+    g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true")
+    g.add_argument("--wandb-project", help="log to Weights & Biases (needs wandb)")
+    g.add_argument("--wandb-exp-name", help="the run's name in wandb")
+    g.add_argument("--wandb-save-dir", help="wandb's local directory (default SAVE/wandb)")
+    g.add_argument("--wandb-entity", help="wandb team or user")

@@ -301,14 +301,42 @@ def layer_spec(args: ModelArgs, attention_fn: Optional[AttentionFn] = None,
     return spec
 
 
+def te_layer_spec(args: ModelArgs, attention_fn: Optional[AttentionFn] = None) -> ModuleSpec:
+    """``--transformer-impl transformer_engine``: mcore's Transformer Engine GPT layer spec
+    (what Megatron-LM runs on GPUs by default: layernorm fused into the QKV and FC1 GEMMs)
+    with :class:`SkrullCoreAttention` as ``core_attention``.  TE's norms carry their own
+    sequence-parallel marks; the final norm is mcore's ``TENorm``.  Checkpoints are the
+    local spec's (mcore maps the local spec's norm keys onto TE's).
+
+    Raises:
+        ValueError: Transformer Engine does not import (the message names the fix).
+    """
+    from skrull_ext.attention.choice import te_available
+
+    if not te_available():
+        raise ValueError("--transformer-impl transformer_engine needs Transformer Engine "
+                         "(import transformer_engine.pytorch failed); install it (pip install "
+                         "'skrull-megatron[gpu]') or use --transformer-impl local")
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_with_transformer_engine_spec)
+
+    spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=args.qk_layernorm)
+    spec.submodules.self_attention.submodules.core_attention = ModuleSpec(
+        module=SkrullCoreAttention,
+        params={"attention_fn": attention_fn, "rotary_base": args.rotary_base})
+    return spec
+
+
 def block_spec(args: ModelArgs, config: TransformerConfig,
-               attention_fn: Optional[AttentionFn] = None):
+               attention_fn: Optional[AttentionFn] = None, transformer_impl: str = "local"):
     """The decoder: this stage's layers of :func:`layer_spec` and the final norm.
 
     A bare layer spec would give the final norm mcore's default (``WrappedTorchNorm``
     without apex), so with SP the block's submodules are spelled out: the final norm is
     the layers' norm class.
     """
+    if transformer_impl == "transformer_engine":
+        return te_layer_spec(args, attention_fn)
     spec = layer_spec(args, attention_fn, config.sequence_parallel)
     if not config.sequence_parallel:
         return spec
@@ -330,7 +358,7 @@ def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: 
                 dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu"),
                 attention_fn: Optional[AttentionFn] = None,
                 recompute: Optional[RecomputeArgs] = None, pp_size: int = 1,
-                sequence_parallel: bool = False) -> GPTModel:
+                sequence_parallel: bool = False, transformer_impl: str = "local") -> GPTModel:
     """Builds the model on ``device`` (parallel state must be initialised).
 
     ``forward(input_ids [1, T], position_ids [1, T], attention_mask=None, labels=[1, T],
@@ -352,6 +380,8 @@ def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: 
             stage's layers, the embedding on the first stage, norm + output on the last.
         sequence_parallel: Megatron's sequence parallelism (``tp_size > 1``); inputs
             padded by :func:`megatron.skrull.micro_batch.pad_micro_batch`.
+        transformer_impl: ``local`` (mcore's local spec) or ``transformer_engine``
+            (:func:`te_layer_spec`).
     """
     cpu = device.type == "cpu"
     config = transformer_config(args, tp_size=tp_size, cp_size=cp_size, dtype=dtype,
@@ -367,7 +397,8 @@ def build_model(args: ModelArgs, *, vocab_size: int, tp_size: int = 1, cp_size: 
     # RoPE lives in SkrullCoreAttention (see the module docstring): "none" here.
     with _stage_build(cpu and pp_size > 1):
         model = GPTModel(
-            config=config, transformer_layer_spec=block_spec(args, config, attention_fn),
+            config=config,
+            transformer_layer_spec=block_spec(args, config, attention_fn, transformer_impl),
             vocab_size=vocab_size, max_sequence_length=args.max_position_embeddings,
             share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
             position_embedding_type="none", parallel_output=True, **stage)

@@ -18,7 +18,9 @@ from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_mega
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron.skrull.arguments import OptimArgs
+from megatron.skrull.batch_size import BatchSizeArgs
 from megatron.skrull.cpu_compat import cuda_to_cpu
+from megatron.skrull.run_args import lr_schedule_steps
 
 __all__ = ["wrap_ddp", "build_optimizer", "build_scheduler", "optimizer_config"]
 
@@ -55,7 +57,10 @@ def optimizer_config(args: OptimArgs, *, params_dtype: torch.dtype, bf16: bool,
         clip_grad=args.clip_grad, bf16=bf16, fp16=fp16, params_dtype=params_dtype,
         loss_scale=args.loss_scale, initial_loss_scale=args.initial_loss_scale,
         use_distributed_optimizer=args.use_distributed_optimizer,
-        overlap_param_gather=args.overlap_param_gather)
+        overlap_param_gather=args.overlap_param_gather,
+        # --decoupled-lr: mcore's standard overrides give the embedding and output layer
+        # their own max/min LR, which OptimizerParamScheduler follows per group.
+        decoupled_lr=args.decoupled_lr, decoupled_min_lr=args.decoupled_min_lr)
 
 
 def build_optimizer(ddp_model: DistributedDataParallel, args: OptimArgs, *,
@@ -73,20 +78,29 @@ def build_optimizer(ddp_model: DistributedDataParallel, args: OptimArgs, *,
 
 
 def build_scheduler(optimizer: MegatronOptimizer, args: OptimArgs,
-                    num_steps: Optional[int] = None) -> OptimizerParamScheduler:
+                    num_steps: Optional[int] = None, *,
+                    batch_sizes: Optional[BatchSizeArgs] = None) -> OptimizerParamScheduler:
     """Megatron's LR schedule in iterations (one step per global batch).
 
     Iteration ``i`` (1-based) trains with the LR of step ``i - 1``: warmup starts at 0, as in
-    Megatron.  Weight decay is constant.  On resume Megatron's switches decide whose schedule
-    wins (``--override-opt_param-scheduler``: the flags', ``--use-checkpoint-opt_param-
-    scheduler``: the checkpoint's); without either they must agree (checked on load).
+    Megatron.  Weight decay is constant.  Warmup and decay may be fractional iterations
+    (``--lr-warmup-fraction``, ``--train-samples``): Megatron-LM counts those in samples,
+    and ``samples / global batch`` iterations give the same LR at every iteration.  On
+    resume Megatron's switches decide whose schedule wins (``--override-opt_param-scheduler``:
+    the flags', ``--use-checkpoint-opt_param-scheduler``: the checkpoint's); without either
+    they must agree (checked on load).  With a batch-size schedule (``batch_sizes``) the
+    steps are samples, as Megatron-LM counts them: the loop steps by each global batch.
     """
+    warmup, decay = lr_schedule_steps(args)
+    wd_steps = args.train_iters
+    if batch_sizes is not None:
+        b = batch_sizes
+        warmup, decay, wd_steps = b.lr_warmup_samples, b.lr_decay_samples, b.wd_incr_samples
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_iters,
-        lr_decay_steps=args.lr_decay_iters or args.train_iters,
+        lr_warmup_steps=warmup, lr_decay_steps=decay,
         lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
-        end_wd=args.weight_decay, wd_incr_steps=args.train_iters, wd_incr_style="constant",
+        end_wd=args.weight_decay, wd_incr_steps=wd_steps, wd_incr_style="constant",
         use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
         override_opt_param_scheduler=args.override_opt_param_scheduler)
     if num_steps:

@@ -59,7 +59,7 @@ class PlannedBatches:
         self.sampler, self.lengths, self.batch_scheduler = sampler, lengths, batch_scheduler
         self.ahead = ahead
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "skrull-plan") if ahead else None
-        self._pending: Optional[tuple[dict, np.ndarray, concurrent.futures.Future]] = None
+        self._pending: Optional[tuple[dict, concurrent.futures.Future]] = None
         self.exposed_seconds = 0.0  # wait of the last take()
 
     def _plan_fn(self) -> Callable[[np.ndarray], Plan]:
@@ -68,27 +68,27 @@ class PlannedBatches:
             return self.batch_scheduler
         return functools.partial(self.batch_scheduler, cost_model=cost)
 
-    def _draw(self) -> tuple[dict, np.ndarray]:
-        state = copy.deepcopy(self.sampler.state_dict())
-        return state, np.asarray(next(self.sampler), dtype=np.int64)
+    def _draw_and_plan(self, plan_fn: Callable[[np.ndarray], Plan]) -> tuple[np.ndarray, Plan]:
+        # The draw runs here too: a --skrull-lookahead sampler plans its window in next().
+        ids = np.asarray(next(self.sampler), dtype=np.int64)
+        return ids, plan_fn(self.lengths[ids])
 
     def prefetch(self) -> None:
-        """Starts planning the next batch (no-op inline or when one is pending)."""
+        """Starts drawing and planning the next batch (no-op inline or when one is pending)."""
         if self._pool is None or self._pending is not None:
             return
-        state, ids = self._draw()
-        self._pending = (state, ids, self._pool.submit(self._plan_fn(), self.lengths[ids]))
+        state = copy.deepcopy(self.sampler.state_dict())
+        self._pending = (state, self._pool.submit(self._draw_and_plan, self._plan_fn()))
 
     def take(self) -> tuple[np.ndarray, Plan]:
         """The next batch and its plan; waits for (or computes) the plan."""
         start = time.perf_counter()
         if self._pending is None:
-            _, ids = self._draw()
-            plan = self._plan_fn()(self.lengths[ids])
+            ids, plan = self._draw_and_plan(self._plan_fn())
         else:
-            _, ids, future = self._pending
+            _, future = self._pending
             self._pending = None
-            plan = future.result()
+            ids, plan = future.result()
         self.exposed_seconds = time.perf_counter() - start
         return ids, plan
 
@@ -106,7 +106,7 @@ class PlannedBatches:
     def cancel(self) -> None:
         """Drops a pending plan, rewinding the sampler to before its draw."""
         if self._pending is not None:
-            state, _, future = self._pending
+            state, future = self._pending
             self._pending = None
             future.cancel()
             concurrent.futures.wait([future])

@@ -4,13 +4,15 @@ Also runs as a single process without torchrun (world size 1, a file store in a 
 directory, no port).  Invalid flags print one ``error:`` line per problem and exit 2.
 
 Steps: parse flags -> CPU shims (CPU only) -> ``torch.distributed`` (gloo on CPU, NCCL on
-GPU) -> ``parallel_state.initialize_model_parallel(TP, CP)`` -> seeds -> data source, model,
-mcore DDP + optimizer + LR schedule, sampler, batch scheduler -> optional ``--load`` -> train (log,
+GPU; gloo there too with ``SKRULL_DIST_BACKEND=gloo``) ->
+``parallel_state.initialize_model_parallel(TP, CP)`` -> seeds -> data source, model, mcore DDP
++ optimizer + LR schedule, sampler, batch scheduler -> optional ``--load`` -> train (log,
 TensorBoard, ``--save`` every ``--save-interval`` and at the end).
 """
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import logging
 import os
@@ -27,13 +29,46 @@ from skrull_ext.attention.comm import RingComm
 
 from megatron.skrull import errors
 from megatron.skrull.arguments import ConfigError, RunConfig, parse_args
-from megatron.skrull.cpu_compat import apply_cpu_compat, resolve_device
+from megatron.skrull.cpu_compat import (apply_cpu_compat, apply_gloo_cuda_compat, keep_float64,
+                                        resolve_device)
+from megatron.skrull.run_control import PROGRAM_START  # noqa: F401 - taken at start-up
 
 logger = logging.getLogger("megatron.skrull")
 
 
-def init_distributed(device: torch.device, init_method: Optional[str] = None) -> None:
-    """Initialises the default process group from torchrun's env (or a world of 1)."""
+#: ``SKRULL_DIST_BACKEND=gloo`` runs CUDA ranks over gloo, so several can share one GPU
+#: (function, not speed: the one-GPU CP checks of ``tools/check_gpu.py``).
+DIST_BACKEND_ENV = "SKRULL_DIST_BACKEND"
+
+
+def dist_backend(device: torch.device, cfg: Optional[RunConfig] = None) -> str:
+    """The process-group backend: gloo on CPU; NCCL on CUDA unless ``$SKRULL_DIST_BACKEND``
+    is ``gloo`` (ranks may then share a GPU; the ring stages through host memory).
+
+    Raises:
+        ValueError: An unknown backend, NCCL without CUDA, more local ranks than GPUs under
+            NCCL, or overlapped gradient reduction over gloo on CUDA (naming the fix).
+    """
+    name = os.environ.get(DIST_BACKEND_ENV, "").strip().lower()
+    name = name or ("nccl" if device.type == "cuda" else "gloo")
+    if name not in ("nccl", "gloo") or (name == "nccl" and device.type != "cuda"):
+        raise ValueError(f"{DIST_BACKEND_ENV}={name}: use gloo (any device) or nccl (CUDA)")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if name == "nccl" and local > torch.cuda.device_count():
+        raise ValueError(f"{local} processes per node but {torch.cuda.device_count()} GPU(s): "
+                         "NCCL cannot run two ranks on one GPU; launch one process per GPU, "
+                         f"or set {DIST_BACKEND_ENV}=gloo for a functional (slow) run")
+    if name == "gloo" and device.type == "cuda" and cfg is not None and (
+            cfg.optim.overlap_grad_reduce or cfg.optim.overlap_param_gather):
+        raise ValueError(f"{DIST_BACKEND_ENV}=gloo on CUDA cannot overlap the gradient "
+                         "reduction: drop --overlap-grad-reduce / --overlap-param-gather")
+    return name
+
+
+def init_distributed(device: torch.device, init_method: Optional[str] = None,
+                     timeout_minutes: int = 10) -> None:
+    """Initialises the default process group from torchrun's env (or a world of 1);
+    collectives time out after ``timeout_minutes`` (``--distributed-timeout-minutes``)."""
     if dist.is_initialized():
         return
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -45,10 +80,14 @@ def init_distributed(device: torch.device, init_method: Optional[str] = None) ->
             init_method = f"file://{tempfile.mkdtemp(prefix='skrull-store-')}/store"
         else:
             raise RuntimeError(f"WORLD_SIZE={world} without MASTER_ADDR: launch with torchrun")
-    if device.type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            init_method=init_method, rank=rank, world_size=world)
+    backend = dist_backend(device)
+    if device.type == "cuda":  # over gloo, ranks may share a GPU
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local % torch.cuda.device_count() if backend == "gloo" else local)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(minutes=timeout_minutes))
+    if backend == "gloo" and device.type == "cuda":
+        apply_gloo_cuda_compat()
 
 
 def init_model_parallel(cfg: RunConfig, device: torch.device) -> None:
@@ -59,7 +98,8 @@ def init_model_parallel(cfg: RunConfig, device: torch.device) -> None:
         tensor_model_parallel_size=cfg.parallel.tensor_model_parallel_size,
         context_parallel_size=cfg.parallel.context_parallel_size,
         pipeline_model_parallel_size=cfg.parallel.pipeline_model_parallel_size,
-        create_gloo_process_groups=device.type == "cpu")
+        create_gloo_process_groups=device.type == "cpu",
+        distributed_timeout_minutes=cfg.run.distributed_timeout_minutes)
     torch.manual_seed(cfg.optim.seed)
     tensor_parallel.model_parallel_cuda_manual_seed(cfg.optim.seed)
 
@@ -94,18 +134,18 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
     """
     from megatron.core.distributed import finalize_model_grads
 
-    from megatron.skrull.data import make_sampler
+    from megatron.skrull.batch_size import GlobalBatchSizes
+    from megatron.skrull.batch_size_samplers import scheduled_sampler
+    from megatron.skrull.lookahead import lookahead_sampler
     from megatron.skrull.model import build_model
     from megatron.skrull.optimizer import build_optimizer, build_scheduler, wrap_ddp
     from megatron.skrull.batch_schedule import make_batch_scheduler, model_spec
     from megatron.skrull.training import ParallelGroups, Trainer
-<<<<<<< HEAD
-    from skrull_ext.costmodel.flops import model_flops
-=======
     from megatron.skrull.vocab import padded_vocab_size
->>>>>>> m-resume
+    from skrull_ext.costmodel.flops import model_flops
 
     source = source if source is not None else build_sample_source(cfg)
+    keep_float64(cfg.fp64)  # only --fp64 keeps float64 through mcore's .float() (CPU)
     tp = cfg.parallel.tensor_model_parallel_size
     if cfg.model.vocab_size is not None and cfg.model.vocab_size < source.vocab_size:
         raise ValueError(f"--vocab-size {cfg.model.vocab_size} is smaller than the data's "
@@ -116,7 +156,8 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
                         cp_size=cfg.parallel.context_parallel_size, dtype=cfg.params_dtype,
                         device=device, attention_fn=attention_fn, recompute=cfg.recompute,
                         pp_size=cfg.parallel.pipeline_model_parallel_size,
-                        sequence_parallel=cfg.sequence_parallel_active)
+                        sequence_parallel=cfg.sequence_parallel_active,
+                        transformer_impl=cfg.run.transformer_impl)
     if cfg.checkpoint.pretrained_hf:  # before DDP and the optimizer copy anything
         from megatron.core import parallel_state as ps
         from megatron.skrull.hf.io import load_pretrained
@@ -143,11 +184,15 @@ def build_trainer(cfg: RunConfig, device: torch.device, *, source: Any = None,
         # NCCL: the CP group's first batched P2P call must involve all its ranks, and a
         # plan may open with a micro-batch of CP sub-group rings only (docs/attention.md).
         RingComm(groups.cp_group).warm_up(device)
+    sizes = GlobalBatchSizes(cfg.run.batch_sizes) if cfg.run.batch_sizes else None
+    batch_scheduler = batch_scheduler or make_batch_scheduler(cfg, vocab)
+    sampler = scheduled_sampler(source, cfg.global_batch_size, cfg.optim.seed, sizes)
     return Trainer(
-        model=ddp, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.optim),
-        source=source,
-        sampler=make_sampler(source, cfg.global_batch_size, cfg.optim.seed),
-        batch_scheduler=batch_scheduler or make_batch_scheduler(cfg, vocab),
+        model=ddp, optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, cfg.optim, batch_sizes=cfg.run.batch_sizes),
+        source=source, batch_sizes=sizes,
+        sampler=lookahead_sampler(sampler, source.lengths, cfg.skrull.lookahead, batch_scheduler),
+        batch_scheduler=batch_scheduler,
         groups=groups, device=device,
         float64_loss=cfg.fp64 and tp == 1, plan_ahead=cfg.skrull.plan_ahead,
         attention_backend=attention_kernel,
@@ -160,9 +205,15 @@ def _attention_kernel(cfg: RunConfig, device: torch.device) -> str:
     from skrull_ext.attention import get_kernel
 
     try:
-        return get_kernel(cfg.skrull.attention_kernel, device, torch.float32).name
+        name = get_kernel(cfg.skrull.attention_kernel, device, torch.float32).name
     except RuntimeError as exc:  # the kernel's library is missing: exit 2 naming the fix
         raise ValueError(f"--skrull-attention-kernel {cfg.skrull.attention_kernel}: {exc}") from exc
+    half = cfg.bf16 or cfg.fp16
+    if device.type == "cuda" and name in ("torch", "flash") and not half:
+        raise ValueError(f"--skrull-attention-kernel {cfg.skrull.attention_kernel} runs the "
+                         f"{name} kernel, fp16/bf16 only on CUDA: add --bf16 (or --fp16), or "
+                         "use --skrull-attention-kernel reference (float64, slow)")
+    return name
 
 
 class ExitSignalHandler:
@@ -186,6 +237,35 @@ class ExitSignalHandler:
         return bool(flag.item())
 
 
+def _exit_fn(cfg: RunConfig, device: torch.device):
+    """``--exit-signal-handler`` (``--exit-signal``) and ``--exit-duration-in-mins``."""
+    from megatron.skrull.run_control import ExitDuration, any_exit
+
+    minutes = cfg.run.exit_duration_in_mins
+    return any_exit([
+        ExitSignalHandler(device, getattr(signal, cfg.run.exit_signal))
+        if cfg.checkpoint.exit_signal_handler else None,
+        ExitDuration(minutes, device) if minutes else None])
+
+
+def _megatron_logging(cfg: RunConfig, metrics, evaluator, description: dict, rank: int,
+                      printer: Callable[[str], None]) -> None:
+    """Rank 0: the notes on accepted Megatron-LM flags, wandb, timers and validation PPL
+    in TensorBoard (``--log-timers-to-tensorboard``, ``--log-validation-ppl-to-tensorboard``)."""
+    if rank != 0:
+        return
+    for note in cfg.run.notes:
+        printer(f" skrull: {note}")
+    metrics.log_timers = cfg.logging.log_timers_to_tensorboard
+    if evaluator is not None:
+        evaluator.log_ppl = cfg.logging.log_validation_ppl_to_tensorboard
+    if cfg.logging.wandb_project:
+        from megatron.skrull.loggers import Writers, open_wandb
+
+        metrics.writer = Writers(metrics.writer,
+                                 open_wandb(cfg.logging, cfg.checkpoint.save, description))
+
+
 class SetupError(RuntimeError):
     """Bad input found while building the run (data, tokenizer, checkpoint): exit 2."""
 
@@ -204,10 +284,14 @@ def setup(cfg: RunConfig, *, init_method: Optional[str] = None):
 
     device = resolve_device(cfg.device)
     apply_cpu_compat(device)
-    init_distributed(device, init_method)
+    init_distributed(device, init_method, cfg.run.distributed_timeout_minutes)
     init_model_parallel(cfg, device)
     try:
         sources = build_sample_sources(cfg)
+        if cfg.run.eod_mask_loss:
+            from megatron.skrull.run_control import mask_eod
+
+            sources = mask_eod(sources)
         trainer = build_trainer(cfg, device, source=sources.train)
         evaluator = build_evaluator(cfg, sources, trainer.batch_scheduler, device=device)
         meta = ckpt.CheckpointMeta.from_parallel_state(device)
@@ -243,6 +327,7 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                             tensorboard_dir=cfg.logging.tensorboard_dir, printer=printer,
                             log_throughput=cfg.logging.log_throughput,
                             world_size=cfg.parallel.world_size)
+    _megatron_logging(cfg, metrics, evaluator, description, meta.rank, printer)
     if meta.rank == 0:
         printer(f" skrull: world {cfg.parallel.world_size} = DP {cfg.parallel.dp_size} x CP "
                 f"{cfg.parallel.context_parallel_size} x TP "
@@ -254,6 +339,10 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
                 f"starting at iteration {trainer.iteration}; scheduler "
                 f"{cfg.skrull.scheduler} on the {skrull_ext.BACKEND} backend"
                 + (f" ({cfg.skrull.objective} objective)" if cfg.skrull.scheduler == "skrull"
+                   else "")
+                + (f", lookahead windows of {cfg.skrull.lookahead} global batches"
+                   if cfg.skrull.lookahead > 1 else "")
+                + (", cost model refitted online" if trainer.batch_scheduler.refit is not None
                    else ""))
         precision = ("fp64" if cfg.fp64 else "bf16" if cfg.bf16 else "fp16" if cfg.fp16
                      else "fp32")
@@ -284,7 +373,7 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
             printer(describe_blend(trainer.source))
     metrics.dataset_counts = getattr(trainer.sampler.sampler, "consumed_per_dataset", None)
     try:
-        exit_fn = ExitSignalHandler(device) if cfg.checkpoint.exit_signal_handler else None
+        exit_fn = _exit_fn(cfg, device)
         return train(trainer, train_iters=cfg.optim.train_iters, metrics=metrics,
                      save_interval=cfg.checkpoint.save_interval, save_fn=save_fn,
                      exit_fn=exit_fn, exit_interval=cfg.exit_interval,
@@ -307,7 +396,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
         cfg = errors.parse_quietly(lambda a: parse_args(a, world_size=world), argv)
-        resolve_device(cfg.device)
+        dist_backend(resolve_device(cfg.device), cfg)
     except SystemExit as exc:  # argparse (already reported on rank 0) or --help
         return exc.code if isinstance(exc.code, int) else errors.EXIT_BAD_INPUT
     except ConfigError as exc:

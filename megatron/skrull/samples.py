@@ -157,7 +157,9 @@ def parse_split(split: str) -> tuple[float, float, float]:
     """
     fix = (f"--split {split!r}: give up to three comma-separated non-negative weights for "
            "train,validation,test with a positive sum, e.g. --split 969,30,1")
-    parts = [p.strip() for p in re.split(r"[,/]", split.strip())]
+    # Megatron-LM's example scripts pass "--split '99,1,0'" inside an unquoted variable, so
+    # bash hands over the quotes too; Megatron's own parsing ignores them, and so do we.
+    parts = [p.strip() for p in re.split(r"[,/]", split.strip().strip("'\""))]
     if not 1 <= len(parts) <= len(SPLIT_NAMES):
         raise ValueError(fix)
     try:

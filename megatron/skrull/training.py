@@ -140,7 +140,10 @@ class IterationStats:
     micro_batches: int
     local_share: float
     planning_seconds: float = 0.0  # planning the main thread waited for (exposed)
+    forward_backward_seconds: float = 0.0  # micro-batches incl. gradient reduction
+    optimizer_seconds: float = 0.0  # clip, step, LR schedule
     flops: Optional[float] = None  # model FLOPs of the global batch (skrull_ext.costmodel.flops)
+    global_batch_size: int = 0  # samples of the global batch (a batch-size schedule varies it)
 
     @property
     def tokens_per_second(self) -> float:
@@ -169,18 +172,22 @@ class Trainer:
             wrapper, whose checkpoint state undoes the batch drawn ahead).
         flops_fn: ``lengths [K] -> model FLOPs`` of a global batch (``--log-throughput``;
             :func:`skrull_ext.costmodel.flops.model_flops` of the run's shape).
+        batch_sizes: The batch-size schedule's
+            :class:`~megatron.skrull.batch_size.GlobalBatchSizes` (``None``: constant); with
+            one the LR schedule steps by samples, as Megatron-LM's does.
     """
 
     def __init__(self, *, model, optimizer, scheduler, source: SampleSource, sampler: Any,
                  batch_scheduler: BatchScheduler, groups: ParallelGroups, device: torch.device,
                  float64_loss: bool = False, attention_backend: str = "auto",
                  plan_ahead: bool = False, pad_multiple: int = 1,
-                 flops_fn: Optional[Callable[[np.ndarray], float]] = None):
+                 flops_fn: Optional[Callable[[np.ndarray], float]] = None,
+                 batch_sizes: Optional[Any] = None):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.source, self.sampler, self.batch_scheduler = source, sampler, batch_scheduler
         self.groups, self.device, self.attention_backend = groups, device, attention_backend
         self.float64_loss, self.pad_multiple = float64_loss, pad_multiple
-        self.flops_fn = flops_fn
+        self.flops_fn, self.batch_sizes = flops_fn, batch_sizes
         self.params = [p for p in model.module.parameters() if p.requires_grad]
         self._iteration = 0
         self.sampler = PlannedBatches(sampler, source.lengths, batch_scheduler, ahead=plan_ahead)
@@ -195,7 +202,9 @@ class Trainer:
     def iteration(self, value: int) -> None:
         self._iteration = int(value)
         self.scheduler.num_steps = 0
-        self.scheduler.step(increment=self._iteration)
+        # One step per iteration, or per sample under a batch-size schedule (Megatron-LM).
+        self.scheduler.step(increment=self._iteration if self.batch_sizes is None
+                            else self.batch_sizes.consumed_before(self._iteration))
 
     def next_plan(self) -> tuple[np.ndarray, Plan]:
         """Draws the next global batch and plans it: ``(dataset ids [K], plan)``."""
@@ -311,11 +320,12 @@ class Trainer:
                 torch.cuda.synchronize()
             start = time.perf_counter()
         loss = self.compute_gradients(batch_ids, plan)
+        forward_backward = time.perf_counter() - start
         lr = self.optimizer.param_groups[0]["lr"]
         with cuda_to_cpu(self.device):
             updated, norm, _ = self.optimizer.step()
         if updated:  # fp16 skips the update (and the schedule) on overflow, as Megatron
-            self.scheduler.step(increment=1)
+            self.scheduler.step(increment=len(batch_ids) if self.batch_sizes else 1)
         self._iteration += 1
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -323,8 +333,10 @@ class Trainer:
             iteration=self.iteration, loss=loss, lr=lr, grad_norm=float(norm or 0.0),
             seconds=time.perf_counter() - start, predicted_seconds=predicted_seconds(plan),
             tokens=int(plan.lengths.sum()), micro_batches=plan.num_micro_batches,
-            local_share=plan.local_token_share(),
-            flops=self.flops_fn(plan.lengths) if self.flops_fn is not None else None)
+            local_share=plan.local_token_share(), forward_backward_seconds=forward_backward,
+            optimizer_seconds=time.perf_counter() - start - forward_backward,
+            flops=self.flops_fn(plan.lengths) if self.flops_fn is not None else None,
+            global_batch_size=len(batch_ids))
 
 
 class MetricsLogger:
@@ -344,6 +356,7 @@ class MetricsLogger:
         self.enabled, self.printer = enabled, printer
         self.window: list[IterationStats] = []
         self.writer = None
+        self.log_timers = False  # --log-timers-to-tensorboard (Megatron-LM's timer names)
         # iteration -> [(dataset, samples drawn)] of a blend (None: one dataset)
         self.dataset_counts: Optional[Callable[[int], list[tuple[str, int]]]] = None
         if enabled and tensorboard_dir:
@@ -362,9 +375,12 @@ class MetricsLogger:
                                 ("tokens-per-second", stats.tokens_per_second),
                                 ("micro-batches", stats.micro_batches),
                                 ("local-token-share", stats.local_share),
+                                ("batch-size", stats.global_batch_size),
                                 ("predicted-iteration-time", stats.predicted_seconds)):
                 if value is not None:
                     self.writer.add_scalar(name, value, it)
+            if self.log_timers:
+                self.write_timers(stats)
             if self.log_throughput and stats.flops is not None:
                 self.writer.add_scalar("throughput", throughput_tflops(
                     stats.flops, stats.seconds, self.world_size), it)
@@ -376,6 +392,14 @@ class MetricsLogger:
             self.printer(self.format(self.window) + _dataset_counts(counts))
             self.window = []
 
+    def write_timers(self, stats: IterationStats) -> None:
+        """Megatron-LM's ``--log-timers-to-tensorboard`` scalars (seconds per iteration);
+        batch-generator is the planning the iteration waited for."""
+        for name, value in (("forward-backward", stats.forward_backward_seconds),
+                            ("optimizer", stats.optimizer_seconds),
+                            ("batch-generator", stats.planning_seconds)):
+            self.writer.add_scalar(f"{name}-time", value, stats.iteration)
+
     def format(self, window: list[IterationStats]) -> str:
         last, n = window[-1], len(window)
         seconds = sum(s.seconds for s in window) / n
@@ -384,6 +408,7 @@ class MetricsLogger:
         tokens = sum(s.tokens for s in window) / sum(s.seconds for s in window)
         return (f" iteration {last.iteration:8d}/{self.train_iters:8d} |"
                 f" loss {sum(s.loss for s in window) / n:.6E} | lr {last.lr:.3E} |"
+                f" global batch size: {last.global_batch_size:5d} |"
                 f" grad norm {last.grad_norm:.3f} | iteration time {1e3 * seconds:.1f} ms"
                 f" (predicted {pred}) |{self._throughput(window)} tokens/s {tokens:.0f} |"
                 f" micro-batches {sum(s.micro_batches for s in window) / n:.1f} |"
@@ -412,6 +437,13 @@ def _dataset_counts(counts: list[tuple[str, int]]) -> str:
                                                for name, c in counts)
 
 
+def _batch_size_changes(trainer: Trainer, train_iters: int) -> bool:
+    """Whether the next iteration's global batch size differs from the last one's: Megatron-LM
+    then saves a checkpoint (``--save``) before training it."""
+    sizes, done = getattr(trainer, "batch_sizes", None), trainer.iteration
+    return sizes is not None and 0 < done < train_iters and sizes.size(done) != sizes.size(done - 1)
+
+
 def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger] = None,
           save_interval: Optional[int] = None,
           save_fn: Optional[Callable[[Trainer], None]] = None,
@@ -422,7 +454,8 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
     Args:
         train_iters: Last iteration to run (a resumed trainer continues from its iteration).
         metrics: Logger (``None``: silent).
-        save_interval: Save every this many iterations (and after the last) via ``save_fn``.
+        save_interval: Save every this many iterations (and after the last) via ``save_fn``;
+            under a batch-size schedule also before each change of the global batch size.
         save_fn: ``save_fn(trainer)`` writes a checkpoint.
         exit_fn: Asked after every iteration (same answer on every rank); True saves
             (``save_fn``) and stops early (``--exit-signal-handler``).
@@ -447,6 +480,8 @@ def train(trainer: Trainer, *, train_iters: int, metrics: Optional[MetricsLogger
                 exit_interval and trainer.iteration % exit_interval == 0):
             evaluator = None  # stopped early: no closing validation (Megatron exits too)
             break
+        if save_fn is not None and _batch_size_changes(trainer, train_iters):
+            save_fn(trainer)
     trainer.sampler.cancel()  # a batch drawn ahead is not consumed: rewind the sampler
     if save_fn is not None and history and not (save_interval and
                                                 trainer.iteration % save_interval == 0):

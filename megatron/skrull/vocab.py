@@ -57,7 +57,8 @@ def saved_rows(root: Optional[str]) -> Optional[int]:
 
 
 def padded_vocab_size(cfg: Any, data_vocab: int) -> int:
-    """The model's vocabulary rows: the checkpoint's on resume, else Megatron's padding.
+    """The model's vocabulary rows: the checkpoint's on resume, else ``--padded-vocab-size``,
+    else Megatron's padding.
 
     Args:
         cfg: The :class:`megatron.skrull.arguments.RunConfig`.
@@ -65,15 +66,25 @@ def padded_vocab_size(cfg: Any, data_vocab: int) -> int:
 
     Raises:
         ValueError: The checkpoint's rows are fewer than the vocabulary, or the TP size
-            does not divide them (the message names the fix).
+            does not divide them, or ``--padded-vocab-size`` disagrees with them or is
+            smaller than the vocabulary (the message names the fix).
     """
     tp = cfg.parallel.tensor_model_parallel_size
     vocab = cfg.model.vocab_size or data_vocab
     padded = cfg.model.padded_vocab_size(vocab, tp)
+    explicit = cfg.run.padded_vocab_size  # Megatron-LM's --padded-vocab-size
+    if explicit is not None:
+        if explicit < vocab:
+            raise ValueError(f"--padded-vocab-size {explicit} is smaller than the vocabulary "
+                             f"{vocab}; raise it or drop the flag")
+        padded = explicit
     root = cfg.checkpoint.load
     rows = saved_rows(root)
     if rows is None:
         return padded
+    if explicit is not None and rows != explicit:
+        raise ValueError(f"--padded-vocab-size {explicit}, but the model in --load {root} has "
+                         f"{rows} vocabulary rows; give {rows} or drop the flag")
     if rows < vocab:
         raise ValueError(f"--load {root}: its model has {rows} vocabulary rows, fewer than "
                          f"this run's vocabulary of {vocab}; resume with the tokenizer (or "

@@ -2,7 +2,10 @@
 and ``dacp_attention(backend=)`` take the same names (:data:`KERNEL_CHOICES`).
 
 ``auto`` never picks a float64 kernel on CUDA: it takes Transformer Engine, else
-flash-attn, else fails with what to install; the choice is logged once per device type.
+flash-attn, else PyTorch's own FlashAttention-2 varlen op (``torch``, nothing to install),
+else fails with what to install; the choice is logged once per device type.  ``torch``
+names ATen's CPU flash attention on CPU and the FlashAttention-2 op on CUDA
+(:mod:`skrull_ext.attention.aten`).
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import os
 
 import torch
 
+import skrull_ext.attention.aten as aten
 from skrull_ext.attention.flash import FlashAttnKernel
 from skrull_ext.attention.kernels import CpuFlashKernel, ReferenceKernel
 from skrull_ext.attention.te import TEBackend
@@ -22,8 +26,23 @@ log = logging.getLogger("skrull_ext.attention")
 KERNEL_CHOICES = ("auto", "flash", "te", "torch", "reference")
 ENV_VAR = "SKRULL_ATTENTION_KERNEL"
 _ALIASES = {"cpu_flash": "torch", "flash_attn": "flash"}  # earlier names of ``backend=``
-_BUILDERS = {"reference": ReferenceKernel, "torch": CpuFlashKernel, "flash": FlashAttnKernel,
-             "te": TEBackend}
+
+
+def _torch_kernel(device: torch.device):
+    if device.type == "cpu":
+        return CpuFlashKernel()
+    _require(aten.flash_op_problem(device), "torch")
+    return aten.TorchVarlenKernel()
+
+
+def _require(problem, name: str) -> None:
+    if problem is not None:
+        raise RuntimeError(f"the {name} kernel cannot run here: {problem}; use "
+                           "--skrull-attention-kernel auto (or te, flash)")
+
+
+_BUILDERS = {"reference": lambda device: ReferenceKernel(), "torch": _torch_kernel,
+             "flash": lambda device: FlashAttnKernel(), "te": lambda device: TEBackend()}
 
 
 def _importable(module: str) -> bool:
@@ -66,23 +85,27 @@ _LOGGED: set = set()
 def _auto(device: torch.device) -> str:
     if device.type == "cpu":
         return "torch"
-    for name, ok in (("te", te_available), ("flash", flash_attn_available)):
+    problem = aten.flash_op_problem(device)
+    for name, ok in (("te", te_available), ("flash", flash_attn_available),
+                     ("torch", lambda: problem is None)):
         if ok():
             if (device.type, name) not in _LOGGED:
                 _LOGGED.add((device.type, name))
                 log.info("attention kernel auto -> %s on %s", name, device.type)
             return name
     raise RuntimeError(
-        f"no attention kernel for {device.type}: install Transformer Engine or flash-attn "
-        "(pip install 'skrull-megatron[gpu]', see the README's version table), or ask for "
-        "the float64 reference kernel explicitly (--skrull-attention-kernel reference; slow)")
+        f"no attention kernel for {device.type}: {problem}; install Transformer Engine or "
+        "flash-attn (pip install 'skrull-megatron[gpu]', see the README's version table), or "
+        "ask for the float64 reference kernel explicitly (--skrull-attention-kernel "
+        "reference; slow)")
 
 
 def runs_subgroups(backend, device: torch.device) -> bool:
     """Whether the attention ``backend`` resolves to can run CP sub-group placements.
 
-    Every kernel can but ``te`` without flash-attn (Transformer Engine's ring spans the
-    whole CP group; the sub-group rings borrow flash-attn's kernel, docs/attention.md).
+    Every kernel can but ``te`` without a block kernel beside it (Transformer Engine's
+    ring spans the whole CP group; the sub-group rings borrow flash-attn's kernel, else
+    PyTorch's FlashAttention-2 op, docs/attention.md).
     The launcher turns the scheduler's hybrid-CP candidate off when this is False, so a
     TE-only install never gets a plan it cannot run.
     """
@@ -91,7 +114,7 @@ def runs_subgroups(backend, device: torch.device) -> bool:
         if device.type == "cpu":
             return True
         name = "te" if te_available() else "flash"
-    return name != "te" or flash_attn_available()
+    return name != "te" or flash_attn_available() or aten.flash_op_problem(device) is None
 
 
 _CACHE: dict = {}
@@ -110,9 +133,10 @@ def get_kernel(backend, device: torch.device, dtype: torch.dtype):
         An :class:`AttentionKernel`, or a :class:`~skrull_ext.attention.te.TEBackend`.
 
     Raises:
-        ValueError: Unknown name, or the ``torch`` kernel on a non-CPU device.
-        RuntimeError: The kernel's library is missing (or too old); ``auto`` on CUDA
-            with neither Transformer Engine nor flash-attn installed.
+        ValueError: Unknown name.
+        RuntimeError: The kernel's library is missing (or too old), or its op cannot run
+            on ``device``; ``auto`` on CUDA with neither Transformer Engine, flash-attn nor
+            a usable FlashAttention-2 op in torch.
     """
     del dtype  # the libraries check it
     if not isinstance(backend, (str, type(None))):
@@ -120,9 +144,7 @@ def get_kernel(backend, device: torch.device, dtype: torch.dtype):
     name = kernel_name(backend)
     if name == "auto":
         name = _auto(device)
-    if name == "torch" and device.type != "cpu":
-        raise ValueError(f"the torch kernel is ATen's CPU flash attention; on {device.type} "
-                         "use te or flash (or auto)")
-    if name not in _CACHE:
-        _CACHE[name] = _BUILDERS[name]()
-    return _CACHE[name]
+    key = (name, device.type)  # ``torch`` is a different kernel on CPU and on CUDA
+    if key not in _CACHE:
+        _CACHE[key] = _BUILDERS[name](device)
+    return _CACHE[key]

@@ -7,6 +7,13 @@ channel has its own message tag and pending requests, and the backward channels 
 a separate process group, so forward and backward messages can never be matched with
 each other.  The object is replaceable: anything with :meth:`send_recv_async`,
 :meth:`wait`, ``rank`` and ``size`` works (tests use a recording wrapper).
+
+gloo cannot send CUDA tensors, and two processes sharing one GPU cannot share an NCCL
+communicator; so on a gloo group the exchanges of CUDA tensors are *staged through host
+memory*: copied to pinned host buffers when posted (a blocking copy, so the GPU work that
+produced them is done), sent by gloo, and copied back to the device in :meth:`wait`, on
+the stream current there.  That is for function (the one-GPU CP checks of
+``tools/check_gpu.py``), not speed.
 """
 from __future__ import annotations
 
@@ -27,6 +34,8 @@ class RingComm:
         tag_base: Added to the channel tags (to separate several concurrent users).
         members: Ranks of ``group`` (group order) forming the ring; default all of them.
             This rank must be one of them.
+        host_staging: Stage exchanges through host memory; None (default): for non-CPU
+            tensors on a gloo group.  True stages CPU tensors too (tests).
 
     Attributes:
         rank: This rank's index in the ring (``members``).
@@ -35,7 +44,8 @@ class RingComm:
         messages_sent: Number of messages sent so far.
     """
 
-    def __init__(self, group, *, bwd_group=None, tag_base: int = 0, members=None):
+    def __init__(self, group, *, bwd_group=None, tag_base: int = 0, members=None,
+                 host_staging=None):
         self.group = group
         self.bwd_group = bwd_group if bwd_group is not None else group
         group_size = dist.get_world_size(group)
@@ -45,6 +55,10 @@ class RingComm:
         if bwd_group is not None and dist.get_world_size(bwd_group) != group_size:
             raise ValueError("bwd_group must contain the same ranks as group")
         self.tag_base = int(tag_base)
+        self.host_staging = host_staging  # as given, for subgroup()
+        self._stage_cpu = host_staging is True
+        self._stage_device = self._stage_cpu or (host_staging is None
+                                                 and dist.get_backend(group) == "gloo")
         self.bytes_sent = 0
         self.messages_sent = 0
         self._pending: dict[str, list] = {}
@@ -61,7 +75,8 @@ class RingComm:
         """
         tag = self.tag_base + len(CHANNELS) * (1 + first + len(self.members) * size)
         return RingComm(self.group, bwd_group=self.bwd_group, tag_base=tag,
-                        members=self.members[first:first + size])
+                        members=self.members[first:first + size],
+                        host_staging=self.host_staging)
 
     def warm_up(self, device="cpu") -> list[int]:
         """One exchange around the full ring on each of its process groups, every rank at
@@ -105,14 +120,20 @@ class RingComm:
             raise RuntimeError(f"channel {channel!r} already has an exchange in flight; wait() first")
         send = send.contiguous()
         recv = torch.empty_like(send)
+        wire_send, wire_recv = send, recv
+        if self._stage_cpu or (self._stage_device and send.device.type != "cpu"):
+            pin = send.device.type == "cuda"
+            wire_send = torch.empty(send.shape, dtype=send.dtype, pin_memory=pin)
+            wire_send.copy_(send)  # blocking: waits for the work that produced ``send``
+            wire_recv = torch.empty(send.shape, dtype=send.dtype, pin_memory=pin)
         group = self.group if channel == "fwd_kv" else self.bwd_group
         tag = self.tag_base + CHANNELS[channel]
         ops = [
-            dist.P2POp(dist.isend, send, self._peer(group, 1), group, tag),
-            dist.P2POp(dist.irecv, recv, self._peer(group, -1), group, tag),
+            dist.P2POp(dist.isend, wire_send, self._peer(group, 1), group, tag),
+            dist.P2POp(dist.irecv, wire_recv, self._peer(group, -1), group, tag),
         ]
         reqs = dist.batch_isend_irecv(ops)
-        self._pending[channel] = [reqs, send, recv]
+        self._pending[channel] = [reqs, wire_send, wire_recv, recv]
         self.bytes_sent += send.numel() * send.element_size()
         self.messages_sent += 1
         return recv
@@ -123,3 +144,6 @@ class RingComm:
         if entry:
             for req in entry[0]:
                 req.wait()
+            wire_recv, recv = entry[2], entry[3]
+            if wire_recv is not recv:  # staged: to the device, on the current stream
+                recv.copy_(wire_recv, non_blocking=True)

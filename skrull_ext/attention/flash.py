@@ -28,7 +28,7 @@ import warnings
 
 import torch
 
-from skrull_ext.attention.kernels import AttentionKernel, _check_block, as_segments, lse_dtype
+from skrull_ext.attention.kernels import AttentionKernel, _check_block, as_segments, empty_block
 
 SUPPORTED = ((2, 6), (2, 8))  # first and last tested minor releases
 _INSTALL = "pip install 'flash-attn>=2.6,<2.9' --no-build-isolation"
@@ -106,8 +106,7 @@ class FlashAttnKernel(AttentionKernel):
     def forward(self, q, k, v, cu_q, cu_k, *, causal, scale):
         _check_block(q, k, v, cu_q, cu_k, causal)
         if q.shape[0] == 0 or k.shape[0] == 0:
-            return torch.zeros_like(q), torch.full((q.shape[1], q.shape[0]), -torch.inf,
-                                                   dtype=lse_dtype(q.dtype), device=q.device)
+            return empty_block(q)
         cu_q, cu_k = as_segments(cu_q, q.device), as_segments(cu_k, q.device)
         if causal:
             res = self._public(q, k, v, cu_q.cu_dev, cu_k.cu_dev, cu_q.max_len, cu_k.max_len,

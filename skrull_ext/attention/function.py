@@ -20,8 +20,9 @@ causally in one varlen call.
 With the ``te`` kernel Transformer Engine runs step 3 (its own ring); the local part is
 launched right after TE has posted the ring's exchanges, on the side stream
 (:class:`_TEAttention`).  TE's ring spans the whole CP group, so step 4 runs our ring with
-flash-attn's kernel (TE's public API has no block-level LSE to merge); without flash-attn
-a micro-batch with grouped sequences fails with one error naming the fix.  All offsets and index tensors come from
+flash-attn's kernel, else PyTorch's FlashAttention-2 op (TE's public API has no block-level
+LSE to merge); with neither, a micro-batch with grouped sequences fails with one error
+naming the fix.  All offsets and index tensors come from
 :func:`~skrull_ext.attention.meta.layout_meta`, built once per layout.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ import math
 
 import torch
 
+import skrull_ext.attention.aten as aten
 from skrull_ext.attention.choice import get_kernel
 from skrull_ext.attention.comm import RingComm
 from skrull_ext.attention.kernels import lse_dtype
@@ -267,15 +269,19 @@ def dacp_attention(q, k, v, layout, cp_group=None, *, softmax_scale=None, backen
 
 
 def _group_kernel(q):
-    """flash-attn's block kernel for the sub-group rings next to Transformer Engine."""
+    """A block kernel for the sub-group rings next to Transformer Engine: flash-attn's,
+    else PyTorch's FlashAttention-2 op (the ``torch`` kernel on CUDA)."""
     try:
         return get_kernel("flash", q.device, q.dtype)
     except RuntimeError as exc:
+        if aten.flash_op_problem(q.device) is None:
+            return get_kernel("torch", q.device, q.dtype)
         raise RuntimeError(
             "this micro-batch has hybrid-CP sub-group placements: Transformer Engine's ring "
             "spans the whole CP group, so their rings run our zigzag ring with flash-attn's "
-            "kernel, which does not import; install flash-attn (pip install flash-attn "
-            "--no-build-isolation) or use --skrull-attention-kernel flash") from exc
+            "kernel, which does not import (nor does PyTorch's FlashAttention-2 op run here); "
+            "install flash-attn (pip install flash-attn --no-build-isolation) or use "
+            "--skrull-attention-kernel flash") from exc
 
 
 def _size(group) -> int:

@@ -98,6 +98,12 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def empty_block(q):
+    """``(out 0, lse -inf)``: a block with no queries or no keys (no kernel call)."""
+    return torch.zeros_like(q), torch.full((q.shape[1], q.shape[0]), -math.inf,
+                                           dtype=lse_dtype(q.dtype), device=q.device)
+
+
 def _check_block(q, k, v, cu_q, cu_k, causal):
     cu_q, cu_k = _host(cu_q), _host(cu_k)
     if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:

@@ -14,30 +14,47 @@ documentation, following what Megatron-Core allocates for a GPT model:
 main parameters and optimizer state are sharded over DP x CP with the distributed
 optimizer (``--use-distributed-optimizer``), whole on every rank without it.
 
-Activation bytes per token (bf16 element count scaled to the precision) for
-``--recompute-granularity``: ``None``/``selective`` keep every layer's activations (with a
-FlashAttention-style kernel there is no ``S^2`` term, and selective recompute of the core
-attention frees only its softmax statistics); ``full`` keeps each layer's input and
-recomputes one layer at a time.  The output layer's logits and the cross-entropy's fp32
-softmax are live at the peak in every case.  With sequence parallelism
-(``--sequence-parallel``, TP > 1) the tensors between the layers' TP regions -- norm inputs
-and outputs, and the layer inputs ``full`` recompute keeps -- are split over the TP ranks
-too, so every layer activation is divided by TP (Korthikanti et al., "Reducing Activation
-Recomputation in Large Transformer Models"); the logits are not (the output layer gathers
-the sequence first).
+Activation bytes per token (``alpha``): the tensors alive at the peak, one term per real
+tensor, in :mod:`skrull_ext.costmodel.activations` (checked against the autograd graph by
+``benchmarks/memory_breakdown.py`` and against the CUDA allocator by ``bench_memory.py
+--device cuda``).  The peak is at the cross entropy: every layer's saved tensors, the
+final norm's, the fp32 softmax and the logits it was copied from.  Per layer, bf16,
+without recompute: the two norms' inputs and outputs, the QKV projection's output (the
+value view the attention keeps holds all of it), query and key after RoPE, RoPE's cos and
+sin, the attention output and log-sum-exp, and mcore's unfused SwiGLU (fc1 output, SiLU
+output, a copy of the up half, the product): ``14 h + 6 h_kv + 10 f`` bytes plus a few
+per head.  ``selective`` (mcore checkpoints ``core_attn``) drops only the attention's own
+saved tensors (key after RoPE, cos/sin, log-sum-exp) and keeps mcore's copy of the query
+in their place: with a FlashAttention-style kernel there is no ``S^2`` term to save.
+``full`` keeps each layer's input; the layer recomputed in backward lives after the
+logits are freed.  With sequence parallelism (``--sequence-parallel``, TP > 1) the norm
+tensors and the layer inputs are split over the TP ranks too (Korthikanti et al.,
+"Reducing Activation Recomputation in Large Transformer Models"); the logits are not (the
+output layer gathers the sequence first).  ``norm`` is how RMSNorm runs: ``fused`` on CUDA
+(the planner's case), ``composite`` on CPU, which saves fp32 copies (see
+:mod:`~skrull_ext.costmodel.activations`).
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Optional
 
+from skrull_ext.costmodel.activations import (HELD, NORMS, SAVED, TRANSIENT, Term,
+                                              layer_terms, outside_terms,
+                                              peak_bytes_per_token)
 from skrull_ext.costmodel.model import ModelSpec
 
-__all__ = ["PRECISIONS", "RECOMPUTE", "TrainingMemory"]
+__all__ = ["PRECISIONS", "RECOMPUTE", "TrainingMemory", "norm_for"]
 
 # Bytes of one element of parameters / activations in each precision.
 PRECISIONS = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8}
 RECOMPUTE = (None, "selective", "full")
+
+
+def norm_for(device_type: str, normalization: str = "RMSNorm") -> str:
+    """:attr:`TrainingMemory.norm` of a run: torch's RMSNorm is composite on CPU (its
+    ``_fused_rms_norm`` has CUDA, MPS and XPU kernels only), LayerNorm fused everywhere."""
+    return "composite" if device_type == "cpu" and normalization == "RMSNorm" else "fused"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,6 +71,8 @@ class TrainingMemory:
         sequence_parallel: Megatron's sequence parallelism (only meaningful with TP > 1;
             at TP 1 it is off, as in Megatron).
         grad_fp32: Gradient buffer in fp32; ``None`` follows Megatron (fp32 unless fp16).
+        norm: How RMSNorm runs: ``"fused"`` (CUDA; LayerNorm everywhere) or
+            ``"composite"`` (RMSNorm on CPU); see :func:`norm_for`.
     """
 
     precision: str = "bf16"
@@ -63,6 +82,7 @@ class TrainingMemory:
     recompute: Optional[str] = None
     sequence_parallel: bool = False
     grad_fp32: Optional[bool] = None
+    norm: str = "fused"
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -71,6 +91,8 @@ class TrainingMemory:
             raise ValueError(f"recompute {self.recompute!r}: use selective, full or None")
         if self.dp_cp_size < 1 or self.tp_size < 1:
             raise ValueError("dp_cp_size and tp_size must be >= 1")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm {self.norm!r}: use one of {NORMS}")
 
     @property
     def param_bytes(self) -> int:
@@ -110,35 +132,37 @@ class TrainingMemory:
         """Parameters + gradients + main parameters + optimizer state, bytes per rank."""
         return float(sum(self.static_breakdown(model).values()))
 
-    def layer_activation_bytes_per_token(self, model: ModelSpec) -> float:
-        """One layer's saved activations per token: ``12 h + 4 h_kv + 8 f`` bf16 bytes.
+    @property
+    def split(self) -> dict:
+        """Element size, TP / SP split and norm: the keyword arguments of
+        :mod:`skrull_ext.costmodel.activations`' functions."""
+        return dict(elem=self.param_bytes, tp=self.tp_size, sp=self.sequence_split,
+                    norm=self.norm)
 
-        Norm inputs and outputs (8h), Q (2h) and K/V (4 h_kv), attention output (2h),
-        SwiGLU gate/up outputs, SiLU output and product (8f: mcore's unfused SwiGLU,
-        ``bias_activation_fusion=False`` in the launcher, keeps the SiLU output for the
-        product's backward; 4f without SwiGLU).  Not counted (about 1% of a layer): the
-        attention's log-sum-exp and the norms' ``rstd`` (fp32 per head / row), RoPE's cos
-        and sin.  Norms as CUDA runs them (torch's fused RMSNorm keeps its input and
-        ``rstd``); on CPU torch decomposes RMSNorm and keeps fp32 copies, so CPU measures
-        more (docs/training.md, "Memory").  Without sequence parallelism the norm tensors
-        (8h) are whole on every TP rank, the rest is split; with it they are split too.
-        """
-        h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
-        split = 4 * h + 4 * kv + (8 if model.swiglu else 4) * f
-        return (8 * h / self.sequence_split + split / self.tp_size) * self.param_bytes / 2.0
+    def layer_terms(self, model: ModelSpec) -> list[Term]:
+        """One layer's tensors at the peak under this recompute setting (``full``: its
+        input only), per rank (:func:`skrull_ext.costmodel.activations.layer_terms`)."""
+        return layer_terms(model, recompute=self.recompute, **self.split)
+
+    def outside_terms(self, model: ModelSpec) -> list[Term]:
+        """Final norm, logits, micro-batch at the peak, per rank
+        (:func:`skrull_ext.costmodel.activations.outside_terms`)."""
+        return outside_terms(model, **self.split)
+
+    def layer_activation_bytes_per_token(self, model: ModelSpec) -> float:
+        """Bytes per token of one layer's :meth:`layer_terms`."""
+        return float(sum(t.bytes_per_token for t in self.layer_terms(model)))
 
     def logits_bytes_per_token(self, model: ModelSpec) -> float:
-        """Logits in the precision plus the cross-entropy's fp32 softmax (vocab TP-split)."""
-        return model.vocab_size / self.tp_size * (self.param_bytes + max(4, self.param_bytes))
+        """The cross-entropy's fp32 softmax plus (below fp32) the logits it copied, the
+        vocabulary TP-split."""
+        return float(sum(t.bytes_per_token for t in self.outside_terms(model)
+                         if "logits" in t.name))
 
-    def activation_bytes_per_token(self, model: ModelSpec) -> float:
-        """Peak activation bytes per token held by a rank (the memory model's ``alpha``)."""
-        layer = self.layer_activation_bytes_per_token(model)
-        if self.recompute == "full":
-            # Layer inputs (2h bf16 each; SP-split) kept; one layer's activations live while
-            # it is recomputed.
-            inputs = 2 * model.hidden_size * self.param_bytes / 2.0 / self.sequence_split
-            kept = model.num_layers * inputs + layer
-        else:
-            kept = model.num_layers * layer
-        return kept + self.logits_bytes_per_token(model)
+    def activation_bytes_per_token(self, model: ModelSpec, kinds=(SAVED, TRANSIENT, HELD)
+                                   ) -> float:
+        """Peak activation bytes per token held by a rank (the memory model's ``alpha``);
+        ``kinds`` selects saved / transient / held terms (``saved`` only: what
+        ``saved_tensors_hooks`` can see)."""
+        return peak_bytes_per_token(model, recompute=self.recompute, kinds=kinds,
+                                    **self.split)

@@ -23,6 +23,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 from skrull_ext import _backend
+from skrull_ext.costmodel.activations import peak_bytes_per_token
 from skrull_ext.sharding import shard_tokens_array
 
 # Backward of FlashAttention-style kernels costs about 2.5x the forward (two extra
@@ -92,26 +93,19 @@ class ModelSpec:
         embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
         return self.num_layers * per_layer + embeddings + h
 
-    def activation_bytes_per_token(self, num_layers: Optional[int] = None) -> int:
-        """Estimated bf16 activation bytes kept for backward per token (``alpha``).
+    def activation_bytes_per_token(self, num_layers: Optional[int] = None) -> float:
+        """Activation bytes per token at the peak (``alpha``), bf16, no recompute, TP 1.
 
         ``num_layers`` counts only that many layers (default all; a pipeline stage's
-        share), the logits term always included.
-
-        Our count for a GQA + SwiGLU layer with a FlashAttention-style kernel (no S^2
-        term), in the spirit of Korthikanti et al. 2022 ("Reducing Activation
-        Recomputation", 34 s b h per layer with selective recompute for MHA + 4h GeLU
-        MLP): two norm inputs and outputs (8h), Q/K/V (2h + 4 h_kv), attention output
-        (2h), residual input (2h), MLP up/gate outputs, the activation's output and the
-        gated product (8 f: the launcher's mcore MLP runs SiLU and the product unfused,
-        ``bias_activation_fusion=False``, so both are kept; 4 f without SwiGLU).  Plus the
-        logits: bf16 logits and fp32 softmax kept by the fused cross-entropy (6 x vocab).
-        No dropout masks (SFT runs without dropout).
+        share), the terms outside the layers (final norm, logits) always included.  The
+        terms are real tensors (:mod:`skrull_ext.costmodel.activations`): per layer
+        ``14 h + 6 h_kv + 10 f`` bytes plus a few per head (norm inputs and outputs, the
+        QKV output the value view keeps, query and key after RoPE, attention output,
+        mcore's unfused SwiGLU: fc1 output, SiLU output, a copy of the up half, product),
+        plus the logits and the cross-entropy's fp32 softmax (6 x vocab).
+        :class:`skrull_ext.costmodel.memory.TrainingMemory` has the other settings.
         """
-        h, kv, f = self.hidden_size, self.kv_hidden_size, self.ffn_hidden_size
-        per_layer = 12 * h + 4 * kv + (8 if self.swiglu else 4) * f
-        layers = self.num_layers if num_layers is None else num_layers
-        return layers * per_layer + 6 * self.vocab_size
+        return peak_bytes_per_token(self, elem=2, num_layers=num_layers)
 
     def static_memory_bytes(self, optimizer_shards: int = 1, grad_bytes: int = 2,
                             weight_bytes: int = 2) -> float:

@@ -299,7 +299,7 @@ class Plan:
             raise PlanError(f"samples scheduled more than once: {dup[:10].tolist()}")
 
     def to_json(self) -> dict[str, Any]:
-        """The planner CLI's JSON contract (see README, "Planner")."""
+        """The plan CLI's JSON contract (docs/scheduler.md, "Plan one global batch")."""
         return {
             "config": {
                 "dp_size": self.dp_size,
