@@ -194,15 +194,16 @@ def _ruin(state: _State, rng: random.Random) -> list[tuple[int, int, int]]:
 
 
 def ruin_and_recreate(state: _State, time_limit_s: float, seed: int,
-                      log: Optional[list] = None) -> _State:
-    """Simulated annealing over ruin-and-recreate moves; the best state found
-    (``log``: ``(iteration, seconds, makespan)`` of each new best appended)."""
+                      log: Optional[list] = None, floor: float = 0.0) -> _State:
+    """Simulated annealing over ruin-and-recreate moves; the best state found, early once
+    its makespan is at most ``floor`` (``log``: ``(iteration, seconds, makespan)`` of each
+    new best appended)."""
     rng = random.Random(seed)
     it = 0
     best, cur = state.copy(), state
     f0 = cur.score()
     start = time.perf_counter()
-    while True:
+    while best.makespan() > floor * (1.0 + 1e-9):
         frac = (time.perf_counter() - start) / time_limit_s
         if frac >= 1.0:
             break
@@ -225,18 +226,22 @@ def ruin_and_recreate(state: _State, time_limit_s: float, seed: int,
 
 
 def search(plan: Plan, cost_model, time_limit_s: float, seed: int = 0,
-           milp: bool = True) -> Plan:
+           milp: bool = True, floor_s: float = 0.0) -> Plan:
     """The search of the module docstring from ``plan``; the best plan (``plan`` itself
-    when nothing faster was found, or when it has sub-group rings)."""
+    when nothing faster was found, or when it has sub-group rings).  It stops early once
+    the plan's predicted iteration time is at most ``floor_s`` (a lower bound)."""
     if any(mb.grouped for rank in plan.dp_ranks for mb in rank) or plan.cp_size < 2:
         return plan
-    state = ruin_and_recreate(_State(plan, cost_model), time_limit_s * (RUIN_SHARE if milp else 1.0),
-                              seed)
+    floor = floor_s - cost_model.time.iteration_overhead  # in DP-rank seconds
+    if plan.predicted["iteration_time"] <= floor_s * (1.0 + 1e-9):
+        return plan
+    state = ruin_and_recreate(_State(plan, cost_model),
+                              time_limit_s * (RUIN_SHARE if milp else 1.0), seed, floor=floor)
     out = state.to_plan(plan)
     out.validate()
     out.predicted.update(predict(out, cost_model))
     best = out if out.predicted["iteration_time"] < plan.predicted["iteration_time"] else plan
-    if milp:
+    if milp and best.predicted["iteration_time"] > floor_s * (1.0 + 1e-9):
         from plan_milp import search as milp_search  # benchmarks/: scipy only here
 
         best = milp_search(best, cost_model, time_limit_s * (1.0 - RUIN_SHARE), seed)
