@@ -18,19 +18,14 @@ from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler.plan import MicroBatch, Plan
 from skrull_ext.scheduler.pricing import predict
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture()
-def bench():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import plan_milp
-        import plan_quality
-        import plan_search
-    finally:
-        sys.path.pop(0)
-    return plan_search, plan_milp, plan_quality
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+try:  # plan_quality imports the other two lazily: they are in sys.modules from here on
+    import plan_milp
+    import plan_quality
+    import plan_search
+finally:
+    sys.path.pop(0)
 
 
 def _plan(lengths, dp_ranks, cp: int, bucket: int, cm) -> Plan:
@@ -43,10 +38,9 @@ def _plan(lengths, dp_ranks, cp: int, bucket: int, cm) -> Plan:
     return plan
 
 
-def test_ruin_and_recreate_balances_an_idle_rank(bench):
+def test_ruin_and_recreate_balances_an_idle_rank():
     """Every sample on DP rank 0: the search moves work to rank 1 and never returns a
     slower or invalid plan."""
-    plan_search, _, _ = bench
     cm = dataclasses.replace(default_cost_model(), objective="ring")
     lengths = [3000, 2500, 2000, 1500, 1200, 900, 700, 400]
     start = _plan(lengths, [[([0], [[1, 2], [3, 4, 5, 6, 7]])], [([], [[], []])]], 2, 8000, cm)
@@ -57,12 +51,11 @@ def test_ruin_and_recreate_balances_an_idle_rank(bench):
 
 
 @pytest.mark.parametrize("objective", ["paper", "ring"])
-def test_milp_repair_reaches_the_enumerated_optimum(bench, objective):
+def test_milp_repair_reaches_the_enumerated_optimum(objective):
     """Four samples, two DP ranks, CP 2: freeing all of them, one repair finds the best
     of every placement (each sample distributed or on a CP rank, in either DP rank's
     micro-batch or a second one), as enumeration does."""
     pytest.importorskip("scipy")
-    _, plan_milp, _ = bench
     cm = dataclasses.replace(default_cost_model(), objective=objective)
     lengths = np.array([6000, 2500, 1800, 700], dtype=np.int64)
     cp, bucket = 2, 6000
@@ -90,9 +83,8 @@ def test_milp_repair_reaches_the_enumerated_optimum(bench, objective):
     assert got == pytest.approx(best, rel=1e-6)
 
 
-def test_plan_quality_reports_the_search(bench, capsys, tmp_path, monkeypatch):
+def test_plan_quality_reports_the_search(capsys, tmp_path, monkeypatch):
     """One small setting end to end: the search columns and their summary line."""
-    _, _, plan_quality = bench
     monkeypatch.setenv("SKRULL_RESULTS_DIR", str(tmp_path))
     assert plan_quality.main(["--profiles", "lmsyschat1m", "--models", "qwen2.5-0.5b",
                               "--cp", "4", "--gbs", "64", "--buckets", "1", "--num-batches", "1",
