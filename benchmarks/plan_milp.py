@@ -146,147 +146,147 @@ def _neighbourhood(state: _Plan, rng: random.Random, free_cap: int):
     return ranks, slots, pool
 
 
-def _repair(state: _Plan, ranks, slots, pool, limit_s: float):
-    """Solves the MILP of the module docstring; ``{sample: (slot index, where)}`` or None."""
-    from scipy.optimize import Bounds, LinearConstraint, milp  # benchmark-only dependency
-    from scipy.sparse import coo_matrix
+class _Model:
+    """The MILP of one repair (module docstring), as sparse rows; times in ms."""
 
-    b, n = state.b, state.b.n
-    freed = {e[0] for e in pool}
-    fixed = []  # per slot: the micro-batch without the freed samples
-    for d, j in slots:
-        if j is None:
-            fixed.append([[], [[] for _ in range(n)]])
-        else:
-            mb = state.ranks[d][j]
-            fixed.append([[i for i in mb[0] if i not in freed],
-                          [[i for i in r if i not in freed] for r in mb[1]]])
-    ncol = 0
-    cols_y, cols_z = {}, {}
-    own: dict[tuple[int, int], list[int]] = {}  # (sample, slot) -> its columns
-    for s, mb in enumerate(fixed):
-        tok = b.tokens(mb)
-        for i, *_ in pool:
-            mine = own.setdefault((i, s), [])
-            if n > 1 and max(tok) + b.shard(i) <= b.bucket:
-                cols_y[i, s] = ncol
-                mine.append(ncol)
-                ncol += 1
-            for r in range(n):
-                if tok[r] + int(b.lengths[i]) <= b.bucket:
-                    cols_z[i, s, r] = ncol
+    def __init__(self, state: _Plan, slots, pool):
+        self.b, self.pool = state.b, pool
+        freed = {e[0] for e in pool}
+        self.fixed = []  # per slot: the micro-batch without the freed samples
+        for d, j in slots:
+            mb = [[], [[] for _ in range(self.b.n)]] if j is None else state.ranks[d][j]
+            self.fixed.append([[i for i in mb[0] if i not in freed],
+                               [[i for i in r if i not in freed] for r in mb[1]]])
+        self.rows, self.cols, self.vals, self.lo, self.hi = [], [], [], [], []
+        self.y, self.z, self.own = {}, {}, {}  # (i, s) / (i, s, r) -> column; (i, s) -> its
+        ncol = 0
+        for s, mb in enumerate(self.fixed):
+            tok = self.b.tokens(mb)
+            for i, *_ in pool:
+                mine = self.own.setdefault((i, s), [])
+                if self.b.n > 1 and max(tok) + self.b.shard(i) <= self.b.bucket:
+                    self.y[i, s] = ncol
                     mine.append(ncol)
                     ncol += 1
-    nbin = ncol
-    t_col = {s: nbin + 4 * s for s in range(len(slots))}  # t, v, w, u per slot
-    z_col = nbin + 4 * len(slots)
-    ncol = z_col + 1
-    rows, cols, vals, lo, hi = [], [], [], [], []
+                for r in range(self.b.n):
+                    if tok[r] + int(self.b.lengths[i]) <= self.b.bucket:
+                        self.z[i, s, r] = ncol
+                        mine.append(ncol)
+                        ncol += 1
+        self.nbin = ncol
+        self.t_col = [ncol + 4 * s for s in range(len(slots))]  # t, v, w, u per slot
+        self.z_col = ncol + 4 * len(slots)
+        self.ncol = self.z_col + 1
+        self.lb, self.ub = np.zeros(self.ncol), np.full(self.ncol, np.inf)
+        self.ub[:ncol] = 1.0
+        self.integrality = np.zeros(self.ncol)
+        self.integrality[:ncol] = 1
 
-    def row(entries, low, high):
-        r = len(lo)
+    def row(self, entries, low: float, high: float) -> None:
+        r = len(self.lo)
         for c, v in entries:
-            rows.append(r)
-            cols.append(c)
-            vals.append(v)
-        lo.append(low)
-        hi.append(high)
+            self.rows.append(r)
+            self.cols.append(c)
+            self.vals.append(v)
+        self.lo.append(low)
+        self.hi.append(high)
 
-    for i, *_ in pool:  # placed once
-        row([(c, 1.0) for s in range(len(slots)) for c in own[i, s]], 1.0, 1.0)
-    bounds_lo, bounds_hi = np.zeros(ncol), np.full(ncol, np.inf)
-    bounds_hi[:nbin] = 1.0
-    integrality = np.zeros(ncol)
-    integrality[:nbin] = 1
-    for s, mb in enumerate(fixed):
-        tc, vc, wc, uc = t_col[s], t_col[s] + 1, t_col[s] + 2, t_col[s] + 3
+    def slot(self, s: int) -> None:
+        """Slot ``s``'s bucket rows, indicators and micro-batch time rows."""
+        b, mb, pool = self.b, self.fixed[s], self.pool
+        tc, vc, wc, uc = (self.t_col[s] + k for k in range(4))
         tok = b.tokens(mb)
-        ys = [(i, cols_y[i, s]) for i, *_ in pool if (i, s) in cols_y]
-        for r in range(n):
-            zs = [(i, cols_z[i, s, r]) for i, *_ in pool if (i, s, r) in cols_z]
-            row([(c, float(b.shard(i))) for i, c in ys] + [(c, float(b.lengths[i])) for i, c in zs],
-                -np.inf, float(b.bucket - tok[r]))
+        ys = [(i, self.y[i, s]) for i, *_ in pool if (i, s) in self.y]
+        zs = [[(i, self.z[i, s, r]) for i, *_ in pool if (i, s, r) in self.z] for r in range(b.n)]
+        for r in range(b.n):
+            self.row([(c, float(b.shard(i))) for i, c in ys]
+                     + [(c, float(b.lengths[i])) for i, c in zs[r]], -np.inf,
+                     float(b.bucket - tok[r]))
         has_dist, busy = bool(mb[0]), bool(mb[0] or any(mb[1]))
-        integrality[wc] = integrality[uc] = 1
-        bounds_lo[wc], bounds_hi[wc] = (1.0, 1.0) if has_dist else (0.0, 1.0)
-        bounds_lo[uc], bounds_hi[uc] = (1.0, 1.0) if busy else (0.0, 1.0)
-        for i, c in ys:
-            row([(wc, 1.0), (c, -1.0)], 0.0, np.inf)
+        self.integrality[wc] = self.integrality[uc] = 1
+        self.lb[wc], self.ub[wc] = (1.0, 1.0) if has_dist else (0.0, 1.0)
+        self.lb[uc], self.ub[uc] = (1.0, 1.0) if busy else (0.0, 1.0)
+        for _, c in ys:
+            self.row([(wc, 1.0), (c, -1.0)], 0.0, np.inf)
         for i, *_ in pool:
-            if own[i, s]:
-                row([(uc, 1.0)] + [(c, -1.0) for c in own[i, s]], 0.0, np.inf)
+            if self.own[i, s]:
+                self.row([(uc, 1.0)] + [(c, -1.0) for c in self.own[i, s]], 0.0, np.inf)
         comm0 = SCALE * (sum(b.comm[i] for i in mb[0]) + (b.latency if has_dist else 0.0))
         dist0 = SCALE * sum(b.shares[i] for i in mb[0])
-        # C_b = comm0 + sum comm_i y + lat w (w fixed at 1 when has_dist: latency in comm0)
-        c_terms = [(c, SCALE * b.comm[i]) for i, c in ys]
+        c_terms = [(c, SCALE * b.comm[i]) for i, c in ys]  # C_b (latency: w, or in comm0)
         if not has_dist:
             c_terms.append((wc, SCALE * b.latency))
         d_terms = [(c, SCALE * b.shares[i]) for i, c in ys]
+        ring, n = b.objective == "ring" and b.n >= 2, b.n
         for r in range(n):
             x0 = SCALE * sum(b.costs[i] for i in mb[1][r])
-            x_terms = [(cols_z[i, s, r], SCALE * b.costs[i]) for i, *_ in pool
-                       if (i, s, r) in cols_z]
-            if b.objective == "ring" and n >= 2:  # t >= x + 2D/N + (N-2) v
-                row([(tc, 1.0), (vc, -(n - 2.0))] + [(c, -v) for c, v in x_terms]
-                    + [(c, -2.0 * v / n) for c, v in d_terms], x0 + 2.0 * dist0 / n, np.inf)
+            x_terms = [(c, -SCALE * b.costs[i]) for i, c in zs[r]]
+            if ring:  # t >= x + 2D/N + (N-2) v
+                self.row([(tc, 1.0), (vc, -(n - 2.0))] + x_terms
+                         + [(c, -2.0 * v / n) for c, v in d_terms], x0 + 2.0 * dist0 / n, np.inf)
             else:  # t >= x + D
-                row([(tc, 1.0)] + [(c, -v) for c, v in x_terms] + [(c, -v) for c, v in d_terms],
-                    x0 + dist0, np.inf)
-        _break_symmetry(row, mb, tok, s, pool, cols_z, b)
-        if b.objective == "ring" and n >= 2:
-            row([(tc, 1.0), (vc, -(n - 2.0))] + [(c, -v / (n - 1)) for c, v in c_terms]
-                + [(c, -v / n) for c, v in d_terms], comm0 / (n - 1) + dist0 / n, np.inf)
-            row([(vc, 1.0)] + [(c, -v / n) for c, v in d_terms], dist0 / n, np.inf)
-            row([(vc, 1.0)] + [(c, -v / (n - 1)) for c, v in c_terms], comm0 / (n - 1), np.inf)
-        else:
-            bounds_hi[vc] = 0.0
-            row([(tc, 1.0)] + [(c, -v) for c, v in c_terms] + [(c, -v) for c, v in d_terms],
-                comm0 + dist0, np.inf)
-    before = {}
-    for d in ranks:
+                self.row([(tc, 1.0)] + x_terms + [(c, -v) for c, v in d_terms], x0 + dist0,
+                         np.inf)
+        self._symmetry(s, mb, tok, zs)
+        if ring:  # t >= C/(N-1) + D/N + (N-2) v,  v >= D/N,  v >= C/(N-1)
+            self.row([(tc, 1.0), (vc, -(n - 2.0))] + [(c, -v / (n - 1)) for c, v in c_terms]
+                     + [(c, -v / n) for c, v in d_terms], comm0 / (n - 1) + dist0 / n, np.inf)
+            self.row([(vc, 1.0)] + [(c, -v / n) for c, v in d_terms], dist0 / n, np.inf)
+            self.row([(vc, 1.0)] + [(c, -v / (n - 1)) for c, v in c_terms], comm0 / (n - 1),
+                     np.inf)
+        else:  # t >= C + D
+            self.ub[vc] = 0.0
+            self.row([(tc, 1.0)] + [(c, -v) for c, v in c_terms] + [(c, -v) for c, v in d_terms],
+                     comm0 + dist0, np.inf)
+
+    def _symmetry(self, s: int, mb, tok, zs) -> None:
+        """CP ranks of slot ``s`` that hold the same fixed work and tokens are
+        interchangeable: their added loads are kept in rank order (one of each symmetric
+        solution family survives)."""
+        loads = [sum(self.b.costs[i] for i in r) for r in mb[1]]
+        for r in range(1, len(mb[1])):
+            if loads[r] == loads[r - 1] and tok[r] == tok[r - 1] and (zs[r] or zs[r - 1]):
+                self.row([(c, SCALE * self.b.costs[i]) for i, c in zs[r - 1]]
+                         + [(c, -SCALE * self.b.costs[i]) for i, c in zs[r]], 0.0, np.inf)
+
+
+def _repair(state: _Plan, ranks, slots, pool, limit_s: float):
+    """Solves the MILP of the module docstring: ``(where, timed_out, fixed)`` with
+    ``where = {sample: (slot index, CP rank or -1)}`` (None when no solution came back)
+    and ``fixed`` the chosen micro-batches without the freed samples."""
+    from scipy.optimize import Bounds, LinearConstraint, milp  # benchmark-only dependency
+    from scipy.sparse import coo_matrix
+
+    m = _Model(state, slots, pool)
+    for i, *_ in pool:  # every freed sample placed once
+        m.row([(c, 1.0) for s in range(len(slots)) for c in m.own[i, s]], 1.0, 1.0)
+    for s in range(len(slots)):
+        m.slot(s)
+    before = []
+    for d in ranks:  # Z >= rest_d + sum_{b of d} (t_b + overhead u_b)
         chosen = {j for dd, j in slots if dd == d and j is not None}
         rest = SCALE * sum(t for j, t in enumerate(state.mbt[d]) if j not in chosen)
-        terms = [(z_col, 1.0)]
+        terms = [(m.z_col, 1.0)]
         for s, (dd, _) in enumerate(slots):
             if dd == d:
-                terms += [(t_col[s], -1.0), (t_col[s] + 3, -SCALE * b.overhead)]
-        row(terms, rest, np.inf)
-        before[d] = state.rank_time(d)
-    objective = np.zeros(ncol)
-    objective[z_col] = 1.0
+                terms += [(m.t_col[s], -1.0), (m.t_col[s] + 3, -SCALE * state.b.overhead)]
+        m.row(terms, rest, np.inf)
+        before.append(state.rank_time(d))
+    objective = np.zeros(m.ncol)
+    objective[m.z_col] = 1.0
     for s in range(len(slots)):
-        objective[t_col[s]] = 1e-3
-        objective[t_col[s] + 3] = 1e-3 * SCALE * b.overhead
-    bounds_hi[z_col] = SCALE * max(before.values()) * (1 + 1e-9)
-    a = coo_matrix((vals, (rows, cols)), shape=(len(lo), ncol)).tocsr()
-    res = milp(objective, integrality=integrality, bounds=Bounds(bounds_lo, bounds_hi),
-               constraints=LinearConstraint(a, lo, hi),
+        objective[m.t_col[s]] = 1e-3
+        objective[m.t_col[s] + 3] = 1e-3 * SCALE * state.b.overhead
+    m.ub[m.z_col] = SCALE * max(before) * (1 + 1e-9)  # only as good or better
+    a = coo_matrix((m.vals, (m.rows, m.cols)), shape=(len(m.lo), m.ncol)).tocsr()
+    res = milp(objective, integrality=m.integrality, bounds=Bounds(m.lb, m.ub),
+               constraints=LinearConstraint(a, m.lo, m.hi),
                options={"time_limit": max(0.05, limit_s), "mip_rel_gap": 1e-7})
-    timed_out = res.status == 1
     if res.x is None:
-        return None, timed_out, fixed
-    x = res.x
-    where = {}
-    for (i, s), c in cols_y.items():
-        if x[c] > 0.5:
-            where[i] = (s, -1)
-    for (i, s, r), c in cols_z.items():
-        if x[c] > 0.5:
-            where[i] = (s, r)
-    return (where if len(where) == len(pool) else None), timed_out, fixed
-
-
-def _break_symmetry(row, mb, tok, s, pool, cols_z, b) -> None:
-    """CP ranks of slot ``s`` that hold the same fixed samples' work and tokens are
-    interchangeable: their added loads are kept in rank order (one of each symmetric
-    solution family survives)."""
-    loads = [sum(b.costs[i] for i in r) for r in mb[1]]
-    for r in range(1, len(mb[1])):
-        if loads[r] == loads[r - 1] and tok[r] == tok[r - 1]:
-            terms = [(cols_z[i, s, r - 1], b.costs[i]) for i, *_ in pool if (i, s, r - 1) in cols_z]
-            terms += [(cols_z[i, s, r], -b.costs[i]) for i, *_ in pool if (i, s, r) in cols_z]
-            if terms:
-                row([(c, SCALE * v) for c, v in terms], 0.0, np.inf)
+        return None, res.status == 1, m.fixed
+    where = {i: (s, -1) for (i, s), c in m.y.items() if res.x[c] > 0.5}
+    where.update({i: (s, r) for (i, s, r), c in m.z.items() if res.x[c] > 0.5})
+    return (where if len(where) == len(pool) else None), res.status == 1, m.fixed
 
 
 def _apply(state: _Plan, slots, pool, where, fixed) -> tuple[list, list]:
@@ -298,8 +298,7 @@ def _apply(state: _Plan, slots, pool, where, fixed) -> tuple[list, list]:
     return new, [state.b.time(mb) for mb in new]
 
 
-def search(plan: Plan, cost_model, time_limit_s: float, seed: int = 0,
-           log: Optional[list] = None) -> Plan:
+def search(plan: Plan, cost_model, time_limit_s: float, seed: int = 0) -> Plan:
     """The LNS of the module docstring from ``plan`` (local and distributed placements
     only); returns the best plan found, validated and predicted (``plan`` itself when no
     repair improved it or it has sub-group rings)."""
@@ -341,8 +340,6 @@ def search(plan: Plan, cost_model, time_limit_s: float, seed: int = 0,
         if not _lex_less(trial, old_times, tol):
             continue
         _commit(state, ranks, slots, new, new_t)
-        if log is not None:
-            log.append((time.perf_counter() - (deadline - time_limit_s), max(state.times())))
     return _to_plan(plan, state, cost_model)
 
 
