@@ -20,7 +20,7 @@ distributed in ``b``, ``z_ibr`` = ``i`` whole on CP rank ``r`` of ``b``)::
     C_b = comm_b + sum_i comm_i y_ib + latency w_b,   D_b = dist_b + sum_i share_i y_ib
     x_br = local_br + sum_i cost_i z_ibr
     ring:  t_b >= x_br + 2 D_b / N + (N - 2) v_b,  t_b >= C_b / (N - 1) + D_b / N + (N - 2) v_b,
-           v_b >= D_b / N,  v_b >= C_b / (N - 1)              (= max(x + b, c) + b + (N-2) max(b, c))
+           v_b >= D_b / N,  v_b >= C_b / (N - 1)     (= max(x + b, c) + b + (N-2) max(b, c))
     paper: t_b >= C_b + D_b,  t_b >= x_br + D_b
     Z >= rest_d + sum_{b of d} (t_b + overhead u_b)          every DP rank touched
     minimise Z + 1e-3 sum_b (t_b + overhead u_b),   Z <= its current value

@@ -211,7 +211,8 @@ def ruin_and_recreate(state: _State, time_limit_s: float, seed: int,
         it += 1
         trial = cur.copy()
         removed = trial.remove(_ruin(trial, rng))
-        removed.sort(key=lambda i: -trial.cost[i] * (1.0 + 0.3 * rng.random() * (rng.random() < 0.5)))
+        removed.sort(key=lambda i: -trial.cost[i]
+                     * (1.0 + 0.3 * rng.random() * (rng.random() < 0.5)))
         target = best.makespan() * (1.0 - 0.01 * rng.random())
         if not all(trial.place(i, target, rng) for i in removed):
             continue

@@ -284,7 +284,8 @@ void Lns::ruin(size_t d0) {
         for (const auto& [i, r] : order) add({d0, j, i, r});
       } else {
         for (int64_t x = 0; x < 3 * q; ++x) {
-          const auto& [i, r] = order[static_cast<size_t>(rng_.below(static_cast<int64_t>(order.size())))];
+          const int64_t at = rng_.below(static_cast<int64_t>(order.size()));
+          const auto& [i, r] = order[static_cast<size_t>(at)];
           add({d0, j, i, r});
         }
       }
