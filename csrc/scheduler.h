@@ -219,9 +219,9 @@ std::vector<RankSplit> pack_schedule(const Batch& batch, int dp_size, int cp_siz
                                      int64_t bucket_size, int64_t threshold);
 
 // ---- level.cpp: (ours) the portfolio's `level` candidate (reference scheduler/level.py):
-// one micro-batch per DP rank, the k longest samples distributed in DP rank 0's, the others
-// whole on the slot where their rank's time is the least; the fastest k strictly below
-// best_t (nullopt when none is).
+// one micro-batch per DP rank, the k longest samples distributed over r rings (DP ranks
+// 0 .. r-1), the others whole on the slot where their rank's time is the least; the
+// fastest (r, k) strictly below best_t (nullopt when none is).
 std::optional<std::vector<RankSplit>> level_schedule(const GdsContext& ctx, int dp_size,
                                                      double overhead, double best_t);
 
