@@ -41,8 +41,9 @@ import results_io
 
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
-from skrull_ext.scheduler import _OBJECTIVE_CODES, SchedulerConfig, schedule
+from skrull_ext.scheduler import SchedulerConfig, schedule
 from skrull_ext.scheduler.lns import WORK_UNITS_PER_MS as LNS_UNITS_PER_MS
+from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.refine import WORK_UNITS_PER_MS, budget_work
 
 DP, CP = 4, 8
@@ -145,7 +146,7 @@ def bench_case(k: int, bucket: int, args) -> dict:
            "runs": runs}
     core = lambda: ext.portfolio_schedule(  # noqa: E731
         lengths, costs, comm, latency, DP, CP, bucket, 2, cost_model.micro_batch_overhead, 3,
-        shares, objective=_OBJECTIVE_CODES[cost_model.objective],
+        shares, objective=objective_arg(objective_of(cost_model)),
         budget=budget_work(cfg.plan_budget_ms, len(lengths)), flat=True)
     full = lambda: schedule(lengths, cfg, cost_model, backend="cpp")  # noqa: E731
     stat = min if args.stat == "min" else statistics.median
@@ -185,7 +186,7 @@ def calibrate(args, cases) -> list[dict]:
         for budget in CALIBRATE_BUDGETS:
             timed = [_backend.CPP.refine_timing(
                 lengths, costs, comm, cost_model.comm_latency(CP), DP, CP, bucket,
-                cost_model.micro_batch_overhead, shares, _OBJECTIVE_CODES[cost_model.objective],
+                cost_model.micro_batch_overhead, shares, objective_arg(objective_of(cost_model)),
                 budget, args.stage) for _ in range(max(3, args.runs // 10))]
             ms = 1e3 * stat(t for _, t in timed)
             work = timed[0][0]

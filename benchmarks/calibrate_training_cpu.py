@@ -311,7 +311,9 @@ def main(argv=None):
             json.dump(cost_model_config(hw, spec_for(rows[0])), f, indent=1)
     out = {"preset": {k: v for k, v in dataclasses.asdict(hw).items()
                       if k not in ("intra_node_comm", "inter_node_comm")},
-           "comm": dataclasses.asdict(comm), "fit_error": summary,
+           "comm": dataclasses.asdict(comm), "fit_error": summary, "runs": len(rows),
+           # The fitted extra cost of a ring message inside training, over the ping-pong.
+           "ring_latency_s": hw.intra_node_comm.seconds[0] - comm.seconds[0],
            "cost_model_config": cost_model_config(hw, spec_for(rows[0])),
            "measurements": [{k: v for k, v in r.items() if k != "plan"} for r in rows]}
     if args.json:

@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 
 import torch
 
@@ -40,6 +41,15 @@ import results_io  # noqa: E402
 from memory_allocator import SETTINGS  # noqa: E402
 
 RECOMPUTE = {key: flags for key, (_, flags) in SETTINGS.items()}  # bench_memory's --settings
+
+
+SHARED = "(shared by the layers)"  # the scope of a storage saved in several layers
+
+
+def _layer_of(scope: str) -> Optional[str]:
+    """``decoder.layers.3`` of ``decoder.layers.3.mlp``; ``None`` outside the layers."""
+    parts = scope.split(".")
+    return ".".join(parts[:3]) if parts[:2] == ["decoder", "layers"] else None
 
 
 class ScopeCensus:
@@ -57,7 +67,11 @@ class ScopeCensus:
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         if t.numel():
-            self.scope_of.setdefault(t.untyped_storage().data_ptr(), self.stack[-1])
+            ptr, scope = t.untyped_storage().data_ptr(), self.stack[-1]
+            first = self.scope_of.setdefault(ptr, scope)
+            layers = {_layer_of(first), _layer_of(scope)}
+            if None not in layers and len(layers) == 2:  # one tensor several layers save
+                self.scope_of[ptr] = SHARED
         return t
 
     def close(self) -> None:

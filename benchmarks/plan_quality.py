@@ -41,11 +41,11 @@ from skrull_ext.costmodel.hardware import get_hardware
 from skrull_ext.planner.cli import recommend_bucket, training_memory
 from skrull_ext.planner.profiles import (load_profile, profile_from_file, profile_names,
                                  sample_global_batches)
-from skrull_ext.scheduler import POLICIES, SchedulerConfig, schedule
+from skrull_ext.scheduler import DEFAULT_POLICIES, POLICIES, SchedulerConfig, schedule
 from skrull_ext.scheduler.bound import global_lower_bound
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_ms_arg
 
-BASELINES = [p for p in POLICIES if p != "skrull"]
+BASELINES = [p for p in DEFAULT_POLICIES if p != "skrull"]  # --policies may change it
 
 
 def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: str,
@@ -55,11 +55,11 @@ def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: st
     search's time (``search_ms`` > 0: Skrull's local search with that budget;
     ``search_s`` > 0: then the large-neighbourhood search) and Skrull's latency."""
     cost = dataclasses.replace(hw.cost_model(model, cp, dp), objective=objective)
-    times = {p: [] for p in POLICIES}
+    times = {p: [] for p in ["skrull"] + BASELINES}
     bounds, tight, searched, latency_ms, mbs = [], [], [], [], []
     for lengths in batches:
         plans = {}
-        for policy in POLICIES:
+        for policy in times:
             cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, policy=policy,
                                   plan_budget_ms=budget_ms)
             start = time.perf_counter()
@@ -173,8 +173,17 @@ def main(argv=None) -> int:
     parser.add_argument("--num-batches", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write every row here")
+    parser.add_argument("--policies", nargs="+", choices=POLICIES[1:], default=BASELINES,
+                        help="baselines to compare (default all but flexsp, which needs SciPy)")
+    parser.add_argument("--flexsp-time-limit", type=float, default=None,
+                        help="seconds per micro-batch MILP of the flexsp baseline")
     args = parser.parse_args(argv)
     run = results_io.start()
+    BASELINES[:] = args.policies
+    if args.flexsp_time_limit is not None:
+        from skrull_ext.scheduler import flexsp
+
+        flexsp.TIME_LIMIT_S = args.flexsp_time_limit
     try:
         hw = get_hardware(args.hardware)
         for path in [args.lengths] if args.lengths else []:

@@ -39,6 +39,8 @@ def parse(argv):
     ap.add_argument("--shape", choices=sorted(gc_.SHAPES), default="tiny")
     ap.add_argument("--docs", type=int, default=4, help="the N shortest documents, one step")
     ap.add_argument("--steps", type=int, default=3, help="profiled steps (after 2 warm-ups)")
+    ap.add_argument("--timed-steps", type=int, default=5,
+                    help="steps timed without the profiler (after the warm-ups)")
     ap.add_argument("--top", type=int, default=25, help="rows of each table")
     ap.add_argument("--json", help="write the tables here")
     return ap.parse_known_args(argv)
@@ -51,13 +53,19 @@ def _rows(events, key: str, top: int) -> list[dict]:
              "device_us": getattr(e, "self_device_time_total", 0.0)} for e in rows]
 
 
-def profile(trainer, ids, plan, device, steps: int) -> dict:
-    """Two warm-up steps, then ``steps`` profiled ones; op tables and wall time per step."""
+def profile(trainer, ids, plan, device, steps: int, timed: int = 0) -> dict:
+    """Two warm-up steps, ``timed`` steps without the profiler (its overhead per op
+    inflates a host-bound step), then ``steps`` profiled ones; op tables and wall times."""
     from torch.profiler import ProfilerActivity
 
     for _ in range(2):
         trainer.run_plan(ids, plan)
     gc_.sync(device)
+    start = time.perf_counter()
+    for _ in range(timed):
+        trainer.run_plan(ids, plan)
+    gc_.sync(device)
+    unprofiled = 1e3 * (time.perf_counter() - start) / max(timed, 1)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     start = time.perf_counter()
     with torch.profiler.profile(activities=acts) as prof:
@@ -70,6 +78,7 @@ def profile(trainer, ids, plan, device, steps: int) -> dict:
     syncs = [{"name": e.key, "calls": e.count / steps, "self_cpu_us": e.self_cpu_time_total / steps}
              for e in events if e.key in SYNC_OPS]
     return {"wall_ms_per_step_profiled": 1e3 * wall, "device_busy_ms_per_step": device_us / 1e3,
+            "wall_ms_per_step_unprofiled": unprofiled if timed else None,
             "by_self_cpu": _rows(events, "self_cpu_time_total", 10 ** 6),
             "syncs_per_step": syncs}
 
@@ -90,7 +99,7 @@ def main(argv=None) -> int:
         trainer.run_plan(ids, plan)
         gc_.sync(device)
         first = time.perf_counter() - t0
-        out = profile(trainer, ids, plan, device, args.steps)
+        out = profile(trainer, ids, plan, device, args.steps, args.timed_steps)
         out.update(environment=gc_.environment(device), docs=int(len(ids)),
                    tokens=int(lengths[ids].sum()), micro_batches=plan.num_micro_batches,
                    first_step_ms=1e3 * first, launcher_flags=argv_run)
@@ -100,7 +109,9 @@ def main(argv=None) -> int:
     top = args.top
     print(f"profile_step: {out['environment']['device']}, {out['docs']} docs, {out['tokens']} "
           f"tokens, {out['micro_batches']} micro-batch(es): {out['wall_ms_per_step_profiled']:.1f}"
-          f" ms per step (profiled), device busy {out['device_busy_ms_per_step']:.1f} ms")
+          f" ms per step (profiled), device busy {out['device_busy_ms_per_step']:.1f} ms"
+          + (f", {out['wall_ms_per_step_unprofiled']:.1f} ms per step unprofiled"
+             if out["wall_ms_per_step_unprofiled"] is not None else ""))
     print(f"{'op':60s} {'calls':>8s} {'self CPU ms':>12s} {'device ms':>10s}  (per step)")
     steps = args.steps
     for r in out["by_self_cpu"][:top]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib
 import os
 import re
 import subprocess
@@ -397,21 +398,24 @@ TABLES = {
 }
 
 
-def _render_gpu():
-    """``benchmarks/render_gpu.py``, the GPU runs' tables: imported on use, not at the top,
-    because it imports this module's helpers (and with this folder on ``sys.path`` again: a
-    caller may have restored ``sys.path`` since this module was imported)."""
+def _sibling(name: str):
+    """``benchmarks/<name>.py``, more tables: imported on use, not at the top, because it
+    imports this module's helpers (and with this folder on ``sys.path`` again: a caller may
+    have restored ``sys.path`` since this module was imported)."""
     here = os.path.dirname(os.path.abspath(__file__))
     if here not in sys.path:
         sys.path.insert(0, here)
-    import render_gpu
+    return importlib.import_module(name)
 
-    return render_gpu
+
+def _render_gpu():
+    """``benchmarks/render_gpu.py``, the GPU runs' tables."""
+    return _sibling("render_gpu")
 
 
 def all_tables() -> dict:
-    """:data:`TABLES` and the GPU runs' tables."""
-    return {**TABLES, **_render_gpu().TABLES}
+    """:data:`TABLES`, the GPU runs' tables and the launcher's (``render_training.py``)."""
+    return {**TABLES, **_render_gpu().TABLES, **_sibling("render_training").TABLES}
 
 
 def render_page(path: str) -> tuple[str, list[str]]:

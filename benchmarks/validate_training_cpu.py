@@ -56,13 +56,20 @@ def build_cases(model: str, prefix: str, seeds, global_batches):
     return argv, model_spec(cfg, vocab), cases, meta
 
 
-def report(spec, cases, meta, measured) -> dict:
+def report(spec, cases, meta, measured) -> tuple[dict, list[dict]]:
+    """Prints every plan's measured and predicted times; returns the error summary and one
+    row per plan (what ``results_io`` records and docs/costmodel.md renders)."""
     hw = get_hardware("cpu")
     print(f"{'seed':>4} {'gb':>3} {'policy':10} {'tokens':>6} {'max':>6} {'mbs':>3} "
           f"{'local':>5} {'measured':>9} {'scheduler':>9} {'err':>6} {'simulator':>9} {'err':>6}")
-    errs = {"scheduler": [], "simulator": []}
+    errs, rows = {"scheduler": [], "simulator": []}, []
     for (seed, gb, policy), (_, plan), m in zip(meta, cases, measured):
         cm, sim = th.predictions(plan, spec, hw)
+        rows.append({"seed": seed, "global_batch": gb, "policy": policy,
+                     "tokens": int(plan.lengths.sum()), "max_length": int(plan.lengths.max()),
+                     "micro_batches": plan.num_micro_batches,
+                     "local_share": plan.local_token_share(), "measured_ms": 1e3 * m,
+                     "scheduler_ms": 1e3 * cm, "simulator_ms": 1e3 * sim})
         errs["scheduler"].append(100 * (cm - m) / m)
         errs["simulator"].append(100 * (sim - m) / m)
         print(f"{seed:4d} {gb:3d} {policy:10} {int(plan.lengths.sum()):6d} "
@@ -75,7 +82,7 @@ def report(spec, cases, meta, measured) -> dict:
         summary[name] = (float(e.mean()), float(np.median(e)), float(e.max()))
         print(f"{name:9}: mean |err| {e.mean():.1f}%, median {np.median(e):.1f}%, "
               f"max {e.max():.1f}% over {e.size} plans")
-    return summary
+    return summary, rows
 
 
 def main(argv=None):
@@ -99,10 +106,10 @@ def main(argv=None):
           f"{spec.num_attention_heads} heads / {spec.num_query_groups} KV groups), CP 2, "
           f"bucket {BUCKET}; {len(cases)} plans x {repeats} repeats, median; "
           f"{time.time() - t0:.0f} s")
-    summary = report(spec, cases, meta, [th.median(t) for t in res["times"]])
-    results_io.record("validate_training_cpu", {
+    summary, rows = report(spec, cases, meta, [th.median(t) for t in res["times"]])
+    results_io.record("validate_training_cpu", {"summary": {
         name: dict(zip(("mean_abs_pct", "median_abs_pct", "max_abs_pct"), v))
-        for name, v in summary.items()}, run, argv)
+        for name, v in summary.items()}, "cases": rows}, run, argv)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gc_pause.h"
+#include "objective_arg.h"
 #include "scheduler.h"
 
 namespace py = pybind11;
@@ -83,14 +84,6 @@ skrull::Rollback to_rollback(int code, bool allow_auto) {
                                       : "0 (shortest), 1 (best-fit); use dacp_best for auto"));
   }
   return static_cast<skrull::Rollback>(code);
-}
-
-skrull::Objective to_objective(int code) {
-  if (code < 0 || code > 1) {
-    throw py::value_error("objective code " + std::to_string(code) +
-                          " is not one of 0 (paper), 1 (ring)");
-  }
-  return static_cast<skrull::Objective>(code);
 }
 
 skrull::Variant to_variant(int code) {
@@ -259,9 +252,9 @@ py::tuple flat_arrays(const std::vector<skrull::RankSplit>& splits, int dp_size,
 py::object run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Array comm,
                        double latency, int dp_size, int cp_size, int64_t bucket_size,
                        int rollback, double overhead, int variant, py::object shares,
-                       int objective, int64_t budget = 0, bool flat = false) {
+                       py::object objective, int64_t budget = 0, bool flat = false) {
   BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
-  args.view.objective = to_objective(objective);
+  args.view.objective = skrull_py::to_objective(objective);
   check_positive(dp_size, "dp_size");
   check_positive(cp_size, "cp_size");
   check_positive(bucket_size, "bucket_size");
@@ -287,7 +280,7 @@ py::object run_scheduler(Scheduler fn, I64Array lengths, F64Array costs, F64Arra
 
 py::object gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double latency,
                         int dp_size, int cp_size, int64_t bucket_size, int rollback,
-                        double overhead, int variant, py::object shares, int objective,
+                        double overhead, int variant, py::object shares, py::object objective,
                         bool flat) {
   return run_scheduler(&gds_only, std::move(lengths), std::move(costs),
                        std::move(comm), latency, dp_size, cp_size, bucket_size, rollback,
@@ -297,7 +290,7 @@ py::object gds_schedule(I64Array lengths, F64Array costs, F64Array comm, double 
 py::object portfolio_schedule(I64Array lengths, F64Array costs, F64Array comm,
                               double latency, int dp_size, int cp_size, int64_t bucket_size,
                               int rollback, double overhead, int variant, py::object shares,
-                              int objective, int64_t budget, bool flat) {
+                              py::object objective, int64_t budget, bool flat) {
   return run_scheduler(&skrull::portfolio_schedule, std::move(lengths), std::move(costs),
                        std::move(comm), latency, dp_size, cp_size, bucket_size, rollback,
                        overhead, variant, std::move(shares), objective, budget, flat);
@@ -309,11 +302,11 @@ py::object portfolio_schedule(I64Array lengths, F64Array costs, F64Array comm,
 // conversion); (work units counted, wall seconds of that stage).
 py::tuple refine_timing(I64Array lengths, F64Array costs, F64Array comm, double latency,
                         int dp_size, int cp_size, int64_t bucket_size, double overhead,
-                        py::object shares, int objective, int64_t budget,
+                        py::object shares, py::object objective, int64_t budget,
                         const std::string& stage) {
   if (stage != "refine" && stage != "lns") throw py::value_error("stage: refine or lns");
   BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
-  args.view.objective = to_objective(objective);
+  args.view.objective = skrull_py::to_objective(objective);
   check_positive(dp_size, "dp_size");
   check_positive(cp_size, "cp_size");
   check_positive(bucket_size, "bucket_size");
@@ -390,9 +383,9 @@ py::object dacp_place(I64Array lengths, F64Array costs, I64Array idx, int cp_siz
 
 py::object dacp_best(I64Array lengths, F64Array costs, F64Array comm, double latency,
                      I64Array idx, int cp_size, int64_t bucket_size, int rollback,
-                     int variant, py::object shares, int objective) {
+                     int variant, py::object shares, py::object objective) {
   BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
-  args.view.objective = to_objective(objective);
+  args.view.objective = skrull_py::to_objective(objective);
   check_positive(cp_size, "cp_size");
   auto ids = to_indices(idx, args.view.size);
   const auto policy = to_rollback(rollback, true);
@@ -406,7 +399,7 @@ py::object dacp_best(I64Array lengths, F64Array costs, F64Array comm, double lat
 }
 
 double micro_batch_time(py::object placement, F64Array costs, F64Array comm, double latency,
-                        int cp_size, py::object shares, int objective) {
+                        int cp_size, py::object shares, py::object objective) {
   check_positive(cp_size, "cp_size");
   const int64_t k = size_1d(costs, "costs");
   check_same_size(k, size_1d(comm, "comm"), "comm");
@@ -416,7 +409,7 @@ double micro_batch_time(py::object placement, F64Array costs, F64Array comm, dou
   p.distributed = to_indices(pair[0].cast<I64Array>(), k);
   for (auto rank : pair[1]) p.local.push_back(to_indices(rank.cast<I64Array>(), k));
   skrull::Batch view{nullptr, costs.data(), comm.data(), k};
-  view.objective = to_objective(objective);
+  view.objective = skrull_py::to_objective(objective);
   F64Array share_arr;
   if (!shares.is_none()) {
     share_arr = shares.cast<F64Array>();

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "objective_arg.h"
 #include "scheduler.h"
 
 namespace py = pybind11;
@@ -38,19 +39,19 @@ struct CostScalars {
   double c_linear, c_attention;
   double half;              // attention_half_tokens (0: no short-block surcharge)
   double calls;             // attention_call_overhead * num_layers (0: none)
-  double kv_coef;           // kv_hidden_size (float)
-  double bytes;             // bytes_per_element (float)
+  double outside;           // lam + nu: a shard token's linear and dK/dV-return seconds
 };
 
 CostScalars scalars_of(const py::tuple& t) {
-  if (t.size() != 9) throw py::value_error("scalars must be CostModel.cost_scalars (9 floats)");
-  double v[9];
-  for (size_t i = 0; i < 9; ++i) v[i] = t[i].cast<double>();
-  return CostScalars{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]};
+  if (t.size() != 8) throw py::value_error("scalars must be CostModel.cost_scalars (8 floats)");
+  double v[8];
+  for (size_t i = 0; i < 8; ++i) v[i] = t[i].cast<double>();
+  return CostScalars{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
 }
 
 // One sample's (cost, share, comm) at cp_size: CostModel.schedule_arrays's float
-// operations for one entry (cp_size <= 1: share = cost, comm = 0).
+// operations for one entry (cp_size <= 1: share = cost, comm = 0).  `ring`:
+// CostModel.shard_token_seconds(cp_size).
 struct SampleCost {
   double cost, share, comm;
 };
@@ -67,11 +68,12 @@ inline SampleCost sample_cost(const CostScalars& p, int64_t length, int64_t cp_s
   if (cp_size <= 1) return SampleCost{cost, cost, 0.0};
   const double n = static_cast<double>(cp_size);
   const double shard = static_cast<double>(skrull::shard_tokens(length, cp_size));
-  double att_n = attention / n;
+  const double pad = shard * n;  // the padded sequence: 1/N of its attention per rank
+  double att_n = p.attention_coef * pad * pad * p.layers / n;
   if (p.half != 0.0) att_n = att_n * (1.0 + p.half / shard);
-  double share = linear_s / n + p.c_attention * att_n;
+  double share = p.outside * shard + p.c_attention * att_n;
   if (p.calls != 0.0) share = share + p.calls * n;
-  return SampleCost{cost, share, ring * (2.0 * shard * p.kv_coef * p.bytes)};
+  return SampleCost{cost, share, ring * shard};
 }
 
 const int64_t* lengths_1d(const I64Array& lengths) {
@@ -80,7 +82,7 @@ const int64_t* lengths_1d(const I64Array& lengths) {
 }
 
 // (costs, comm, shares), each [K] float64: CostModel.schedule_arrays's float operations.
-// `ring`: ring steps x seconds per byte at this cp_size (CostModel computes it per call).
+// `ring`: CostModel.shard_token_seconds(cp_size) (computed per call in Python).
 py::tuple cost_arrays(const I64Array& lengths, int64_t cp_size, const py::tuple& scalars,
                       double ring) {
   const CostScalars p = scalars_of(scalars);
@@ -149,13 +151,13 @@ const double* optional_array(const py::object& obj, int64_t k, F64Array& keep, c
 
 // bound.sample_bounds: per sample, over the group sizes g it fits (shard tokens <= the
 // bucket), work = min g x share_g (g = 1: its cost) and alone = min rank_time(0, comm_g +
-// latency_g, share_g, N), in numpy's float operations (bit-identical).  `rings[j]`,
-// `latencies[j]`: ring steps x seconds per byte and the ring latency at sizes[j];
+// latency_g, share_g, g), in numpy's float operations (bit-identical).  `rings[j]`,
+// `latencies[j]`: CostModel.shard_token_seconds and comm_latency at sizes[j];
 // `costs` / `shares` / `comm`: the batch's arrays at g = 1 / N when the caller has them.
 py::tuple sample_bounds(const I64Array& lengths, int64_t cp_size, int64_t bucket_size,
                         const py::tuple& scalars, const std::vector<int64_t>& sizes,
                         const std::vector<double>& rings, const std::vector<double>& latencies,
-                        bool ring_objective, const py::object& costs_obj,
+                        const py::object& objective_obj, const py::object& costs_obj,
                         const py::object& shares_obj, const py::object& comm_obj) {
   const CostScalars p = scalars_of(scalars);
   const int64_t* len = lengths_1d(lengths);
@@ -167,7 +169,7 @@ py::tuple sample_bounds(const I64Array& lengths, int64_t cp_size, int64_t bucket
   const double* costs = optional_array(costs_obj, k, keep_costs, "costs");
   const double* shares = optional_array(shares_obj, k, keep_shares, "shares");
   const double* comm = optional_array(comm_obj, k, keep_comm, "comm");
-  const auto objective = ring_objective ? skrull::Objective::kRing : skrull::Objective::kPaper;
+  const skrull::Objective objective = skrull_py::to_objective(objective_obj);
   const int n = static_cast<int>(cp_size);
   const double inf = std::numeric_limits<double>::infinity();
   F64Array work_out(k), alone_out(k);
@@ -196,7 +198,8 @@ py::tuple sample_bounds(const I64Array& lengths, int64_t cp_size, int64_t bucket
           bytes_s = e.comm;
         }
         w = std::min(w, static_cast<double>(g) * share);
-        a = std::min(a, skrull::rank_time(0.0, bytes_s + latencies[j], share, n, objective));
+        a = std::min(a, skrull::rank_time(0.0, bytes_s + latencies[j], share, static_cast<int>(g),
+                                          objective));
       }
       work[i] = w;
       alone[i] = a;
@@ -217,7 +220,7 @@ void bind_costs(py::module_& mod) {
           py::arg("fixed"), "scheduler.hybrid.hybrid_floor (sums in sample order).");
   mod.def("sample_bounds", &sample_bounds, py::arg("lengths"), py::arg("cp_size"),
           py::arg("bucket_size"), py::arg("scalars"), py::arg("sizes"), py::arg("rings"),
-          py::arg("latencies"), py::arg("ring_objective"), py::arg("costs") = py::none(),
+          py::arg("latencies"), py::arg("objective"), py::arg("costs") = py::none(),
           py::arg("shares") = py::none(), py::arg("comm") = py::none(),
           "(work, alone) [K] float64: scheduler.bound.sample_bounds, bit for bit.");
 }

@@ -114,7 +114,7 @@ bool roll_back(std::vector<std::vector<Index>>& local, std::vector<int64_t>& rem
 // _objective).  rank_time is non-decreasing in the load (float max and + are monotone),
 // so this is rank_time of the largest load: one evaluation instead of n, same value.
 double objective(const std::vector<double>& local_load, double t_comm, double t_dist,
-                 Objective obj, int r = -1, double extra = 0.0) {
+                 const Objective& obj, int r = -1, double extra = 0.0) {
   const int n = static_cast<int>(local_load.size());
   double x_max = 0.0;
   for (int j = 0; j < n; ++j) {
@@ -247,9 +247,7 @@ bool lpt_local(const Batch& batch, const int64_t* len, const double* cost, size_
   rank_of->resize(count - first);
   int* out = rank_of->data() - first;
   // rank_time's terms that do not depend on the load, computed as rank_time does.
-  const bool paper = batch.objective == Objective::kPaper || n < 2;
-  const double b = t_dist / n, c = paper ? 0.0 : t_comm / (n - 1);
-  const double tail = static_cast<double>(n - 2) * std::max(b, c);
+  const RankTimeOf time_of(t_comm, t_dist, n, batch.objective);
   const double limit = best_t ? *best_t : 0.0;
   int64_t least_room = cap;  // every rank's room is >= this
   for (size_t p = first; p < count; ++p) {
@@ -271,14 +269,11 @@ bool lpt_local(const Batch& batch, const int64_t* len, const double* cost, size_
     least_room = std::min(least_room, rm[r]);
     const double x = ld[r] + cost[p];
     ld[r] = x;
-    if (best_t) {  // rank_time(x, t_comm, t_dist, n, objective) >= *best_t
-      const double t = paper ? std::max(t_comm, x) + t_dist : std::max(x + b, c) + b + tail;
-      if (t >= limit) return false;
-    }
+    if (best_t && time_of.at(x) >= limit) return false;  // rank_time(x, ...) >= *best_t
   }
   double x_max = 0.0;  // the slowest rank has the most local work (see objective())
   for (int j = 0; j < n; ++j) x_max = std::max(x_max, ld[j]);
-  *time = std::max(0.0, rank_time(x_max, t_comm, t_dist, n, batch.objective));
+  *time = std::max(0.0, time_of.at(x_max));
   return true;
 }
 

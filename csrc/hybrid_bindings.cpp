@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gc_pause.h"
+#include "objective_arg.h"
 #include "scheduler.h"
 
 namespace py = pybind11;
@@ -145,7 +146,7 @@ py::tuple plan_objects(const skrull::HybridPlan& plan, int dp_size, int cp_size,
 py::tuple hybrid_candidate(I64Array lengths, F64Array costs, F64Array shares, F64Array comm,
                            F64Array sub_share, F64Array sub_comm, F64Array sub_latency,
                            double latency, int dp_size, int cp_size, int64_t bucket_size,
-                           double overhead, double fixed, int objective, double limit,
+                           double overhead, double fixed, py::object objective, double limit,
                            double margin, py::object micro_batch_cls) {
   if (lengths.ndim() != 1) throw py::value_error("lengths must be a 1-D array");
   const int64_t k = lengths.shape(0);
@@ -153,7 +154,7 @@ py::tuple hybrid_candidate(I64Array lengths, F64Array costs, F64Array shares, F6
       bucket_size > (int64_t{1} << 40)) {
     throw py::value_error("need dp_size >= 1, 1 <= cp_size <= 65536, 1 <= bucket_size <= 2^40");
   }
-  if (objective < 0 || objective > 1) throw py::value_error("objective must be 0 or 1");
+  const skrull::Objective obj = skrull_py::to_objective(objective);
   if (!micro_batch_cls.is_none() && !PyType_Check(micro_batch_cls.ptr())) {
     throw py::type_error("micro_batch must be a class (scheduler.plan.MicroBatch) or None");
   }
@@ -165,7 +166,7 @@ py::tuple hybrid_candidate(I64Array lengths, F64Array costs, F64Array shares, F6
     }
   }
   skrull::Batch batch{lengths.data(), checked(costs, k, "costs"), checked(comm, k, "comm"), k,
-                      checked(shares, k, "shares"), static_cast<skrull::Objective>(objective)};
+                      checked(shares, k, "shares"), obj};
   skrull::SubgroupPrices sub{checked(sub_share, k, "sub_share"), checked(sub_comm, k, "sub_comm"),
                              {}};
   sub.latency.assign(checked(sub_latency, cp_size + 1, "sub_latency"),

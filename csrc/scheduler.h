@@ -25,9 +25,19 @@ enum class Rollback : int { kShortest = 0, kBestFit = 1, kAuto = 2 };
 // keeping the fastest; codes match _VARIANT_CODES (reference.DACP_VARIANTS order).
 enum class Variant : int { kPaper = 0, kBalanced = 1, kLpt = 2, kAuto = 3 };
 
-// How a micro-batch's time is composed (reference rank_time): the paper's objective or
-// ours, the ring step by step; codes match _OBJECTIVE_CODES.
-enum class Objective : int { kPaper = 0, kRing = 1 };
+// How a micro-batch's time is composed (objective.rank_time): the paper's objective or
+// ours, the ring step by step; codes match objective.objective_arg.
+enum class ObjectiveCode : int { kPaper = 0, kRing = 1 };
+
+// The objective's code and, when `physical`, the cost model's ring terms
+// (objective.Objective.terms): linear seconds per token, ring transfer seconds per shard
+// token and step, latency per step, ring-step overhead, forward share of attention work.
+struct Objective {
+  ObjectiveCode code = ObjectiveCode::kPaper;
+  bool physical = false;
+  double lam = 0.0, beta = 0.0, ell = 0.0, step = 0.0, fwd = 1.0;
+  bool paper() const { return code == ObjectiveCode::kPaper; }
+};
 
 // Non-owning view of one global batch: [size] token lengths, compute seconds of each
 // whole sequence and ring bandwidth seconds of each distributed sequence.  `comm` may be
@@ -41,7 +51,7 @@ struct Batch {
   // costs[i] / cp_size (the reference's `shares=None`).
   const double* shares = nullptr;
   // The cost model's objective; every time estimate of the core goes through rank_time.
-  Objective objective = Objective::kPaper;
+  Objective objective = Objective{};
 
   double share(Index i, int cp_size) const {
     return shares ? shares[i] : costs[i] / cp_size;
@@ -91,13 +101,84 @@ bool dacp_feasible(const Batch& batch, const std::vector<Index>& idx, double lat
                    int cp_size, int64_t bucket_size, Rollback policy, Variant variant);
 
 // Seconds of one CP rank: local compute x, ring t_comm, per-rank distributed compute
-// t_dist, n CP ranks (reference rank_time).
+// t_dist, n CP ranks (objective.rank_time, the same float operations; see its module doc
+// for how a physical objective splits t_comm and t_dist).  RankTimeOf precomputes the
+// terms that do not depend on x; rank_time is its value at x.
+struct RankTimeOf {
+  RankTimeOf(double t_comm, double t_dist, int n, const Objective& obj) {
+    const double kFwdBytes = 1.0 / 3.0;
+    if (n < 2 || (!obj.physical && obj.paper())) {
+      kind_ = 0;
+      c_[0] = t_comm;
+      b_[0] = t_dist;
+      return;
+    }
+    if (!obj.physical) {
+      kind_ = 1;
+      b_[0] = t_dist / n;
+      c_[0] = t_comm / (n - 1);
+      tail_[0] = static_cast<double>(n - 2) * std::max(b_[0], c_[0]);
+      return;
+    }
+    if (!(t_comm > 0.0)) {  // nothing distributed: local work plus t_dist
+      kind_ = 4;
+      b_[0] = t_dist;
+      return;
+    }
+    const double mu = 3.0 * static_cast<double>(n - 1) * obj.beta;
+    const double tot = mu + obj.lam + obj.beta;
+    const double w = std::max(
+        t_comm - ((2.0 * n - 1.0) * obj.ell + static_cast<double>(n) * obj.step), 0.0);
+    const double outside = tot > 0.0 ? w * ((obj.lam + obj.beta) / tot) : 0.0;
+    const double ring = w - outside;
+    const double blocks = t_dist - outside + static_cast<double>(n) * obj.step;
+    const double ell = obj.ell;
+    out_ = outside + ell;
+    if (obj.paper()) {
+      kind_ = 2;
+      c_[0] = ring + 2.0 * static_cast<double>(n - 1) * ell;
+      b_[0] = blocks;
+      return;
+    }
+    kind_ = 3;
+    const double share[2] = {obj.fwd, 1.0 - obj.fwd};
+    const double part[2] = {kFwdBytes, 1.0 - kFwdBytes};
+    for (int p = 0; p < 2; ++p) {
+      a_[p] = share[p];
+      b_[p] = share[p] * blocks / n;
+      c_[p] = part[p] * ring / (n - 1) + ell;
+      tail_[p] = static_cast<double>(n - 2) * std::max(b_[p], c_[p]);
+    }
+  }
+
+  double at(double x) const {
+    switch (kind_) {
+      case 0:
+        return std::max(c_[0], x) + b_[0];
+      case 1:
+        return std::max(x + b_[0], c_[0]) + b_[0] + tail_[0];
+      case 2:
+        return out_ + std::max(c_[0], x) + b_[0];
+      case 4:
+        return x + b_[0];
+      default: {
+        double t = out_;
+        t = t + (std::max(a_[0] * x + b_[0], c_[0]) + b_[0] + tail_[0]);
+        t = t + (std::max(a_[1] * x + b_[1], c_[1]) + b_[1] + tail_[1]);
+        return t;
+      }
+    }
+  }
+
+ private:
+  int kind_ = 0;
+  double out_ = 0.0;
+  double a_[2] = {1.0, 0.0}, b_[2] = {0.0, 0.0}, c_[2] = {0.0, 0.0}, tail_[2] = {0.0, 0.0};
+};
+
 // Inline: the placement loops call it once per sample.
-inline double rank_time(double x, double t_comm, double t_dist, int n, Objective objective) {
-  if (objective == Objective::kPaper || n < 2) return std::max(t_comm, x) + t_dist;
-  const double b = t_dist / n;
-  const double c = t_comm / (n - 1);
-  return std::max(x + b, c) + b + static_cast<double>(n - 2) * std::max(b, c);
+inline double rank_time(double x, double t_comm, double t_dist, int n, const Objective& objective) {
+  return RankTimeOf(t_comm, t_dist, n, objective).at(x);
 }
 
 // Predicted seconds of one placed micro-batch (no fixed overhead).

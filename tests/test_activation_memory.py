@@ -97,7 +97,11 @@ def test_breakdown_walks_the_graph_tensor_by_tensor(measured):
         got, model = s["measured"]["totals"], s["model"]["totals"]
         # Saved bytes per token, one layer and outside the layers: each storage once.
         assert got["layer"] == pytest.approx(model["layer"], rel=1e-6), s["recompute"]
-        assert got["outside"] == pytest.approx(model["outside"], rel=1e-6), s["recompute"]
+        # Outside: the micro-batch's buffer also holds the layout's attention metadata
+        # (cu_seqlens, index tensors: under 1 KiB a micro-batch, not per token).
+        assert got["outside"] == pytest.approx(model["outside"], abs=1024 / s["tokens"])
+        shared = [r for r in s["measured"]["rows"] if r["scope"] == "(shared by the layers)"]
+        assert bool(shared) == (s["recompute"] == "none"), s["recompute"]  # RoPE cos, sin
         assert len(s["peaks"]) == 2 and s["peaks"][0]["tokens"] < s["peaks"][1]["tokens"]
         assert s["peak_bytes_per_token"] == pytest.approx(s["peak_model"], rel=0.005)
         rows = {(r["where"], r["nodes"]) for r in s["measured"]["rows"]}

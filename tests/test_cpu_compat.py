@@ -257,3 +257,43 @@ def test_checkpoint_io_roundtrip_on_cpu(tmp_path):
         assert out["n"] == 7
     finally:
         dist.destroy_process_group()
+
+
+def test_foreach_multi_tensor_matches_upstream_fallbacks_bit_for_bit():
+    """mcore without TE/apex binds its local multi-tensor fallbacks (the shim swaps exactly
+    those, inside the block only); the foreach versions give the same bits on CPU: the grad
+    norm in fp32 and fp64 (parity mode), in-place clipping, the fp32 -> bf16 param copy."""
+    from megatron.core import utils
+    from megatron.core.optimizer import clip_grads, optimizer
+
+    bound = [(clip_grads, "l2_norm_impl", utils.local_multi_tensor_l2_norm),
+             (clip_grads, "multi_tensor_scale_impl", utils.local_multi_tensor_scale),
+             (optimizer, "multi_tensor_scale_impl", utils.local_multi_tensor_scale)]
+    for owner, name, local in bound:  # no TE/apex here: upstream's own fallbacks
+        assert getattr(owner, name) is local, name
+    assert _params(utils.local_multi_tensor_l2_norm)[:4] == [
+        "chunk_size", "noop_flag", "tensor_lists", "per_tensor"]
+    assert _params(utils.local_multi_tensor_scale) == [
+        "chunk_size", "noop_flag", "tensor_lists", "scale"]
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        grads = [torch.randn(s, generator=gen, dtype=dtype) * 10 ** i
+                 for i, s in enumerate([(7, 3), (5,), (64, 33), (1,)])]
+        with cpu_compat.cuda_to_cpu("cpu"), cpu_compat.foreach_multi_tensor():
+            for owner, name, local in bound:
+                assert getattr(owner, name) is not local
+            mine = clip_grads.l2_norm_impl(0, None, [grads], False)[0]
+        with cpu_compat.cuda_to_cpu("cpu"):  # upstream puts its result on "cuda"
+            theirs = utils.local_multi_tensor_l2_norm(0, None, [grads], False)[0]
+        assert mine.dtype == theirs.dtype == torch.float32 and torch.equal(mine, theirs)
+        a, b = [g.clone() for g in grads], [g.clone() for g in grads]
+        cpu_compat._foreach_scale(0, None, [a, a], 0.37)
+        utils.local_multi_tensor_scale(0, None, [b, b], 0.37)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+        half_a = [torch.empty_like(g, dtype=torch.bfloat16) for g in grads]
+        half_b = [torch.empty_like(g, dtype=torch.bfloat16) for g in grads]
+        cpu_compat._foreach_scale(0, None, [grads, half_a], 1.0)
+        utils.local_multi_tensor_scale(0, None, [grads, half_b], 1.0)
+        assert all(torch.equal(x, y) for x, y in zip(half_a, half_b))
+    for owner, name, local in bound:  # restored after the block
+        assert getattr(owner, name) is local

@@ -41,7 +41,7 @@ def _run_scripts(rank, world, tmp):
         bench_gpu.main(["--models", "tiny", *TINY_RUN, "--iters", "1", "--kernels", "torch,flash",
                         "--time-budget-s", "300", "--json", f"{tmp}/gpu.json"])
         profile_step.main(["--shape", "tiny", *TINY_RUN, "--docs", "3", "--steps", "1",
-                           "--json", f"{tmp}/profile.json"])
+                           "--timed-steps", "2", "--json", f"{tmp}/profile.json"])
     with open(f"{tmp}/stdout.txt", "w") as f:
         f.write(log.getvalue())
 
@@ -126,6 +126,7 @@ def test_profile_step_names_the_ops_of_one_step(outputs):
     prof = outputs["profile"]
     assert prof["docs"] == 3 and prof["micro_batches"] >= 1
     assert prof["wall_ms_per_step_profiled"] > 0 and prof["device_busy_ms_per_step"] == 0.0
+    assert prof["wall_ms_per_step_unprofiled"] > 0
     names = {r["name"] for r in prof["by_self_cpu"]}
     assert "aten::mm" in names or "aten::addmm" in names  # the linear layers ran
     assert "profile_step:" in outputs["stdout"]

@@ -9,6 +9,7 @@ from skrull_ext.scheduler import hybrid as hybrid_module, pricing
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import SchedulerConfig, micro_batch_seconds, schedule
+from skrull_ext.scheduler.objective import objective_of
 from skrull_ext.scheduler.plan import MicroBatch
 
 
@@ -93,15 +94,17 @@ def test_sub_group_rings_are_charged_after_the_full_ring_unoverlapped():
     # the sub-group {0, 1} (one ring, latency once), sample 4 is alone on {2, 3}.
     mb = MicroBatch(distributed=(0,), local=((1,), (), (), ()),
                     grouped=((2, 0, 2), (3, 0, 2), (4, 2, 2)))
-    got = micro_batch_seconds(mb, lengths, costs, comm, cost)
+    shares = cost.share_seconds(lengths, 4)
+    got = micro_batch_seconds(mb, lengths, costs, comm, cost, shares)
+    objective = objective_of(cost)
     full = pricing.rank_times(np.array([costs[1], 0, 0, 0]),
                               np.full(4, comm[0] + cost.comm_latency(4)),
-                              np.full(4, costs[0] / 4), 4, cost.objective)
+                              np.full(4, shares[0]), 4, objective)
 
     def ring(samples):
         s = lengths[samples]
         return pricing.rank_times(0.0, cost.comm_seconds(s, 2).sum() + cost.comm_latency(2),
-                                  cost.share_seconds(s, 2).sum(), 2, cost.objective)
+                                  cost.share_seconds(s, 2).sum(), 2, objective)
 
     want = full + np.array([ring([2, 3])] * 2 + [ring([4])] * 2)
     assert got == pytest.approx(float(want.max()) + cost.micro_batch_overhead, rel=1e-12)

@@ -18,13 +18,13 @@ from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import SchedulerConfig, portfolio, schedule
 from skrull_ext.scheduler.bound import lower_bound
 from skrull_ext.scheduler.lns import floor, lns
+from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.reference import GdsContext
 from skrull_ext.scheduler.refine import refine
 from skrull_ext.sharding import shard_tokens
 from tests.test_parity import random_batch
 
 _C = pytest.importorskip("skrull_ext._C", reason="C++ extension not built")
-OBJECTIVES = {"paper": 0, "ring": 1}
 OVERHEAD = 2e-3
 
 
@@ -38,7 +38,7 @@ def _context(lengths, cp, bucket, objective):
     arrays = (cm.compute_seconds(lengths), cm.comm_seconds(lengths, cp),
               cm.share_seconds(lengths, cp))
     ctx = GdsContext(lengths, arrays[0], arrays[1], cm.comm_latency(cp), cp, bucket, "auto",
-                     "auto", arrays[2], objective)
+                     "auto", arrays[2], objective_of(cm))
     return cm, ctx
 
 
@@ -66,13 +66,14 @@ def test_lns_parity_and_gain_over_the_local_search():
         cm, ctx = _context(lengths, cp, bucket, obj)
         budget = int(rng.choice([2_000, 20_000, 60_000]))
         args = (lengths, ctx.costs, ctx.comm, ctx.latency, dp, cp, bucket)
-        want = portfolio.portfolio_schedule(*args, "auto", OVERHEAD, "auto", ctx.shares, obj,
-                                            budget=budget)
+        want = portfolio.portfolio_schedule(*args, "auto", OVERHEAD, "auto", ctx.shares,
+                                            ctx.objective, budget=budget)
         got = _C.portfolio_schedule(*args, 2, OVERHEAD, 3, ctx.shares,
-                                    objective=OBJECTIVES[obj], budget=budget)
+                                    objective=objective_arg(ctx.objective), budget=budget)
         assert got == want, (trial, budget)
         start = refine(ctx, portfolio.portfolio_schedule(*args, "auto", OVERHEAD, "auto",
-                                                         ctx.shares, obj), OVERHEAD, 10**7)
+                                                         ctx.shares, ctx.objective),
+                       OVERHEAD, 10**7)
         out = lns(ctx, start, OVERHEAD, budget, floor(ctx, dp, OVERHEAD))
         _check(ctx, out, lengths.size)
         before = portfolio.iteration_time(ctx, start, OVERHEAD)

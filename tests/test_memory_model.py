@@ -41,16 +41,18 @@ def test_activation_bytes_by_recompute():
     full = TrainingMemory(precision="bf16", recompute="full").activation_bytes_per_token(Q7)
     assert none == Q7.activation_bytes_per_token()
     h, kv, f, v = Q7.hidden_size, Q7.kv_hidden_size, Q7.ffn_hidden_size, Q7.vocab_size
-    # Per layer 14h + 6 h_kv + 10f bf16 bytes, plus two rstd (fp32), RoPE's cos and sin of
-    # q and k (4 x head_dim x 2) and the log-sum-exp (fp32 per head); the final norm, ids,
-    # loss mask, targets, the fp32 softmax and the bf16 logits, positions and labels, the
-    # RoPE table.
-    layer = 14 * h + 6 * kv + 10 * f + 8 + 8 * Q7.head_dim + 4 * Q7.num_attention_heads
-    outside = 4 * h + 4 + 8 + 4 + 9 + 6 * v + 16 + 4 * Q7.head_dim
+    # Per layer 14h + 6 h_kv + 10f bf16 bytes, plus two rstd (fp32) and the log-sum-exp
+    # (fp32 per head); outside: the final norm, the micro-batch buffer (4 int64 + the fp32
+    # loss mask), targets, the fp32 softmax and the bf16 logits, RoPE's cos and sin (bf16,
+    # shared by the layers) and its angle table (fp32).
+    d = Q7.head_dim
+    layer = 14 * h + 6 * kv + 10 * f + 8 + 4 * Q7.num_attention_heads
+    outside = 4 * h + 4 + 36 + 9 + 6 * v + 2 * d * 2 + 4 * d
     assert none == Q7.num_layers * layer + outside
-    # Selective (core_attn checkpointed): the key after RoPE, cos/sin and the log-sum-exp
-    # go; the query after RoPE is replaced by mcore's query copy the checkpoint keeps.
-    assert none - sel == Q7.num_layers * (2 * kv + 8 * Q7.head_dim + 4 * Q7.num_attention_heads)
+    # Selective (core_attn checkpointed): the key after RoPE and the log-sum-exp go; the
+    # query after RoPE is replaced by mcore's query copy the checkpoint keeps.  RoPE's cos
+    # and sin are then held, not saved (the same bytes).
+    assert none - sel == Q7.num_layers * (2 * kv + 4 * Q7.num_attention_heads)
     # Full: layer inputs, and the larger of the cross entropy's moment and a recomputed layer.
     assert full == Q7.num_layers * 2 * h + outside
     assert full < sel / 3
@@ -58,7 +60,8 @@ def test_activation_bytes_by_recompute():
 
 
 def test_full_recompute_peak_is_the_larger_moment():
-    # A small vocabulary: the recomputed layer (plus the lasting ids and RoPE table)
+    # A small vocabulary: the recomputed layer (plus the lasting micro-batch buffer and RoPE
+    # tables)
     # outweighs the logits, so the peak is in the backward pass; its fused norm saves the
     # checkpoint's own input tensor (counted once).
     small = dataclasses.replace(Q7, vocab_size=128)
@@ -66,7 +69,7 @@ def test_full_recompute_peak_is_the_larger_moment():
     layer = TrainingMemory(precision="bf16").layer_activation_bytes_per_token(small)
     h = small.hidden_size
     assert full.activation_bytes_per_token(small) == \
-        small.num_layers * 2 * h + layer - 2 * h + 8 + 4 * small.head_dim
+        small.num_layers * 2 * h + layer - 2 * h + 36 + 2 * small.head_dim * 2 + 4 * small.head_dim
 
 
 def test_cpu_norm_saves_fp32_copies():

@@ -76,7 +76,7 @@ def test_tight_bucket_long_tail_beats_hybrid_cp():
     a 2,817-token bucket): every sample above the bucket must be sharded over all 16 ranks.
     Before the pack candidates Skrull's plan was predicted 5.46 s against hybrid-CP's
     5.26 s (sub-group rings); packing the long samples into few micro-batches and leveling
-    the local ones over all slots gives ~5.22 s."""
+    the local ones over all slots gave ~5.22 s (see below for the one time model)."""
     batch = sample_global_batches(load_profile("llama3-sft"), num_batches=1,
                                   global_batch_size=4096, seed=0,
                                   max_length=max_fitting_length(16, 2817),
@@ -93,4 +93,7 @@ def test_tight_bucket_long_tail_beats_hybrid_cp():
     ctx = GdsContext(lengths, costs, cm.comm_seconds(lengths, 16), cm.comm_latency(16), 16,
                      2817, "auto", "auto", shares, "ring")
     alone = iteration_time(ctx, pack, cm.micro_batch_overhead) + cm.time.iteration_overhead
-    assert times["skrull"] <= alone < times["hybrid-cp"], (alone, times)
+    # Under the one time model (linear work and the dK/dV return outside the ring, zigzag
+    # padding in the shares) hybrid-CP's sub-group rings are dearer than before: 5.94 s,
+    # pack alone 6.10 s; Skrull keeps the faster of every candidate.
+    assert times["skrull"] <= min(alone, times["hybrid-cp"]), (alone, times)

@@ -10,6 +10,7 @@ import pytest
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler.plan import MicroBatch, Plan, PlanError
 from skrull_ext.sharding import shard_tokens, shard_tokens_array
+from skrull_ext.scheduler.objective import objective_of
 from skrull_ext.scheduler import (POLICIES, SchedulerConfig, micro_batch_seconds, reference,
                                   schedule)
 
@@ -65,7 +66,7 @@ def test_rank_tokens_and_predictions_match_the_per_micro_batch_walk(objective):
                     continue
                 core = reference.micro_batch_time(
                     (list(mb.distributed), [list(r) for r in mb.local]), costs, comm, latency,
-                    plan.cp_size, shares, objective)
+                    plan.cp_size, shares, objective_of(cost_model))
                 assert t == pytest.approx(core + cost_model.micro_batch_overhead, rel=1e-12)
 
 

@@ -11,6 +11,7 @@ import pytest
 from skrull_ext.costmodel.memory import TrainingMemory
 from skrull_ext.costmodel.model import MODEL_PRESETS
 from skrull_ext.planner.cli import GIB, main
+from skrull_ext.scheduler import DEFAULT_POLICIES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_RUN = ["--hardware", "cpu", "--dp-size", "2", "--cp-size", "2", "--global-batch-size",
@@ -25,8 +26,8 @@ def test_profile_end_to_end_writes_png_and_json(tmp_path, capsys):
     assert rc == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     summary = json.loads(js.read_text())
-    assert set(summary["policies"]) == {"skrull", "per-seq-cp", "all-cp", "sorted",
-                                        "hybrid-cp", "kk"}
+    assert set(summary["policies"]) == set(DEFAULT_POLICIES)
+    assert {"dp-balanced", "dynamic-cp", "wlb-llm"} <= set(DEFAULT_POLICIES)
     sk = summary["skrull"]
     assert 0.0 <= sk["local_token_share"] <= 1.0 and sk["micro_batches_per_dp_rank"] >= 1
     assert sk["ratio_to_bound"] >= 1.0

@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 try:
     import render_gpu
     import render_tables
+    import render_training
     import results_io
 finally:
     sys.path.pop(0)
@@ -178,3 +179,64 @@ def test_gpu_cost_model_memory_and_headline_tables(results):
     assert head[1].startswith("**3.2x / 3.4x** transformers' tokens/s; iteration time "
                               "predicted within **1.8%** (median, held out), peak memory "
                               "within **0.4%**")
+
+
+def test_launcher_tables_pick_their_configuration(results):
+    """docs/costmodel.md's and docs/parallelism.md's tables: the end-to-end tables read only
+    the default 256-wide run with a time split, the calibration has a column per model, the
+    pipeline table is the newest run whatever the load."""
+    pol = lambda name, med, total, split=None: {
+        "policy": name, "median_iteration_ms": med, "total_s": total, "total_ratio": total / 10,
+        "local_share": 0.5, "micro_batches": 1.0, "predicted_ms": med, "split_s": split or {
+            "attn_local": 1.0, "attn_ring": 2.0, "ring_wait": 0.1, "ring_other": 0.2,
+            "linear": 3.0, "model_other": 0.5, "data": 0.1, "grad_allreduce": 0.1,
+            "optimizer": 0.2}}
+    h256 = {"policies": [pol("skrull", 1000, 10), pol("all-cp", 1100, 11)],
+            "iterations": [{"iter": 0, "longest": 900, "skrull": [100.0, 90.0],
+                            "all-cp": [120.0, 95.0]}]}
+    _write(results, "bench_e2e_cpu", "2026-01-01T0000Z", [0.5], h256,
+           command="benchmarks/bench_e2e_cpu.py")
+    _write(results, "bench_e2e_cpu", "2026-01-02T0000Z", [0.5], h256,
+           command="benchmarks/bench_e2e_cpu.py --model h128 --iters 5")
+    page = str(results.parent / "docs" / "costmodel.md")
+    lines = render_training.e2e_cpu_h256(page)
+    assert "bench_e2e_cpu-2026-01-01T0000Z.json" in lines[0]
+    assert "| all-cp | 1,100 ms | 1.10x | 11.0 s | **1.10x** | 50.0% | 1.0 | 1,100 ms |" in lines
+    assert "| skrull | 1.00 | 2.00 | 0.10 | 0.20 | 3.00 | 0.50 | 0.40 | 7.20 |" in \
+        render_training.e2e_cpu_h256_split(page)
+    assert "| iteration 0 | 900 | 100 | 120 |" in render_training.e2e_cpu_h256_batches(page)
+    fit = lambda peak, mean: {"preset": {"peak_flops": peak, "attention_efficiency": 1.5,
+                                         "attention_half_tokens": 500.0,
+                                         "layer_overhead_s": 9e-3},
+                              "ring_latency_s": 0.0, "runs": 50,
+                              "fit_error": {"simulator": {"mean_abs_pct": mean}}}
+    _write(results, "calibrate_training_cpu", "2026-01-01T0000Z", [], fit(80e9, 2.0),
+           command="benchmarks/calibrate_training_cpu.py --model h128")
+    _write(results, "calibrate_training_cpu", "2026-01-02T0000Z", [], fit(90e9, 3.0),
+           command="benchmarks/calibrate_training_cpu.py")
+    cal = render_training.cpu_calibration(page)
+    assert cal[2].startswith("| constant | `--model h256` (the `cpu` preset) | `--model h128`")
+    assert "| everything outside attention (matmuls, norms, RoPE, loss) | 90.0 GFLOP/s | " \
+        "80.0 GFLOP/s |" in cal
+    assert "| fit error, simulator: mean / max | 3.0% / - | 2.0% / - |" in cal
+    pp = lambda bucket: [{"profile": "p", "pp": 1, "dp": 4, "bucket": bucket,
+                          "skrull_plan_order": 2.0, "skrull_best": 2.0, "all-cp_best": 3.0,
+                          "skrull_mbs": 1.0, "skrull_bubble": 0.0, "skrull_tuned": 2.0,
+                          "tuned_bucket": bucket}]
+    _write(results, "pp_table", "2026-01-01T0000Z", [0.1], pp(100), quiet=True)
+    _write(results, "pp_table", "2026-01-02T0000Z", [9.0], pp(200))
+    assert "| p | 1 | 4 | 200 | 2.00 | 2.00 | 3.00 | 1.50x | 1.0 | 0.0% | 2.00 (200) |" in \
+        render_training.pp_table(page)
+
+
+def test_no_committed_result_is_a_test_run():
+    """Tests record into a temporary directory (tests/conftest.py); a result whose command
+    names pytest's temporary paths was written by a test and must not be committed."""
+    import glob
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "benchmarks", "results")
+    leftovers = [os.path.basename(p) for p in glob.glob(os.path.join(root, "*.json"))
+                 if "pytest-of-" in json.load(open(p, encoding="utf-8")).get(
+                     "meta", {}).get("command", "")]
+    assert not leftovers, leftovers

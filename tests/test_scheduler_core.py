@@ -163,10 +163,28 @@ def global_batches(draw):
     return lengths, dp, cp, bucket
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "flexsp"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=global_batches(), rollback=st.sampled_from(["shortest", "best-fit", "auto"]))
 def test_every_policy_keeps_plan_invariants(policy, case, rollback):
+    _check_invariants(policy, case, rollback)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=global_batches())
+def test_flexsp_keeps_plan_invariants(case):
+    # An MILP per micro-batch: fewer examples, a short time limit (its fallback included).
+    pytest.importorskip("scipy")
+    from skrull_ext.scheduler import flexsp
+
+    limit, flexsp.TIME_LIMIT_S = flexsp.TIME_LIMIT_S, 0.2
+    try:
+        _check_invariants("flexsp", case, "auto")
+    finally:
+        flexsp.TIME_LIMIT_S = limit
+
+
+def _check_invariants(policy, case, rollback):
     lengths, dp, cp, bucket = case
     cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, policy=policy,
                           rollback=rollback)

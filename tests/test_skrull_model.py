@@ -138,3 +138,34 @@ def test_packed_seq_params_are_thd_with_the_stream_documents():
     assert params.max_seqlen_q == max(7, shard)
     with pytest.raises(ValueError, match="thd"):
         SkrullPackedSeqParams(layout=layout, qkv_format="sbhd")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_apply_rope_is_mcores_unfused_rope_bit_for_bit(dtype, interleaved):
+    """SkrullCoreAttention computes cos/sin once per micro-batch and applies them with
+    apply_rope: the same bits as mcore's apply_rotary_pos_emb (unfused bshd), forward and
+    backward, with a partial rotary dim and YaRN's attention factor."""
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron.skrull.model import apply_rope
+
+    config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4,
+                               rotary_interleaved=interleaved, use_cpu_initialization=True)
+    assert not config.apply_rope_fusion and not config.multi_latent_attention
+    gen = torch.Generator().manual_seed(1)
+    for rot, mscale in ((16, 1.0), (8, 1.1386)):
+        freqs = torch.rand(9, 1, 1, rot, generator=gen) * 40
+        x = torch.randn(9, 1, 4, 16, generator=gen).to(dtype)
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        cos = (torch.cos(freqs) * mscale).to(dtype)
+        sin = (torch.sin(freqs) * mscale).to(dtype)
+        ours = apply_rope(a, cos, sin, interleaved)
+        theirs = rope_utils.apply_rotary_pos_emb(b, freqs, config, mscale=mscale,
+                                                 cp_group=object())
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), (rot, mscale)
+        g = torch.randn(theirs.shape, generator=gen).to(dtype)
+        ours.backward(g)
+        theirs.backward(g)
+        assert torch.equal(a.grad, b.grad), (rot, mscale)

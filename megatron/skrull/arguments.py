@@ -535,7 +535,7 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                       hybrid_context_parallel=ns.hybrid_context_parallel)
     if ns.num_layers_per_virtual_pipeline_stage is not None:
         # Megatron's interleaved schedule needs the same micro-batch shapes per model chunk
-        # round; not wired to Skrull's variable per-rank layouts (docs/training.md).
+        # round; not wired to Skrull's variable per-rank layouts (docs/parallelism.md).
         p.append("--num-layers-per-virtual-pipeline-stage: the interleaved pipeline schedule is "
                  "not supported with Skrull; drop the flag (non-interleaved 1F1B is used)")
     optim = _group(OptimArgs, p, lr=ns.lr, min_lr=ns.min_lr, **mx.optim,

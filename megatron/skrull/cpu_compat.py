@@ -38,7 +38,9 @@ builds ``GPTModel`` without RoPE and applies it in its ``core_attention`` from t
 position ids of the packed stream, so ``RotaryEmbedding.forward`` / ``get_emb`` never run.
 
 One shim is for CUDA, not CPU: :func:`apply_gloo_cuda_compat` lets mcore's DDP reduce CUDA
-gradients over gloo, for ranks sharing one GPU (see its section at the end).
+gradients over gloo, for ranks sharing one GPU (see its section).  One is for both:
+:func:`foreach_multi_tensor` (scoped to the optimizer step) runs mcore's multi-tensor
+fallbacks (no TE, no apex) as torch foreach ops, without a device sync per parameter.
 
 ``tests/test_cpu_compat.py`` fails when upstream changes under these shims.
 """
@@ -53,7 +55,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 __all__ = ["apply_cpu_compat", "apply_gloo_cuda_compat", "cpu_checkpoint_io", "cpu_compat_applied", "cpu_pipeline_p2p",
-           "cuda_to_cpu", "resolve_device", "original", "ORIGINALS"]
+           "cuda_to_cpu", "foreach_multi_tensor", "resolve_device", "original", "ORIGINALS"]
 
 # name -> object that was replaced (kept so tests can check the upstream behaviour).
 ORIGINALS: dict[str, Any] = {}
@@ -367,3 +369,60 @@ def apply_gloo_cuda_compat() -> tuple[str, ...]:
     if buffers._coalescing_manager is not _one_by_one_coalescing:
         _patch(buffers, "_coalescing_manager", _one_by_one_coalescing, key)
     return (key,)
+
+
+# --- mcore's multi-tensor fallbacks as torch foreach ops (CUDA and CPU; scoped) ------------
+#
+# Without Transformer Engine or apex, mcore's clipping and its fp16/bf16 optimizer fall back
+# to ``megatron.core.utils.local_multi_tensor_l2_norm`` / ``local_multi_tensor_scale``
+# (bound as ``l2_norm_impl`` / ``multi_tensor_scale_impl`` in ``optimizer.clip_grads`` and
+# ``optimizer.optimizer``).  The l2 norm builds ``torch.tensor(list of per-parameter norms)``,
+# which reads every norm back to the host: one device sync per parameter (171 per step for
+# the Qwen2.5-0.5B shape, measured on an H200), and the scale launches two kernels per
+# parameter.  PyTorch's ``torch._foreach_norm`` / ``_foreach_mul_`` / ``_foreach_copy_`` do
+# the same arithmetic in a few multi-tensor kernels with nothing read back (on CPU they loop
+# over the same per-tensor ops as upstream: bit-identical, tests/test_cpu_compat.py).  With
+# TE or apex mcore uses their fused kernels and this changes nothing.
+
+def _foreach_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+    """``local_multi_tensor_l2_norm`` without reading the norms back: ``([1] float32 norm
+    of all tensors, None)`` on their device."""
+    tensors = [t for group in tensor_lists for t in group]
+    if not tensors:
+        return torch.zeros(1, dtype=torch.float32), None
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
+    return total.to(torch.float32).reshape(1), None
+
+
+def _foreach_scale(chunk_size, noop_flag, tensor_lists, scale):
+    """``local_multi_tensor_scale`` (``dst = src * scale``) in foreach kernels."""
+    src, dst = tensor_lists
+    if len(src) == len(dst) and all(a is b for a, b in zip(src, dst)):
+        torch._foreach_mul_(dst, scale)  # clipping scales the gradients in place
+    elif scale == 1.0:
+        torch._foreach_copy_(dst, src)  # x * 1.0 == x exactly: the copy upstream makes
+    else:
+        for a, b in zip(src, dst):
+            b.copy_(a * scale)
+
+
+@contextlib.contextmanager
+def foreach_multi_tensor():
+    """Inside the block mcore's local multi-tensor fallbacks (if it uses them) run as
+    :func:`_foreach_l2_norm` / :func:`_foreach_scale`; restored on exit."""
+    from megatron.core import utils
+    from megatron.core.optimizer import clip_grads, optimizer
+
+    swaps = [(owner, name, new) for owner, name, old, new in (
+        (clip_grads, "l2_norm_impl", utils.local_multi_tensor_l2_norm, _foreach_l2_norm),
+        (clip_grads, "multi_tensor_scale_impl", utils.local_multi_tensor_scale, _foreach_scale),
+        (optimizer, "multi_tensor_scale_impl", utils.local_multi_tensor_scale, _foreach_scale))
+        if getattr(owner, name, None) is old]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in swaps]
+    try:
+        for owner, name, new in swaps:
+            setattr(owner, name, new)
+        yield
+    finally:
+        for owner, name, old in saved:
+            setattr(owner, name, old)

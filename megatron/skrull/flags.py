@@ -9,11 +9,13 @@ import argparse
 import signal
 
 from skrull_ext.attention.choice import ENV_VAR as KERNEL_ENV_VAR, KERNEL_CHOICES
+from skrull_ext.scheduler.config import POLICIES
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_ms_arg
 
 from megatron.skrull.rope import POSITION_EMBEDDING_TYPES
 
-SCHEDULERS = ("skrull", "per-seq-cp", "all-cp", "sorted", "hybrid-cp", "kk")
+# Every policy of the scheduler (flexsp needs SciPy: pip install 'skrull-megatron[bench]').
+SCHEDULERS = POLICIES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,7 +112,7 @@ def _parallel_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--context-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1,
-                   help="1F1B pipeline stages (docs/training.md, pipeline parallelism)")
+                   help="1F1B pipeline stages (docs/parallelism.md)")
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int,
                    help="interleaved pipeline schedule: not supported (exits with an error)")
     g.add_argument("--sequence-parallel", action="store_true",

@@ -17,7 +17,7 @@ keeps the pool and lets Skrull plan it: the one flag a hybrid-CP user changes to
 
 Megatron's constraints kept: no pipeline parallelism, ``--max-seqlen-per-dp-cp-rank``
 required.  ``--calculate-per-token-loss`` (which Megatron requires) is how the loss is
-always computed here.  docs/training.md ("Megatron's hybrid CP") has the mapping table.
+always computed here.  docs/parallelism.md ("Megatron's hybrid CP") has the mapping table.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from skrull_ext.attention.layout import layout_for_micro_batch, pack_samples
+from skrull_ext.attention.meta import stage_layout
 from skrull_ext.scheduler.plan import MicroBatch, Plan
 
 from megatron.skrull.model import SkrullPackedSeqParams
@@ -52,10 +53,13 @@ def materialize(source: SampleSource, batch_ids: np.ndarray, plan: Plan, mb: Mic
         layout, {i: torch.from_numpy(s.tokens) for i, s in samples.items()},
         {i: torch.from_numpy(s.labels) for i, s in samples.items()},
         {i: torch.from_numpy(s.loss_mask) for i, s in samples.items()})
+    # One non-blocking copy for the inputs and the layout's attention metadata and RoPE
+    # positions, which every layer then reuses (no per-layer or per-tensor host sync).
+    tokens, labels, loss_mask, positions = stage_layout(
+        layout, device, (packed.tokens, packed.labels, packed.loss_mask, packed.position_ids))
     return MicroBatchInputs(
-        input_ids=packed.tokens.to(device)[None], labels=packed.labels.to(device)[None],
-        loss_mask=packed.loss_mask.to(device)[None],
-        position_ids=packed.position_ids.to(device)[None],
+        input_ids=tokens[None], labels=labels[None], loss_mask=loss_mask[None],
+        position_ids=positions[None],
         packed_seq_params=SkrullPackedSeqParams(layout=layout, cp_group=groups.cp_group,
                                                 attention_backend=attention_backend))
 

@@ -14,18 +14,19 @@ Only mcore's public extension points are used (no private method is overridden):
 * **Layer spec.**  :func:`layer_spec` is mcore's local GPT spec with
   :class:`SkrullCoreAttention` as the ``core_attention`` submodule.  It receives q/k/v as
   ``[T, heads, head_dim]``, applies RoPE at the layout's *global* position ids
-  (restarting at 0 per sample, shards keeping their global positions) with mcore's
-  ``apply_rotary_pos_emb``, and calls ``dacp_attention(q, k, v, layout, cp_group)``.
+  (restarting at 0 per sample, shards keeping their global positions) as mcore's
+  unfused ``apply_rotary_pos_emb`` does (:func:`apply_rope`), and calls
+  ``dacp_attention(q, k, v, layout, cp_group)``.
 * **RoPE.**  The model is a plain ``GPTModel`` built with ``position_embedding_type="none"``
   so mcore computes no rotary table of its own: its table is indexed by stream row and
   its THD path re-slices every document for CP as if each were zigzag-sharded, neither
   of which holds for Skrull's mix of whole local and sharded distributed documents.
   The frequencies (plain, ``linear``, ``llama3`` or ``yarn`` scaled:
-  :mod:`megatron.skrull.rope`) equal mcore's and transformers'; the table of a micro-batch
-  is built once and shared by every layer.  YaRN's attention factor multiplies cos and sin
-  (mcore's ``mscale``, transformers' ``attention_scaling``), so q and k reach every DACP
-  kernel already scaled.  There are no RoPE parameters, so checkpoints and Hugging Face
-  weights are those of a ``rope`` GPTModel.
+  :mod:`megatron.skrull.rope`) equal mcore's and transformers'; the table of a micro-batch,
+  its cos and sin, are built once and shared by every layer.  YaRN's attention factor
+  multiplies cos and sin (mcore's ``mscale``, transformers' ``attention_scaling``), so q
+  and k reach every DACP kernel already scaled.  There are no RoPE parameters, so
+  checkpoints and Hugging Face weights are those of a ``rope`` GPTModel.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+from megatron.core.models.common.embeddings.rope_utils import (_rotate_half,
+                                                                apply_rotary_pos_emb)
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.packed_seq_params import PackedSeqParams
@@ -49,7 +51,8 @@ from megatron.core.transformer.transformer_block import (TransformerBlockSubmodu
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from skrull_ext.attention import dacp_attention
-from skrull_ext.attention.layout import RankLayout
+from skrull_ext.attention.layout import RankLayout, on_device
+from skrull_ext.attention.staging import device_key
 
 from megatron.skrull.arguments import ModelArgs, RecomputeArgs
 from megatron.skrull.rope import RopeArgs, RopeFrequencies, rope_args
@@ -84,18 +87,23 @@ class SkrullPackedSeqParams(PackedSeqParams):
         if self.layout is None:
             raise ValueError("SkrullPackedSeqParams needs the rank's layout")
         if self.cu_seqlens_q is None:
-            cu = stream_cu_seqlens(self.layout)
-            self.cu_seqlens_q = self.cu_seqlens_kv = cu
-            longest = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+            cu = _stream_offsets(self.layout)
+            self.cu_seqlens_q = self.cu_seqlens_kv = torch.tensor(cu, dtype=torch.int32)
+            # from the host offsets: no tensor is read back
+            longest = max((b - a for a, b in zip(cu[:-1], cu[1:])), default=0)
             self.max_seqlen_q = self.max_seqlen_kv = longest
+
+
+def _stream_offsets(layout: RankLayout) -> list[int]:
+    local = list(layout.local_cu_seqlens)
+    dist = [local[-1] + x for x in layout.dist_cu_seqlens[1:]]
+    grouped = [g.offset + x for g in layout.groups for x in g.cu_seqlens[1:]]  # hybrid CP
+    return local + dist + grouped
 
 
 def stream_cu_seqlens(layout: RankLayout) -> torch.Tensor:
     """``[docs + 1]`` int32 offsets of every document (or shard) in ``layout``'s stream."""
-    local = list(layout.local_cu_seqlens)
-    dist = [local[-1] + x for x in layout.dist_cu_seqlens[1:]]
-    grouped = [g.offset + x for g in layout.groups for x in g.cu_seqlens[1:]]  # hybrid CP
-    return torch.tensor(local + dist + grouped, dtype=torch.int32)
+    return torch.tensor(_stream_offsets(layout), dtype=torch.int32)
 
 
 # layout -> {(rope id, device): [T, 1, 1, rot_dim] table}; every layer of a micro-batch
@@ -122,10 +130,57 @@ def rotary_table(rope: RopeFrequencies, positions: torch.Tensor) -> torch.Tensor
 def _layout_rotary_table(rope: RopeFrequencies, rope_key: tuple, layout: RankLayout,
                          device: torch.device) -> torch.Tensor:
     per_layout = _ROPE_TABLES.setdefault(layout, {})
-    key = (rope_key, str(device))
+    key = (rope_key, device_key(device))
     if key not in per_layout:
-        per_layout[key] = rotary_table(rope, layout.position_ids.to(device))
+        # Positions staged with the micro-batch (skrull_ext.attention.meta.stage_layout),
+        # frequencies moved once per run: no host-to-device copy per micro-batch here.
+        positions = on_device(layout, device, "position_ids",
+                              lambda lay, dev: lay.position_ids.to(dev))
+        per_layout[key] = rotary_table(_rope_on(rope, key), positions)
     return per_layout[key]
+
+
+def _layout_cos_sin(rope: RopeFrequencies, rope_key: tuple, layout: RankLayout,
+                    device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """``(cos, sin)`` of the micro-batch's angles times the attention factor, in ``dtype``
+    (``[T, 1, 1, rot_dim]``): what mcore's unfused RoPE computes from the angle table in
+    every call (4 kernels per tensor, layer and pass), once per micro-batch and layers."""
+    per_layout = _ROPE_TABLES.setdefault(layout, {})
+    key = ("cos_sin", rope_key, device_key(device), dtype)
+    if key not in per_layout:
+        freqs = _layout_rotary_table(rope, rope_key, layout, device)
+        m = rope.attention_factor
+        per_layout[key] = ((torch.cos(freqs) * m).to(dtype), (torch.sin(freqs) * m).to(dtype))
+    return per_layout[key]
+
+
+def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               interleaved: bool = False) -> torch.Tensor:
+    """mcore's unfused RoPE (``rope_utils._apply_rotary_pos_emb_bshd``: the same ops in the
+    same order, its ``_rotate_half``) with ``cos`` and ``sin`` given instead of recomputed
+    from the angles; mcore's public API takes precomputed ones only through flash-attn's
+    fused kernel.  Bit-equal to ``apply_rotary_pos_emb`` (tests/test_skrull_model.py).
+
+    Args:
+        t: ``[T, 1, heads, dim]``.
+        cos, sin: ``[T, 1, 1, rot_dim]`` in ``t.dtype`` (:func:`_layout_cos_sin`).
+        interleaved: ``config.rotary_interleaved``.
+    """
+    rot = cos.shape[-1]
+    t, t_pass = t[..., :rot], t[..., rot:]
+    t = (t * cos) + (_rotate_half(t, interleaved) * sin)
+    return torch.cat((t, t_pass), dim=-1) if t_pass.shape[-1] else t
+
+
+def _rope_on(rope: RopeFrequencies, key: tuple) -> RopeFrequencies:
+    """``rope`` with its frequencies on the device of ``key`` = ``(rope key, device)``,
+    moved once per run (the same frequencies for every layer with that rope key)."""
+    if key not in _ROPE_ON_DEVICE:
+        _ROPE_ON_DEVICE[key] = dataclasses.replace(rope, inv_freq=rope.inv_freq.to(key[1]))
+    return _ROPE_ON_DEVICE[key]
+
+
+_ROPE_ON_DEVICE: dict = {}  # (rope key, device) -> RopeFrequencies on the device
 
 
 class SkrullCoreAttention(MegatronModule):
@@ -159,6 +214,9 @@ class SkrullCoreAttention(MegatronModule):
         self._rope = None if rotary_base is None else RopeFrequencies.build(
             rope, head_dim, rotary_base, config.rotary_interleaved)
         self._rope_key = (head_dim, rotary_base, config.rotary_interleaved, rope)
+        # mcore's unfused bshd RoPE (what apply_rotary_pos_emb runs for this config), with
+        # cos and sin computed once per micro-batch (:func:`apply_rope`)
+        self._unfused_rope = not (config.apply_rope_fusion or config.multi_latent_attention)
 
     @property
     def rope(self) -> Optional[RopeFrequencies]:
@@ -194,7 +252,12 @@ class SkrullCoreAttention(MegatronModule):
             raise ValueError(f"stream of {query.shape[0]} rows < the layout's {tokens} tokens")
         if padding:
             query, key, value = query[:tokens], key[:tokens], value[:tokens]
-        if self._rope is not None:
+        if self._rope is not None and self._unfused_rope:
+            cos, sin = _layout_cos_sin(self._rope, self._rope_key, layout, query.device,
+                                       query.dtype)
+            query, key = (apply_rope(x[:, None], cos, sin, self.config.rotary_interleaved)[:, 0]
+                          for x in (query, key))
+        elif self._rope is not None:
             freqs = _layout_rotary_table(self._rope, self._rope_key, layout, query.device)
             # mscale: cos and sin times YaRN's attention factor, as transformers does.
             query, key = (apply_rotary_pos_emb(x[:, None], freqs, self.config,

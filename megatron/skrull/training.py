@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from skrull_ext.costmodel.flops import throughput_tflops
 from skrull_ext.scheduler.plan import Plan
 
-from megatron.skrull.cpu_compat import cpu_pipeline_p2p, cuda_to_cpu
+from megatron.skrull.cpu_compat import cpu_pipeline_p2p, cuda_to_cpu, foreach_multi_tensor
 from megatron.skrull.micro_batch import MicroBatchInputs, materialize, pad_micro_batch
 from megatron.skrull.batch_schedule import BatchScheduler, predicted_seconds
 from megatron.skrull.plan_ahead import PlannedBatches, agree_on_plan
@@ -90,14 +90,17 @@ def masked_loss_sum(loss_mask: Optional[torch.Tensor], output_tensor: torch.Tens
 
     Returns:
         The loss sum (backpropagated as is: ``calculate_per_token_loss``), the int count
-        of loss tokens, and ``{"lm loss": [loss sum, tokens]}`` (float64, detached).
+        of loss tokens, and ``{"lm loss": [loss sum, tokens]}`` (float64, detached), all
+        on the loss's device: nothing is read back per micro-batch (a device-to-host copy
+        would wait for the micro-batch to finish); :meth:`Trainer.loss_sums` sums them.
     """
     if loss_mask is None:
-        total, count = output_tensor, torch.zeros((), dtype=torch.int)
+        total = output_tensor
+        count = torch.zeros((), dtype=torch.int, device=output_tensor.device)
     else:
         total = (output_tensor * loss_mask.to(output_tensor.dtype)).sum()
-        count = loss_mask.sum().to(torch.int).cpu()
-    report = torch.stack([total.detach().double().cpu(), count.double()])
+        count = loss_mask.sum().to(torch.int)
+    report = torch.stack([total.detach().double(), count.double()])
     return total, count, {"lm loss": report}
 
 
@@ -240,8 +243,9 @@ class Trainer:
         backward, as validation does, on ``source``; default the training source).
 
         Returns:
-            float64 ``[2]``: the global batch's summed token losses and its loss tokens,
-            reduced over DP x CP (and the pipeline): the same on every rank.
+            float64 ``[2]`` on the training device: the global batch's summed token losses
+            and its loss tokens, reduced over DP x CP (and the pipeline): the same on every
+            rank.
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -267,7 +271,7 @@ class Trainer:
                 micro_batch_size=1, forward_only=forward_only)
         # Off the last pipeline stage there are no losses: zeros, summed along the pipeline.
         total = (torch.stack([r["lm loss"] for r in reports]).sum(0) if reports
-                 else torch.zeros(2, dtype=torch.float64))
+                 else torch.zeros(2, dtype=torch.float64, device=self.device))
         if self.groups.grad_group is not None and dist.get_world_size(self.groups.grad_group) > 1:
             dist.all_reduce(total, group=self.groups.grad_group)
         if self.groups.pp_size > 1:
@@ -282,7 +286,7 @@ class Trainer:
 
     def grad_norm(self) -> float:
         """mcore's global (TP-aware) gradient norm of the reduced gradients."""
-        with cuda_to_cpu(self.device):
+        with cuda_to_cpu(self.device), foreach_multi_tensor():
             self.optimizer.prepare_grads()
             return float(self.optimizer.get_grad_norm())
 
@@ -322,7 +326,7 @@ class Trainer:
         loss = self.compute_gradients(batch_ids, plan)
         forward_backward = time.perf_counter() - start
         lr = self.optimizer.param_groups[0]["lr"]
-        with cuda_to_cpu(self.device):
+        with cuda_to_cpu(self.device), foreach_multi_tensor():
             updated, norm, _ = self.optimizer.step()
         if updated:  # fp16 skips the update (and the schedule) on overflow, as Megatron
             self.scheduler.step(increment=len(batch_ids) if self.batch_sizes else 1)

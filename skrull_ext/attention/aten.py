@@ -171,6 +171,8 @@ class TorchVarlenKernel(AttentionKernel):
         out = self._fwd.output(res, ("output",), 0)
         lse, self._layout = _lse_to_ours(self._fwd.output(
             res, ("softmax_logsumexp", "logsumexp"), 1), cu_q, q.shape[1])
+        if causal or not cu_k.has_empty:  # every query has a key (known on the host)
+            return out, lse
         # FlashAttention writes +inf for queries with no key; the merge wants -inf.
         return out, lse.masked_fill(lse == math.inf, -math.inf)
 

@@ -15,7 +15,9 @@ Forward (backward is symmetric):
 Without a ring (``cp_size == 1``, no CP group, or no distributed sequence in the
 micro-batch, which every rank of the group knows alike) there is no communication: every
 document, distributed ones included (held whole when ``cp_size == 1``), is attended
-causally in one varlen call.
+causally in one varlen call; without sub-group rings either, that call runs on the current
+stream and its results are returned as they are (nothing to overlap, so no side stream,
+events or copies per layer).
 
 With the ``te`` kernel Transformer Engine runs step 3 (its own ring); the local part is
 launched right after TE has posted the ring's exchanges, on the side stream
@@ -81,6 +83,12 @@ def _group_comms(meta, comm, cp_group) -> tuple:
     return tuple(out)
 
 
+def _one_call(meta, q) -> bool:
+    """Whether the whole stream is one causal varlen call (no ring, no sub-group: every
+    micro-batch at CP 1), whose kernel results are the function's own."""
+    return not meta.use_ring and not meta.groups and 0 < meta.num_causal == q.shape[0]
+
+
 def _take_local(dsts, srcs) -> None:
     """Writes the joined local results into the outputs (the 'merge' of the local part)."""
     for dst, src in zip(dsts, srcs):
@@ -93,6 +101,15 @@ class _DACPAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, meta, comm, kernel, scale, gcomms):
         nl, rs, seg = meta.num_causal, meta.ring_stop, meta.causal
+        ctx.meta, ctx.comm, ctx.kernel, ctx.scale, ctx.gcomms = meta, comm, kernel, scale, gcomms
+        if _one_call(meta, q):  # nothing to overlap: no side stream, no copy
+            out, lse = kernel.forward(q, k, v, seg, seg, causal=True, scale=scale)
+            # A kernel may return a strided view (the CPU one: [H, T, d] transposed); the
+            # caller reshapes ``out`` to [T, H * d], which would copy it next to the one
+            # saved here.  Contiguous, both are one storage (no copy when it already is).
+            out = out.contiguous()
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
         out = torch.empty_like(q)
         lse = torch.empty((q.shape[1], q.shape[0]), dtype=lse_dtype(q.dtype), device=q.device)
         ov = Overlap(q.device)
@@ -114,7 +131,6 @@ class _DACPAttention(torch.autograd.Function):
             _take_local((out[:nl], lse[:, :nl]), (res["o"], res["l"]))
         _groups_forward(q, k, v, out, lse, meta, gcomms, kernel, scale)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.meta, ctx.comm, ctx.kernel, ctx.scale, ctx.gcomms = meta, comm, kernel, scale, gcomms
         return out
 
     @staticmethod
@@ -123,6 +139,9 @@ class _DACPAttention(torch.autograd.Function):
         meta, comm, kernel, scale = ctx.meta, ctx.comm, ctx.kernel, ctx.scale
         nl, rs, seg = meta.num_causal, meta.ring_stop, meta.causal
         dout = dout.contiguous()
+        if _one_call(meta, q):
+            return (*kernel.backward(dout, q, k, v, out, lse, seg, seg, causal=True,
+                                     scale=scale), None, None, None, None, None)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         ov = Overlap(q.device)
         res = {}

@@ -29,6 +29,7 @@ No back-end is needed to import the package; none tests the device or dtype itse
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Sequence, Union
 
@@ -57,13 +58,32 @@ class Segments:
     def total(self) -> int:
         return self.cu[-1]
 
+    @functools.cached_property
+    def has_empty(self) -> bool:
+        """Whether some segment is empty (computed once; keys of such a segment leave its
+        queries nothing to attend)."""
+        return any(b == a for a, b in zip(self.cu[:-1], self.cu[1:]))
 
-def segments(cu: Sequence[int], device) -> Segments:
+
+def segments(cu: Sequence[int], device, move=None) -> Segments:
     """:class:`Segments` of host offsets ``cu`` (one host-to-device copy: call it per
-    layout, not per layer)."""
+    layout, not per layer).
+
+    Args:
+        cu: Offsets, starting at 0, not decreasing (checked here, once).
+        device: Where ``cu_dev`` lives.
+        move: ``host tensor -> device tensor`` (:func:`skrull_ext.attention.staging.stage`
+            batches a micro-batch's copies); default ``.to(device)``.
+
+    Raises:
+        ValueError: Offsets that do not start at 0 or decrease.
+    """
     cu = tuple(int(x) for x in cu)
     lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
-    return Segments(cu=cu, cu_dev=torch.tensor(cu, dtype=torch.int32, device=device),
+    if not cu or cu[0] != 0 or min(lens, default=0) < 0:
+        raise ValueError(f"cu_seqlens {cu} must start at 0 and not decrease")
+    host = torch.tensor(cu, dtype=torch.int32)
+    return Segments(cu=cu, cu_dev=host.to(device) if move is None else move(host),
                     max_len=max(lens, default=0))
 
 
@@ -105,6 +125,14 @@ def empty_block(q):
 
 
 def _check_block(q, k, v, cu_q, cu_k, causal):
+    """Shapes against the offsets; :class:`Segments` were checked once when built, so
+    per layer only their totals are compared (host ints, no loop over segments)."""
+    if isinstance(cu_q, Segments) and isinstance(cu_k, Segments):
+        if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape or q.shape[1] % k.shape[1] or (
+                len(cu_q.cu) != len(cu_k.cu) or cu_q.total != q.shape[0]
+                or cu_k.total != k.shape[0] or (causal and cu_q.cu != cu_k.cu)):
+            _check_block(q, k, v, cu_q.cu, cu_k.cu, causal)  # raises, naming the problem
+        return
     cu_q, cu_k = _host(cu_q), _host(cu_k)
     if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
         raise ValueError(f"expected q [T, H, D] and k, v [T, Hkv, D]; got {tuple(q.shape)}, "

@@ -27,6 +27,7 @@ from typing import Callable, Mapping, Sequence, TypeVar, Union
 
 import torch
 
+from skrull_ext.attention.staging import device_key
 from skrull_ext.scheduler.plan import MicroBatch
 from skrull_ext.sharding import padded_length
 
@@ -462,8 +463,14 @@ def on_device(layout: RankLayout, device, name: str, build: Callable[[RankLayout
     attention derives from it on the device (offsets, index tensors) is built once.
     """
     per_layout = _ON_DEVICE.setdefault(layout, {})
-    key = (name, str(device))
+    key = (name, device_key(device))
     if key not in per_layout:
         per_layout[key] = build(layout, device)
     return per_layout[key]
+
+
+def remember(layout: RankLayout, device, name: str, value) -> None:
+    """Caches ``value`` as :func:`on_device`'s ``name`` of ``layout`` on ``device`` (built
+    ahead, e.g. staged with the micro-batch's inputs)."""
+    _ON_DEVICE.setdefault(layout, {})[(name, device_key(device))] = value
 

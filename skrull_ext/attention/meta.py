@@ -3,21 +3,24 @@
 Every layer's forward and backward of a micro-batch attend the same layout, so the
 segment offsets (``cu_seqlens``), their maxima (``max_seqlen``) and the zigzag index
 tensors are built from the host-side :class:`~skrull_ext.attention.layout.RankLayout` once per
-layout and device (one host-to-device copy each) and cached with the layout.  Nothing in
+layout and device and cached with the layout: by the training loop with the micro-batch's
+inputs in one non-blocking copy (:func:`stage_layout`), else on first use.  Nothing in
 the per-layer code builds a tensor from a Python list or reads a value back from the
-device (``tests/test_attention_fakes.py`` counts such calls).
+device (``tests/test_attention_fakes.py`` counts such calls; ``tests/test_host_syncs.py``
+checks a whole training step).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 from skrull_ext.attention.kernels import Segments, segments
-from skrull_ext.attention.layout import on_device
-from skrull_ext.attention.ring import ZigzagBlocks, blocks_of, zigzag_blocks
+from skrull_ext.attention.layout import on_device, remember
+from skrull_ext.attention.ring import ZigzagBlocks, blocks_of
+from skrull_ext.attention.staging import stage
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -89,30 +92,60 @@ class LayoutMeta:
 
 
 def layout_meta(layout, device) -> LayoutMeta:
-    """:class:`LayoutMeta` of ``layout`` on ``device`` (built on first use, then cached)."""
-    return on_device(layout, device, "meta", _build)
+    """:class:`LayoutMeta` of ``layout`` on ``device`` (built on first use, then cached;
+    the training loop stages it with the micro-batch: :func:`stage_layout`)."""
+    return on_device(layout, device, "meta", build_meta)
 
 
-def _build(layout, device) -> LayoutMeta:
+def stage_layout(layout, device, host: Sequence[torch.Tensor] = ()) -> list[torch.Tensor]:
+    """Moves ``layout``'s :class:`LayoutMeta`, its position ids and the micro-batch's
+    ``host`` tensors to ``device`` in one non-blocking copy
+    (:func:`~skrull_ext.attention.staging.stage`) and caches the first two with the
+    layout, where :func:`layout_meta` and ``on_device(layout, device, "position_ids")``
+    find them.
+
+    Args:
+        layout: This rank's :class:`~skrull_ext.attention.layout.RankLayout`.
+        device: Where the micro-batch runs.
+        host: CPU tensors of the micro-batch (token ids, labels, ...).
+
+    Returns:
+        ``host`` on ``device``, in order.
+    """
+    def build(move):
+        return (build_meta(layout, device, move), move(layout.position_ids),
+                [move(t) for t in host])
+
+    meta, positions, out = stage(build, device)
+    remember(layout, device, "meta", meta)
+    remember(layout, device, "position_ids", positions)
+    return out
+
+
+def build_meta(layout, device, move=None) -> LayoutMeta:
+    """:class:`LayoutMeta` of ``layout`` (``move`` as in
+    :func:`~skrull_ext.attention.kernels.segments`)."""
+    move = move or (lambda t: t.to(device))
     use_ring = layout.cp_size > 1 and layout.num_distributed_tokens > 0
     cu = tuple(layout.local_cu_seqlens)
     stop = layout.num_local_tokens + layout.num_distributed_tokens
     groups = tuple(GroupMeta(first_rank=g.first_rank, size=g.size, start=g.offset,
                              stop=g.offset + g.num_tokens,
-                             zigzag=blocks_of(g.docs, g.cu_seqlens, device))
+                             zigzag=blocks_of(g.docs, g.cu_seqlens, device, move))
                    for g in layout.groups)
     if not use_ring:  # distributed shards are whole sequences (or there are none)
         nl = layout.num_local_tokens
         cu = cu + tuple(nl + x for x in layout.dist_cu_seqlens[1:])
-        return LayoutMeta(use_ring=False, num_causal=cu[-1], causal=segments(cu, device),
+        return LayoutMeta(use_ring=False, num_causal=cu[-1], causal=segments(cu, device, move),
                           zigzag=None, distributed=None, ring_stop=cu[-1], groups=groups)
     real = np.array([0] + [d.length for d in layout.distributed], dtype=np.int64)
     padded = np.array([0] + [d.padded_length for d in layout.distributed], dtype=np.int64)
     dist = DistributedMeta(
-        cu_seqlens=torch.from_numpy(np.cumsum(real).astype(np.int32)).to(device),
-        cu_seqlens_padded=torch.from_numpy(np.cumsum(padded).astype(np.int32)).to(device),
+        cu_seqlens=move(torch.from_numpy(np.cumsum(real).astype(np.int32))),
+        cu_seqlens_padded=move(torch.from_numpy(np.cumsum(padded).astype(np.int32))),
         max_seqlen=int(padded.max()), pad_between_seqs=bool((real != padded).any()),
-        padding_rows=layout.is_padding[cu[-1]:stop].to(device)[:, None, None])
-    return LayoutMeta(use_ring=True, num_causal=cu[-1], causal=segments(cu, device),
-                      zigzag=zigzag_blocks(layout, device), distributed=dist,
-                      ring_stop=stop, groups=groups)
+        padding_rows=move(layout.is_padding[cu[-1]:stop])[:, None, None])
+    return LayoutMeta(use_ring=True, num_causal=cu[-1], causal=segments(cu, device, move),
+                      zigzag=blocks_of(layout.distributed, layout.dist_cu_seqlens, device,
+                                       move),
+                      distributed=dist, ring_stop=stop, groups=groups)

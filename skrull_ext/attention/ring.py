@@ -58,10 +58,12 @@ def _build_blocks(layout, device) -> ZigzagBlocks:
     return blocks_of(layout.distributed, layout.dist_cu_seqlens, device)
 
 
-def blocks_of(docs, cu_full, device) -> ZigzagBlocks:
+def blocks_of(docs, cu_full, device, move=None) -> ZigzagBlocks:
     """:class:`ZigzagBlocks` of zigzag shards ``docs`` (``DistributedDoc`` s) at offsets
     ``cu_full`` relative to the part's start (the distributed part, or one CP sub-group's
-    part of the grouped sequences), vectorised over the documents."""
+    part of the grouped sequences), vectorised over the documents.  ``move`` as in
+    :func:`~skrull_ext.attention.kernels.segments`."""
+    move = move or (lambda t: t.to(device))
     c = np.fromiter((doc.chunk_size for doc in docs), dtype=np.int64, count=len(docs))
     cu_half = np.zeros(c.size + 1, dtype=np.int64)
     np.cumsum(c, out=cu_half[1:])
@@ -71,9 +73,10 @@ def blocks_of(docs, cu_full, device) -> ZigzagBlocks:
     second = first + np.repeat(c, c)
     cu_full, cu_half = tuple(cu_full), tuple(cu_half.tolist())
     return ZigzagBlocks(cu_full=cu_full, cu_half=cu_half,
-                        first=torch.from_numpy(first).to(device),
-                        second=torch.from_numpy(second).to(device),
-                        seg_full=segments(cu_full, device), seg_half=segments(cu_half, device))
+                        first=move(torch.from_numpy(first)),
+                        second=move(torch.from_numpy(second)),
+                        seg_full=segments(cu_full, device, move),
+                        seg_half=segments(cu_half, device, move))
 
 
 def _fwd_block(kernel, q, k, v, src, rank, zz, scale):

@@ -10,8 +10,8 @@ forward pass:
   projection's output outlives the layer (the value passed to the attention is a view);
 * **transient**: alive at the peak without being saved (the bf16 logits next to the
   cross-entropy's fp32 copy);
-* **held**: kept by the stack outside autograd (the micro-batch's inputs, the RoPE
-  angle table shared by the layers).
+* **held**: kept by the stack outside autograd (the RoPE angle table, and its cos and
+  sin where no layer saves them).
 
 The peak is at the cross entropy, the end of the forward pass: every layer's saved
 tensors plus the outside terms.  With full recompute the layers keep only their input;
@@ -48,8 +48,8 @@ class Term:
         name: What the tensor is, in the code's words.
         bytes_per_token: Its bytes per token on one rank.
         kind: :data:`SAVED`, :data:`TRANSIENT` or :data:`HELD`.
-        lasting: Alive through the whole backward pass (the embedding's token ids, the
-            RoPE table), so also next to a layer recomputed by full recompute.
+        lasting: Alive through the whole backward pass (the micro-batch buffer, the
+            RoPE tables), so also next to a layer recomputed by full recompute.
     """
 
     name: str
@@ -126,8 +126,6 @@ def layer_terms(model: Any, *, elem: int, recompute: Optional[str] = None, tp: i
         lse = 8 if elem == 8 else 4
         terms += [Term("query after RoPE (DACP input)", elem * h / tp),
                   Term("key after RoPE (DACP input)", elem * key),
-                  Term("RoPE cos and sin of q and k (mcore's apply_rotary_pos_emb)",
-                       4 * d * elem),
                   Term("attention log-sum-exp (fp32, DACP)", lse * model.num_attention_heads
                        / tp)]
     terms.append(Term("attention output (DACP output, linear_proj input)", elem * h / tp))
@@ -142,23 +140,28 @@ def layer_terms(model: Any, *, elem: int, recompute: Optional[str] = None, tp: i
     return terms
 
 
-def outside_terms(model: Any, *, elem: int, tp: int = 1, sp: int = 1,
-                  norm: str = "fused") -> list[Term]:
+def outside_terms(model: Any, *, elem: int, recompute: Optional[str] = None, tp: int = 1,
+                  sp: int = 1, norm: str = "fused") -> list[Term]:
     """The tensors outside the layers alive at the peak (the cross entropy).
 
-    The final norm (split by SP like the layers' norms), the micro-batch and the
-    cross-entropy's targets, the fp32 softmax mcore's cross entropy keeps (the vocabulary
-    split by TP) and, below fp32, the logits it was copied from.
+    The final norm (split by SP like the layers' norms), the micro-batch (staged in one
+    buffer: ``skrull_ext.attention.staging``; the embedding saves the token ids, a view,
+    so the whole buffer stays), the cross-entropy's targets, the fp32 softmax mcore's
+    cross entropy keeps (the vocabulary split by TP) and, below fp32, the logits it was
+    copied from.  RoPE's cos and sin are computed once per micro-batch and shared by the
+    layers: saved by every layer without recompute, else only held until the backward
+    pass recomputes a layer (``recompute``).
     """
-    v = model.vocab_size / tp
+    v, d = model.vocab_size / tp, model.head_dim
     terms = _norm("final_layernorm", model.hidden_size, elem, norm, sp)
-    terms += [Term("token ids (int64, kept by the embedding)", 8, lasting=True),
-              Term("loss mask (fp32, kept by the loss's product)", 4),
+    terms += [Term("micro-batch buffer: token ids, labels, position ids, RoPE positions "
+                   "(int64), loss mask (fp32)", 4 * 8 + 4, lasting=True),
               Term("cross-entropy target mask (bool) and target (int64)", 9),
               Term("logits softmax (fp32, kept by mcore's cross entropy)", 4 * v),
-              Term("positions and labels of the micro-batch (int64)", 16, HELD),
+              Term("RoPE cos and sin ([T, head_dim] each, shared by the layers)", 2 * d * elem,
+                   SAVED if recompute is None else HELD, lasting=True),
               Term("RoPE angle table (fp32 [T, head_dim], shared by the layers)",
-                   4 * model.head_dim, HELD, lasting=True)]
+                   4 * d, HELD, lasting=True)]
     if elem != 4:  # fp32 logits are the softmax (mcore's cross entropy works in place)
         terms.append(Term("logits (next to their fp32 copy)", elem * v, TRANSIENT))
     return terms
@@ -183,11 +186,11 @@ def peak_bytes_per_token(model: Any, *, elem: int, recompute: Optional[str] = No
     layers = model.num_layers if num_layers is None else num_layers
     common = dict(elem=elem, tp=tp, sp=sp, norm=norm)
     kept = layers * _total(layer_terms(model, recompute=recompute, **common), kinds)
-    rest = outside_terms(model, **common)
-    outside = _total(rest, kinds)
+    outside = _total(outside_terms(model, recompute=recompute, **common), kinds)
     if recompute != "full":
         return kept + outside
-    lasting = _total([t for t in rest if t.lasting], kinds)
+    # The recomputed layer runs as without recompute: it saves RoPE's cos and sin again.
+    lasting = _total([t for t in outside_terms(model, **common) if t.lasting], kinds)
     shared = elem * model.hidden_size / sp if norm == "fused" or elem >= 4 else 0.0
     recomputed = _total(layer_terms(model, **common), kinds) - shared * (SAVED in kinds)
     return kept + max(outside, recomputed + lasting)

@@ -49,6 +49,9 @@ class Hardware:
             (:meth:`with_tensor_parallel`; 1 = one device).
         tp_busbw: All-reduce bus bandwidth (bytes/s) of the TP group's activation
             collectives (0 without TP).
+        ring_step_overhead_s: Fixed compute seconds of one ring step per layer (forward +
+            backward: the kernel launches of a step), paid ``N`` times per layer by a
+            micro-batch that distributes anything over ``N`` ranks (default 0).
     """
 
     name: str
@@ -73,6 +76,7 @@ class Hardware:
     step_overhead_s: float = 0.0
     tensor_parallel: int = 1
     tp_busbw: float = 0.0
+    ring_step_overhead_s: float = 0.0
 
     def __post_init__(self):
         positive = ("peak_flops", "linear_efficiency", "attention_efficiency",
@@ -82,7 +86,7 @@ class Hardware:
                 raise ValueError(f"Hardware.{field} must be > 0, got {getattr(self, field)}")
         for field in ("linear_half_tokens", "attention_half_tokens", "attention_call_overhead_s",
                       "layer_overhead_s", "micro_batch_overhead_s", "grad_latency_s",
-                      "step_overhead_s"):
+                      "step_overhead_s", "ring_step_overhead_s"):
             if getattr(self, field) < 0:
                 raise ValueError(f"Hardware.{field} must be >= 0, got {getattr(self, field)}")
         if self.gpus_per_node < 1 or self.activation_bytes < 1 or self.grad_bytes < 1:
@@ -164,20 +168,30 @@ class Hardware:
         return self.micro_batch_overhead_s + model.num_layers * self.layer_overhead_s
 
     def cost_model(self, model: ModelSpec, cp_size: int, dp_size: int = 1) -> CostModel:
-        """The scheduler's simple :class:`CostModel` consistent with this hardware.
+        """The scheduler's :class:`CostModel` of this hardware: the one time model that the
+        planner's simulator also runs on (:mod:`skrull_ext.planner.simulator`).
 
-        Its ``iteration_overhead`` is the step overhead plus the gradient reduction over
-        the ``dp_size x cp_size`` ranks.
+        The matmuls' efficiency ``eff(T) = linear_efficiency T / (T + T_half)`` makes a
+        rank's linear time over ``T`` tokens ``lin (T + T_half) / (peak linear_efficiency)``:
+        per token at the best rate plus a fixed ``T_half`` tokens' worth per micro-batch
+        (streaming the weights, the same for any ``T``), which goes into
+        ``micro_batch_overhead``.  ``iteration_overhead`` is the step overhead plus the
+        gradient reduction over the ``dp_size x cp_size`` ranks; the ring's steps run on
+        :meth:`ring_comm` of ``cp_size`` ranks.
         """
         grad = self.grad_reduce_seconds(model.param_count(), dp_size * cp_size)
+        per_token = float(model.linear_flops([1.0])[0])
+        best = self.peak_flops * self.linear_efficiency
         # TP collectives grow with the tokens, as the matmuls do: folded into c_linear.
-        tp = float(self.tp_comm_seconds(model, 1.0)) / float(model.linear_flops([1.0])[0])
-        time = TimeModel(c_linear=1.0 / (self.peak_flops * self.linear_efficiency) + tp,
+        tp = float(self.tp_comm_seconds(model, 1.0)) / per_token
+        weights = per_token * self.linear_half_tokens / best
+        time = TimeModel(c_linear=1.0 / best + tp,
                          c_attention=1.0 / (self.peak_flops * self.attention_efficiency),
-                         micro_batch_overhead=self.micro_batch_fixed_seconds(model),
+                         micro_batch_overhead=self.micro_batch_fixed_seconds(model) + weights,
                          attention_half_tokens=self.attention_half_tokens,
                          attention_call_overhead=self.attention_call_overhead_s,
-                         iteration_overhead=self.step_overhead_s + grad)
+                         iteration_overhead=self.step_overhead_s + grad,
+                         ring_step_overhead=self.ring_step_overhead_s)
         return CostModel(model=model, time=time, comm=self.ring_comm(cp_size),
                          bytes_per_element=self.activation_bytes)
 
@@ -244,7 +258,7 @@ H100 = Hardware(
 # Levenberg-Marquardt on log errors.  gloo P2P: 2-process ping-pong; the fitted extra
 # per-message cost inside training came out ~0.  Fit error over 50 runs: mean |err| 2.7%,
 # max 8.7%; validated on other seeds by benchmarks/validate_training_cpu.py (see
-# docs/planner.md).
+# docs/costmodel.md).
 _CPU_COMM = CommModel(
     sizes_bytes=(65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0),
     seconds=(61.7e-6, 90.6e-6, 269.2e-6, 918.8e-6, 4346.0e-6),

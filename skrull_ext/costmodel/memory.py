@@ -20,11 +20,11 @@ tensor, in :mod:`skrull_ext.costmodel.activations` (checked against the autograd
 --device cuda``).  The peak is at the cross entropy: every layer's saved tensors, the
 final norm's, the fp32 softmax and the logits it was copied from.  Per layer, bf16,
 without recompute: the two norms' inputs and outputs, the QKV projection's output (the
-value view the attention keeps holds all of it), query and key after RoPE, RoPE's cos and
-sin, the attention output and log-sum-exp, and mcore's unfused SwiGLU (fc1 output, SiLU
+value view the attention keeps holds all of it), query and key after RoPE, the attention
+output and log-sum-exp, and mcore's unfused SwiGLU (fc1 output, SiLU
 output, a copy of the up half, the product): ``14 h + 6 h_kv + 10 f`` bytes plus a few
 per head.  ``selective`` (mcore checkpoints ``core_attn``) drops only the attention's own
-saved tensors (key after RoPE, cos/sin, log-sum-exp) and keeps mcore's copy of the query
+saved tensors (key after RoPE, log-sum-exp) and keeps mcore's copy of the query
 in their place: with a FlashAttention-style kernel there is no ``S^2`` term to save.
 ``full`` keeps each layer's input; the layer recomputed in backward lives after the
 logits are freed.  With sequence parallelism (``--sequence-parallel``, TP > 1) the norm
@@ -147,7 +147,7 @@ class TrainingMemory:
     def outside_terms(self, model: ModelSpec) -> list[Term]:
         """Final norm, logits, micro-batch at the peak, per rank
         (:func:`skrull_ext.costmodel.activations.outside_terms`)."""
-        return outside_terms(model, **self.split)
+        return outside_terms(model, recompute=self.recompute, **self.split)
 
     def layer_activation_bytes_per_token(self, model: ModelSpec) -> float:
         """Bytes per token of one layer's :meth:`layer_terms`."""

@@ -186,6 +186,9 @@ class TimeModel:
     ``micro_batch_overhead`` is the fixed cost of running one (non-empty) micro-batch, and
     ``iteration_overhead`` that of one iteration outside its micro-batches (gradient
     reduction, optimizer step); it shifts every plan's prediction alike.
+    ``ring_step_overhead`` is the fixed compute cost of one ring step (kernel launches,
+    per layer, forward + backward), paid ``N`` times per layer by a micro-batch that
+    distributes anything over ``N`` ranks.
     """
 
     c_linear: float
@@ -194,11 +197,12 @@ class TimeModel:
     attention_half_tokens: float = 0.0
     attention_call_overhead: float = 0.0
     iteration_overhead: float = 0.0
+    ring_step_overhead: float = 0.0
 
     def __post_init__(self):
         if min(self.c_linear, self.c_attention, self.micro_batch_overhead,
                self.attention_half_tokens, self.attention_call_overhead,
-               self.iteration_overhead) < 0:
+               self.iteration_overhead, self.ring_step_overhead) < 0:
             raise ValueError("TimeModel coefficients must be >= 0")
 
     def sequence_time(self, model: ModelSpec, lengths) -> np.ndarray:
@@ -209,20 +213,20 @@ class TimeModel:
                 + self.attention_call_overhead * model.num_layers)
 
     def shard_time(self, model: ModelSpec, lengths, cp_size: int) -> np.ndarray:
-        """``[K]`` seconds each of ``cp_size`` ranks spends on a zigzag-sharded sequence.
+        """``[K]`` seconds each of ``cp_size`` ranks computes on a zigzag-sharded sequence.
 
-        Linear and attention FLOPs split evenly (zigzag balances causal attention).  As in
-        :func:`skrull_ext.planner.simulator.simulate`, the kernel runs at the efficiency of a block
-        of one shard (``pad(S) / N`` queries), and a rank makes ``N`` block calls per layer
-        (one per ring step, each forward + backward) where a local sequence makes one.
+        Every rank holds ``shard = pad(S) / N`` tokens (zigzag padding included, as the
+        simulator and the attention run them): its linear layers on those tokens, and
+        ``1 / N`` of the padded sequence's causal attention (zigzag balances it) at the
+        efficiency of a block of one shard, in ``N`` block calls per layer (one per ring
+        step, each forward + backward) where a local sequence makes one.
         """
         if cp_size <= 1:
             return self.sequence_time(model, lengths)
-        s = np.asarray(lengths, dtype=np.float64)
         n = float(cp_size)
         shard = shard_tokens_array(np.asarray(lengths, dtype=np.int64), cp_size).astype(np.float64)
-        attn = model.attention_flops(s) / n * (1.0 + self.attention_half_tokens / shard)
-        return (self.c_linear * model.linear_flops(s) / n + self.c_attention * attn
+        attn = model.attention_flops(shard * n) / n * (1.0 + self.attention_half_tokens / shard)
+        return (self.c_linear * model.linear_flops_per_token() * shard + self.c_attention * attn
                 + self.attention_call_overhead * model.num_layers * n)
 
     @classmethod
@@ -347,19 +351,33 @@ class MemoryModel:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CostModel:
-    """What the scheduler needs: per-sequence compute and ring-communication seconds.
+    """What the scheduler needs: per-sequence compute and ring seconds (docs/scheduler.md,
+    "One time model"; the planner's simulator composes the same terms).
+
+    Per sample of ``S`` tokens, sharded over ``N`` ranks into ``shard = pad(S) / N``:
+
+    * :meth:`compute_seconds`: run whole on one rank (linear + attention);
+    * :meth:`share_seconds`: each rank's attention blocks of it, plus ``(lam + nu) x
+      shard``: its linear layers on the shard and the final dK/dV return (both outside the
+      ring);
+    * :meth:`comm_seconds`: ``(mu_N + lam + nu) x shard``, every second that scales with
+      its shard but is no attention (``mu_N``: the ring's ``3 (N - 1)`` transfer steps per
+      layer); :func:`skrull_ext.scheduler.objective.rank_time` splits it again;
+    * :meth:`comm_latency`: per micro-batch with anything distributed, one latency per
+      ring step and for the return, and ``N`` ring-step overheads.
 
     Attributes:
         model: The transformer shape.
         time: Compute coefficients.
-        comm: Collective time per message size.
+        comm: One ring step's time per message size; the scheduler and the simulator both
+            use its :meth:`CommModel.linear_fit` (latency + bytes / bandwidth).
         bytes_per_element: 2 for bf16 activations, 4 for fp32.
         objective: How a micro-batch's time is composed from local compute, ring
             communication and distributed compute: ``ring`` (default, ours: step by step as
             the ring runs, each exchange overlapping one block; better plans in the
             simulator: ``benchmarks/paper_table.py``) or ``paper`` (docs/design.md section 3: the
             local work hides the whole ring's communication); see
-            :func:`skrull_ext.scheduler.reference.rank_time`.
+            :func:`skrull_ext.scheduler.objective.rank_time`.
     """
 
     model: ModelSpec
@@ -381,88 +399,95 @@ class CostModel:
         return self.time.sequence_time(self.model, lengths)
 
     def share_seconds(self, lengths, cp_size: int) -> np.ndarray:
-        """``[K]`` float64 seconds each of ``cp_size`` ranks spends on a distributed sequence."""
-        return self.time.shard_time(self.model, lengths, cp_size)
+        """``[K]`` float64 seconds each of ``cp_size`` ranks spends on a distributed
+        sequence outside the ring's transfers (see the class doc)."""
+        return self.schedule_arrays(np.asarray(lengths, dtype=np.int64), cp_size)[2]
+
+    def comm_seconds(self, lengths, cp_size: int) -> np.ndarray:
+        """``[K]`` float64 seconds of each sequence sharded over ``cp_size`` that scale with
+        its shard but are no attention (see the class doc); 0 without CP.
+
+        The ring sends the KV shards of *all* distributed sequences of a micro-batch as one
+        message per step, so a micro-batch pays :meth:`comm_latency` once plus the sum of
+        these per-sequence terms.
+        """
+        return self.schedule_arrays(np.asarray(lengths, dtype=np.int64), cp_size)[1]
+
+    @functools.cached_property
+    def ring_terms(self) -> tuple[float, ...]:
+        """``(lam, beta, ell, o, a)`` of :class:`skrull_ext.scheduler.objective.Objective`:
+        linear seconds per token, ring transfer seconds per shard token and step, latency
+        per step, ring-step overhead (all three summed over the layers) and the forward
+        share of attention work."""
+        latency, per_byte = self.comm.linear_fit()
+        layers = float(self.model.num_layers)
+        return (self.time.c_linear * self.model.linear_flops_per_token(),
+                layers * per_byte * self._kv_bytes_per_token(), layers * latency,
+                layers * self.time.ring_step_overhead, 1.0 / ATTENTION_TRAIN_FACTOR)
+
+    def _kv_bytes_per_token(self) -> float:
+        return 2.0 * self.model.kv_hidden_size * self.bytes_per_element
 
     @functools.cached_property
     def cost_scalars(self) -> tuple[float, ...]:
         """The coefficients of :meth:`schedule_arrays` folded as numpy applies them, for
         the C++ ``_C.cost_arrays`` (a plain tuple: the model stays picklable)."""
         model, tm = self.model, self.time
+        lam, beta = self.ring_terms[:2]
         return (model.linear_flops_per_token(), model.attention_flops_coef(),
                 float(model.num_layers), tm.c_linear, tm.c_attention,
                 float(tm.attention_half_tokens), tm.attention_call_overhead * model.num_layers,
-                float(model.kv_hidden_size), float(self.bytes_per_element))
+                lam + beta)
+
+    def shard_token_seconds(self, cp_size: int) -> float:
+        """:meth:`comm_seconds` per shard token over ``cp_size`` ranks: ``mu_N + lam + nu``."""
+        lam, beta = self.ring_terms[:2]
+        return 3.0 * max(cp_size - 1, 0) * beta + (lam + beta)
 
     def schedule_arrays(self, lengths, cp_size: int, *, backend: str = "python"
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(compute_seconds, comm_seconds, share_seconds)`` of ``[K]`` int64 lengths at once.
 
-        The same float operations as the three methods, sharing their FLOP terms and shard
-        sizes (what ``schedule()`` needs on every call; ~2x faster for small batches).
+        What ``schedule()`` needs on every call, sharing the FLOP terms and shard sizes.
         ``backend="cpp"`` runs them in the C++ core when it is built (``_C.cost_arrays``,
         bit-identical, no numpy call per term: a third of ``schedule()``'s time around the
         core at K = 256).
         """
         if backend == "cpp" and _backend.CPP is not None:
             return _backend.CPP.cost_arrays(lengths, cp_size, self.cost_scalars,
-                                            self.ring_seconds_per_byte(cp_size))
+                                            self.shard_token_seconds(cp_size))
         model, tm = self.model, self.time
         s = lengths.astype(np.float64)
-        linear, attention = model.linear_flops(s), model.attention_flops(s)
+        attention = model.attention_flops(s)
         calls = tm.attention_call_overhead * model.num_layers
         half = tm.attention_half_tokens
-        linear_s = tm.c_linear * linear  # shared: shares' first term divides it by n
         # Without the short-block surcharge (half = 0) its factor is 1.0 exactly, and
         # without call overheads their term adds 0.0 to non-negative seconds: skipped.
         att = attention if not half else attention * (1.0 + half / np.maximum(s, 1.0))
-        costs = linear_s + tm.c_attention * att
+        costs = tm.c_linear * model.linear_flops(s) + tm.c_attention * att
         if calls:
             costs = costs + calls
         if cp_size <= 1:
             return costs, np.zeros(lengths.shape, dtype=np.float64), costs
         n = float(cp_size)
         shard = shard_tokens_array(lengths, cp_size).astype(np.float64)
-        att = attention / n
+        att = model.attention_flops(shard * n) / n  # the padded sequence's 1/N
         if half:
             att = att * (1.0 + half / shard)
-        shares = linear_s / n + tm.c_attention * att
+        outside = self.cost_scalars[7]  # lam + nu: linear layers and the dK/dV return
+        shares = outside * shard + tm.c_attention * att
         if calls:
             shares = shares + calls * n
-        kv_bytes = 2.0 * shard * model.kv_hidden_size * self.bytes_per_element
-        comm = self._ring_steps(cp_size) * self.comm.linear_fit()[1] * kv_bytes
-        return costs, comm, shares
-
-    def ring_seconds_per_byte(self, cp_size: int) -> float:
-        """Ring bandwidth seconds per KV byte of one rank's shard over ``cp_size`` ranks
-        (every step of every layer, forward and backward): :meth:`comm_seconds` is this
-        times the shard's KV bytes."""
-        return self._ring_steps(cp_size) * self.comm.linear_fit()[1]
-
-    def _ring_steps(self, cp_size: int) -> float:
-        # Per layer the ring makes N - 1 KV exchanges in forward; backward moves KV again
-        # plus dK/dV: 3 exchanges per step in all.
-        return 3.0 * max(cp_size - 1, 0) * self.model.num_layers
-
-    def comm_seconds(self, lengths, cp_size: int) -> np.ndarray:
-        """``[K]`` float64 bandwidth seconds of the ring for each sequence sharded over ``cp_size``.
-
-        The ring sends the KV shards of *all* distributed sequences of a micro-batch as one
-        message per step, so a micro-batch's ring time is ``comm_latency(N)`` once plus the
-        sum of these per-sequence terms (a linear fit of :attr:`comm`).
-        """
-        lengths = np.asarray(lengths, dtype=np.int64)
-        if cp_size <= 1:
-            return np.zeros(lengths.shape, dtype=np.float64)
-        shard = shard_tokens_array(lengths, cp_size).astype(np.float64)
-        kv_bytes = 2.0 * shard * self.model.kv_hidden_size * self.bytes_per_element
-        _, per_byte = self.comm.linear_fit()
-        return self._ring_steps(cp_size) * per_byte * kv_bytes
+        return costs, self.shard_token_seconds(cp_size) * shard, shares
 
     def comm_latency(self, cp_size: int) -> float:
-        """Fixed ring seconds of a micro-batch that has any distributed sequence."""
-        latency, _ = self.comm.linear_fit()
-        return self._ring_steps(cp_size) * latency
+        """Fixed ring seconds of a micro-batch that has any distributed sequence: a
+        latency per ring step (``N - 1`` forward, ``N - 1`` backward) and for the dK/dV
+        return, and ``N`` ring-step overheads (see the class doc); 0 without CP."""
+        if cp_size <= 1:
+            return 0.0
+        ell, o = self.ring_terms[2:4]
+        return (2.0 * cp_size - 1.0) * ell + cp_size * o
 
 
 # Peak dense bf16 throughput of an H100 SXM (NVIDIA H100 datasheet: 989.4 TFLOP/s) at the

@@ -104,7 +104,9 @@ def scaled(cost: CostModel, multipliers: Sequence[float], overhead: float) -> Co
     # c (1 + h / s) scaled per part: c' = w_attn c, h' = h w_short / w_attn.
     half = t.attention_half_tokens * w["attention_short"] / w["c_attention"] \
         if w["c_attention"] > 0 else 0.0
+    # The ring steps' fixed cost is part of the ring's exposed time: the comm term's.
     time = dataclasses.replace(t, iteration_overhead=float(overhead), attention_half_tokens=half,
+                               ring_step_overhead=t.ring_step_overhead * w["comm"],
                                **{k: getattr(t, k) * w[k] for k in _COEFFS})
     comm = CommModel(sizes_bytes=cost.comm.sizes_bytes,
                      seconds=tuple(s * w["comm"] for s in cost.comm.seconds))

@@ -28,7 +28,7 @@ from skrull_ext.costmodel.hardware import HARDWARE_PRESETS, Hardware, get_hardwa
 from skrull_ext.planner.profiles import (OVERFLOW_POLICIES, LengthProfile, load_profile,
                                  profile_from_file, profile_from_megatron, profile_names,
                                  sample_global_batches)
-from skrull_ext.scheduler import POLICIES, SchedulerConfig
+from skrull_ext.scheduler import DEFAULT_POLICIES, POLICIES, SchedulerConfig
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS, budget_ms_arg
 
 GIB = float(1 << 30)
@@ -97,8 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequences longer than what fits: error (default), truncate, redraw")
     p.add_argument("--num-batches", type=count, default=20)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--policies", default=",".join(POLICIES),
-                   help="comma-separated policies to compare (skrull is always included)")
+    extras = ", ".join(p for p in POLICIES if p not in DEFAULT_POLICIES)
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                   help="comma-separated policies to compare (skrull is always included; "
+                        f"default all but {extras}, which need pip install "
+                        "'skrull-megatron[bench]')")
     p.add_argument("--backend", choices=("cpp", "python"), default=None)
     p.add_argument("--objective", choices=("paper", "ring"), default="ring",
                    help="the scheduler's micro-batch objective: paper (docs/design.md section 3) or "

@@ -1,21 +1,28 @@
 """Iteration-time simulator: a plan on a hardware preset, per DP rank, micro-batch and CP rank.
 
-More detailed than the scheduler's :class:`~skrull_ext.costmodel.model.CostModel` (which it does not
-use).  For every micro-batch and CP rank ``r`` (times are forward + backward, all layers):
+It runs on the scheduler's own time model: every constant comes from a
+:class:`~skrull_ext.costmodel.model.CostModel` (the hardware's
+:meth:`~skrull_ext.costmodel.hardware.Hardware.cost_model`, or one given, e.g. calibrated
+on a GPU), and its terms are the ones the scheduler prices (docs/scheduler.md, "One time
+model").  What it adds is the detail the scheduler's per-sample arrays cannot carry.  For
+every micro-batch and CP rank ``r`` (times are forward + backward, all layers):
 
-* **linear**: ``linear FLOPs(T_r) / linear_rate(T_r)``; ``T_r`` the tokens the rank holds,
-  zigzag padding included; the rate falls for small ``T_r`` (see :class:`Hardware`).  With
-  tensor parallelism (:meth:`Hardware.with_tensor_parallel`) a "rank" is a TP group and
-  this also holds its activation collectives (:meth:`Hardware.tp_comm_seconds`).
-* **local attention**: per local sequence ``attention FLOPs(S) / attention_rate(S)``.
+* **linear**: ``c_linear x linear FLOPs`` of the ``T_r`` tokens the rank holds, zigzag
+  padding included, *outside* the ring (with tensor parallelism, folded into
+  ``c_linear``, also its activation collectives); the matmuls' fixed cost per micro-batch
+  (weights streamed however few the tokens) is in the cost model's micro-batch overhead.
+* **local attention**: per local sequence its whole attention at its length's efficiency.
 * **distributed attention**: every distributed sequence is padded to ``pad(S)`` and split
   zigzag, so each of the ``N`` ring steps computes ``1/N^2`` of its causal FLOPs on every
-  rank, at the rate of a block of ``pad(S)/N`` queries.
-* **ring communication**, modelled per layer and per ring step.  Forward: ``N - 1`` steps
-  each moving the KV of *all* distributed shards of the micro-batch
-  (``2 * shard * h_kv * bytes`` per sequence) in one message; backward: ``N - 1`` steps
-  moving KV and dK/dV (twice the bytes), then one message returning dK/dV to its owner.
-  A step's time is ``comm.time(bytes)`` of the ring's slowest link (intra- or inter-node).
+  rank, at the efficiency of a block of ``pad(S)/N`` queries; every step also pays the
+  cost model's ``ring_step_overhead``.
+* **ring communication**, per layer and per ring step, forward and backward separately.
+  Forward: ``N - 1`` steps each moving the KV of *all* distributed shards of the
+  micro-batch (``2 * shard * h_kv * bytes`` per sequence) in one message; backward:
+  ``N - 1`` steps moving KV and dK/dV (twice the bytes), then one message returning dK/dV
+  to its owner.  A step takes ``latency + bytes x seconds per byte`` (the cost model's
+  :meth:`~skrull_ext.costmodel.model.CommModel.linear_fit`; a sub-group ring uses the
+  hardware's link for its size).
 * **overlap** (docs/design.md section 5): step 0 computes the local sequences plus the rank's
   own block while the first exchange is in flight; rank ``r`` starts step ``i`` when it
   finished step ``i - 1`` and received the block, which rank ``r - 1`` sends when it starts
@@ -24,13 +31,18 @@ use).  For every micro-batch and CP rank ``r`` (times are forward + backward, al
   a rank with more local work forwards late and delays its successors.
 * **barrier per layer**: each layer's ring starts with the CP ranks aligned (a ring cannot
   end before its slowest member has forwarded every block); as all layers are alike, the
-  micro-batch takes the slowest rank's time, plus the fixed per-micro-batch and per-layer
-  overheads.  Hybrid-CP sub-group rings (``grouped``) run after the full ring, unoverlapped
-  with local work.
+  micro-batch takes the slowest rank's time, plus the fixed per-micro-batch overhead.
+  Hybrid-CP sub-group rings (``grouped``) run after the full ring, unoverlapped with local
+  work.
 * The DP rank runs its micro-batches one after another; the iteration ends with the slowest
-  DP rank, followed by the gradient all-reduce over the ``D x N`` ranks holding replicas:
-  ``2 (n-1)/n * params * grad_bytes / bus bandwidth``, and the fixed per-iteration step
-  overhead (optimizer; ``Hardware.step_overhead_s``).
+  DP rank, followed by the cost model's iteration overhead (on a preset: the gradient
+  all-reduce over the ``D x N`` ranks holding replicas, ``2 (n-1)/n * params * grad_bytes /
+  bus bandwidth``, and the fixed step overhead, ``Hardware.step_overhead_s``).
+
+The scheduler's :func:`~skrull_ext.scheduler.predict` composes the same terms in closed
+form; what differs: it lets a rank's local linear work hide the first exchange, it takes
+each rank's time alone where the event recursion couples them, and its sub-group rings use
+the full ring's link.
 """
 from __future__ import annotations
 
@@ -39,10 +51,10 @@ from typing import Optional
 
 import numpy as np
 
-from skrull_ext.costmodel.model import ATTENTION_TRAIN_FACTOR, ModelSpec
+from skrull_ext.costmodel.model import ATTENTION_TRAIN_FACTOR, CostModel, ModelSpec
 from skrull_ext.costmodel.hardware import Hardware, get_hardware
 from skrull_ext.scheduler.plan import MicroBatch, Plan
-from skrull_ext.sharding import padded_length, shard_tokens
+from skrull_ext.sharding import shard_tokens
 
 _ATT_FWD = 1.0 / ATTENTION_TRAIN_FACTOR  # forward share of attention training FLOPs
 COMPONENTS = ("linear", "attention_local", "attention_dist", "comm_exposed")
@@ -189,36 +201,58 @@ class SimResult:
 class _Context:
     """Per-plan precomputation: per-sample seconds and message bytes (``[K]`` arrays)."""
 
-    def __init__(self, plan: Plan, model: ModelSpec, hw: Hardware, overlap: bool):
-        self.model, self.hw, self.overlap = model, hw, overlap
+    def __init__(self, plan: Plan, model: ModelSpec, hw: Optional[Hardware], overlap: bool,
+                 cost: CostModel):
+        self.model, self.hw, self.overlap, self.cost = model, hw, overlap, cost
         self.n = n = plan.cp_size
         self.layers = model.num_layers
         self.lengths = plan.lengths
-        s = plan.lengths.astype(np.float64)
-        self.lin_per_token = float(model.linear_flops([1.0])[0])
-        call = hw.attention_call_overhead_s * self.layers
-        self.att_local = model.attention_flops(s) / hw.attention_rate(s) + call
+        tm = cost.time
+        self.lin_per_token = cost.ring_terms[0]  # c_linear x linear FLOPs of one token
+        self.call = tm.attention_call_overhead * self.layers
+        self.step = tm.ring_step_overhead  # per ring step and layer
+        self.att_local = self.attention(plan.lengths.astype(np.float64))
         shard = np.array([shard_tokens(int(x), n) for x in plan.lengths], dtype=np.float64)
         self.shard = shard
         # Per rank, all N steps together (N kernel calls per sequence and layer).
-        self.att_dist = model.attention_flops(shard * n) / n / hw.attention_rate(shard) + n * call
-        self.kv_bytes = 2.0 * shard * model.kv_hidden_size * hw.activation_bytes
-        self.comm = hw.ring_comm(n)
-        self.fixed = hw.micro_batch_fixed_seconds(model)
+        self.att_dist = self.blocks(shard, n)
+        self.kv_per_token = 2.0 * model.kv_hidden_size * cost.bytes_per_element
+        self.kv_bytes = self.kv_per_token * shard
+        self.comm = cost.comm
+        self.fixed = cost.micro_batch_overhead
+
+    def attention(self, lengths: np.ndarray) -> np.ndarray:
+        """Seconds of each sequence's whole attention on one rank (one call per layer)."""
+        tm = self.cost.time
+        return (tm.c_attention * self.model.attention_flops(lengths)
+                * (1.0 + tm.attention_half_tokens / np.maximum(lengths, 1.0)) + self.call)
+
+    def blocks(self, shard: np.ndarray, size: int) -> np.ndarray:
+        """Seconds each of ``size`` ranks spends on the attention blocks of sequences with
+        ``shard`` tokens per rank (``1/size`` of the padded sequence's FLOPs)."""
+        tm = self.cost.time
+        return (tm.c_attention * self.model.attention_flops(shard * size) / size
+                * (1.0 + tm.attention_half_tokens / shard) + size * self.call)
+
+    def link(self, size: int):
+        """The step-time model of a ring over ``size`` ranks (the hardware's link for that
+        size; the cost model's own when it was given)."""
+        if self.hw is None or size == self.n:
+            return self.comm
+        return self.hw.ring_comm(size)
 
     def linear(self, tokens: np.ndarray) -> np.ndarray:
-        """Matmul seconds per rank, and the TP collectives of its tokens (with TP)."""
-        rate = self.hw.linear_rate(np.maximum(tokens, 1.0))
-        lin = self.lin_per_token * tokens / rate + self.hw.tp_comm_seconds(self.model, tokens)
-        return np.where(tokens > 0, lin, 0.0)
+        """Matmul seconds per rank (and the TP collectives of its tokens, with TP)."""
+        return np.where(tokens > 0, self.lin_per_token * tokens, 0.0)
 
     def ring(self, local: np.ndarray, block: float, msg: float, n: int, comm) -> tuple:
         """``(attention + exposed comm [N], unoverlapped comm seconds)`` over all layers."""
-        cf, cb, cr = (float(comm.time(x)) for x in (msg, 2.0 * msg, msg))
+        latency, per_byte = comm.linear_fit()
+        cf, cb, cr = (latency + per_byte * x for x in (msg, 2.0 * msg, msg))
         per_layer = []
         for share, c, ret in ((_ATT_FWD, cf, 0.0), (1.0 - _ATT_FWD, cb, cr)):
             lo = local * share / self.layers
-            bl = block * share / self.layers
+            bl = (block / self.layers + self.step) * share
             if np.all(lo == lo[0]):
                 per_layer.append(np.full(lo.shape, _uniform_ring(float(lo[0]), bl, c, n,
                                                                   self.overlap, ret)))
@@ -234,17 +268,15 @@ class _Context:
         in one message per step, as the DACP attention runs them (after the full ring).
         """
         total = 0.0
-        call = self.hw.attention_call_overhead_s * self.layers
         rings: dict[tuple[int, int], list] = {}
         for i, first, size in mb.grouped:
-            s = int(self.lengths[i])
-            sh = float(shard_tokens(s, size))
+            sh = float(shard_tokens(int(self.lengths[i]), size))
             ring = rings.setdefault((int(first), int(size)), [0.0, 0.0])
-            ring[0] += (float(self.model.attention_flops([padded_length(s, size)])[0]) / size
-                        / float(self.hw.attention_rate(sh)) + size * call)
-            ring[1] += 2.0 * sh * self.model.kv_hidden_size * self.hw.activation_bytes
+            ring[0] += float(self.blocks(np.array([sh]), size)[0])
+            ring[1] += self.kv_per_token * sh
         for (first, size), (work, msg) in sorted(rings.items()):
-            t, comm = self.ring(np.zeros(size), work / size, msg, size, self.hw.ring_comm(size))
+            t, comm = self.ring(np.zeros(size), work / size, msg, size, self.link(size))
+            work += size * self.step * self.layers  # the ring steps' fixed cost
             att_dist[first:first + size] += work
             exposed[first:first + size] += t - work
             total += comm
@@ -261,14 +293,15 @@ class _Context:
                               if f <= r < f + g) for r in range(n)])
         local = np.array([float(self.att_local[list(r)].sum()) for r in mb.local])
         block = float(self.att_dist[dist].sum())
-        att_dist = np.full(n, block)
         comm_total = 0.0
         if dist.size and n > 1:
             ring, comm_total = self.ring(local, block / n, float(self.kv_bytes[dist].sum()), n,
                                          self.comm)
+            block += n * self.step * self.layers  # the ring steps' fixed cost
             exposed = ring - local - block
         else:
             exposed = np.zeros(n)
+        att_dist = np.full(n, block)
         comm_total += self.grouped(mb, att_dist, exposed)
         out = {"linear": self.linear(tokens), "attention_local": local,
                "attention_dist": att_dist, "comm_exposed": np.maximum(exposed, 0.0),
@@ -280,41 +313,54 @@ class _Context:
         return out
 
 
-def lower_bound(lengths, model: ModelSpec, hardware: Hardware, dp_size: int, cp_size: int
-                ) -> float:
+def _cost_model(model: ModelSpec, hw: Optional[Hardware], cp_size: int, dp_size: int,
+                cost_model: Optional[CostModel]) -> CostModel:
+    if cost_model is not None:
+        return cost_model
+    if hw is None:
+        raise ValueError("simulate needs a hardware preset or a cost model")
+    return hw.cost_model(model, cp_size, dp_size)
+
+
+def lower_bound(lengths, model: ModelSpec, hardware: Optional[Hardware], dp_size: int,
+                cp_size: int, *, cost_model: Optional[CostModel] = None) -> float:
     """Ideal iteration time: every sequence's minimal compute spread over all ``D N`` ranks.
 
-    A sequence's minimal compute is its matmuls at the best linear rate plus its attention
-    run whole (sharding only shrinks blocks and adds padding, lowering the rate).  Adds
-    one micro-batch's fixed overhead, the gradient reduction and the per-iteration step
-    overhead, which no plan avoids.
+    A sequence's minimal compute is its cost whole on one rank (sharding only shrinks
+    blocks and adds padding, lowering the rate).  Adds one micro-batch's fixed overhead
+    and the iteration overhead (gradient reduction, step), which no plan avoids.
     """
-    s = np.asarray(lengths, dtype=np.float64)
-    lin = float(model.linear_flops(s).sum()) / (hardware.peak_flops * hardware.linear_efficiency)
-    lin += float(hardware.tp_comm_seconds(model, s.sum()))
-    att = float((model.attention_flops(s) / hardware.attention_rate(s)).sum())
-    att += hardware.attention_call_overhead_s * model.num_layers * s.size
-    ranks = dp_size * cp_size
-    return ((lin + att) / ranks + hardware.micro_batch_fixed_seconds(model)
-            + hardware.grad_reduce_seconds(model.param_count(), ranks) + hardware.step_overhead_s)
+    cost = _cost_model(model, hardware, cp_size, dp_size, cost_model)
+    s = np.asarray(lengths, dtype=np.int64)
+    work = float(cost.compute_seconds(s).sum()) if s.size else 0.0
+    return (work / (dp_size * cp_size) + cost.micro_batch_overhead
+            + cost.time.iteration_overhead)
 
 
-def simulate(plan: Plan, model: ModelSpec, hardware: Hardware | str = "h100", *,
-             overlap: Optional[bool] = None) -> SimResult:
+def simulate(plan: Plan, model: ModelSpec, hardware: Hardware | str | None = "h100", *,
+             overlap: Optional[bool] = None, cost_model: Optional[CostModel] = None
+             ) -> SimResult:
     """Simulates one iteration of ``plan``.
 
     Args:
         plan: A validated plan (``lengths`` ``[K]``, ``dp_ranks[d][m]``).
         model: Model shape (FLOPs, KV size, parameters).
-        hardware: A :class:`Hardware` or preset name.
+        hardware: A :class:`Hardware` or preset name: its
+            :meth:`~skrull_ext.costmodel.hardware.Hardware.cost_model` gives the constants,
+            its links the sub-group rings'; ``None`` with ``cost_model``.
         overlap: Override ``hardware.overlap`` (ring transfers overlapping compute).
+        cost_model: Run on this cost model instead (e.g. a calibrated one: the same file
+            that seeds the scheduler), every ring on its link.
 
     Returns:
         :class:`SimResult` with ``[D, M, N]`` per-rank components.
     """
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
-    ctx = _Context(plan, model, hw, hw.overlap if overlap is None else overlap)
     d, m, n = plan.dp_size, plan.num_micro_batches, plan.cp_size
+    cost = _cost_model(model, hw, n, d, cost_model)
+    if overlap is None:
+        overlap = hw.overlap if hw is not None else True
+    ctx = _Context(plan, model, hw if cost_model is None else None, overlap, cost)
     arrays = {k: np.zeros((d, m, n)) for k in COMPONENTS + ("tokens", "padding")}
     mb_times, overhead, comm_total = np.zeros((d, m)), np.zeros((d, m)), np.zeros((d, m))
     for i, mbs in enumerate(plan.dp_ranks):
@@ -327,12 +373,18 @@ def simulate(plan: Plan, model: ModelSpec, hardware: Hardware | str = "h100", *,
     rank_times = mb_times.sum(axis=1)
     starts = np.cumsum(mb_times, axis=1) - mb_times
     compute = float(rank_times.max()) if d else 0.0
-    grad = hw.grad_reduce_seconds(model.param_count(), d * n)
+    if cost_model is None:
+        grad = hw.grad_reduce_seconds(model.param_count(), d * n)
+        step = cost.time.iteration_overhead - grad
+    else:
+        grad, step = 0.0, cost.time.iteration_overhead
     return SimResult(
-        policy=plan.policy, hardware=hw.name, iteration_time=compute + grad + hw.step_overhead_s,
-        compute_time=compute, grad_reduce_time=grad, step_time=hw.step_overhead_s,
-        lower_bound=lower_bound(plan.lengths, model, hw, d, n), dp_rank_times=rank_times,
-        mb_times=mb_times, mb_starts=starts, overhead=overhead, comm_total=comm_total, **arrays)
+        policy=plan.policy, hardware=hw.name if hw is not None else "cost-model",
+        iteration_time=compute + cost.time.iteration_overhead,
+        compute_time=compute, grad_reduce_time=grad, step_time=step,
+        lower_bound=lower_bound(plan.lengths, model, hw, d, n, cost_model=cost),
+        dp_rank_times=rank_times, mb_times=mb_times, mb_starts=starts, overhead=overhead,
+        comm_total=comm_total, **arrays)
 
 
 __all__ = ["COMPONENTS", "SimResult", "lower_bound", "ring_finish", "simulate"]

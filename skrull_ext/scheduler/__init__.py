@@ -21,11 +21,11 @@ from skrull_ext.scheduler.plan import FlatPlan, MicroBatch, Plan
 from skrull_ext.sharding import padded_length, shard_tokens
 from skrull_ext.scheduler import hybrid, portfolio, reference
 from skrull_ext.scheduler.baselines import BASELINES
-from skrull_ext.scheduler.pricing import (OBJECTIVE_CODES as _OBJECTIVE_CODES,
-                                          iteration_seconds, micro_batch_seconds, predict,
+from skrull_ext.scheduler.objective import objective_arg, objective_of
+from skrull_ext.scheduler.pricing import (iteration_seconds, micro_batch_seconds, predict,
                                           predict_arrays, split_times)
-from skrull_ext.scheduler.config import (POLICIES, ScheduleInputError, SchedulerConfig,
-                                         _ROLLBACK_CODES, _VARIANT_CODES)
+from skrull_ext.scheduler.config import (DEFAULT_POLICIES, POLICIES, ScheduleInputError,
+                                         SchedulerConfig, _ROLLBACK_CODES, _VARIANT_CODES)
 from skrull_ext.scheduler.refine import budget_work
 
 
@@ -84,9 +84,9 @@ def _skrull(lengths, costs, shares, comm, latency, cfg: SchedulerConfig, overhea
         args += (float(latency), cfg.dp_size, cfg.cp_size, cfg.bucket_size,
                  _ROLLBACK_CODES[cfg.rollback], float(overhead), _VARIANT_CODES[cfg.dacp], shares)
         if cfg.portfolio:
-            return cpp.portfolio_schedule(*args, objective=_OBJECTIVE_CODES[objective],
+            return cpp.portfolio_schedule(*args, objective=objective_arg(objective),
                                           budget=work, flat=True)
-        return cpp.gds_schedule(*args, objective=_OBJECTIVE_CODES[objective], flat=True)
+        return cpp.gds_schedule(*args, objective=objective_arg(objective), flat=True)
     args += (latency, cfg.dp_size, cfg.cp_size, cfg.bucket_size, cfg.rollback, overhead,
              cfg.dacp, shares, objective)
     if cfg.portfolio:
@@ -118,11 +118,13 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
     costs, comm, shares = cost_model.schedule_arrays(arr, config.cp_size, backend=backend)
     arrays = (costs, shares, comm)
     if config.policy != "skrull":
-        ranks = BASELINES[config.policy](arr, costs, config.dp_size, config.cp_size,
-                                         config.bucket_size)
+        policy = BASELINES[config.policy]
+        extra = {"cost_model": cost_model} if getattr(policy, "wants_cost_model", False) else {}
+        ranks = policy(arr, costs, config.dp_size, config.cp_size, config.bucket_size, **extra)
         return _finish(arr, config, ranks, cost_model, arrays, backend)
     placements = _skrull(arr, costs, shares, comm, cost_model.comm_latency(config.cp_size),
-                         config, cost_model.micro_batch_overhead, backend, cost_model.objective)
+                         config, cost_model.micro_batch_overhead, backend,
+                         objective_of(cost_model))
     if backend != "cpp":
         ranks = [[_to_micro_batch(p, config.cp_size) for p in mbs] for mbs in placements]
         return _or_hybrid(_finish(arr, config, ranks, cost_model, arrays, backend), config,
@@ -176,5 +178,5 @@ def _or_hybrid(plan: Plan, config: SchedulerConfig, cost_model: CostModel, array
                            arrays, backend)
     return plan if won is None else won
 
-__all__ = ["POLICIES", "SchedulerConfig", "ScheduleInputError", "check_lengths",
+__all__ = ["DEFAULT_POLICIES", "POLICIES", "SchedulerConfig", "ScheduleInputError", "check_lengths",
            "micro_batch_seconds", "predict", "schedule"]

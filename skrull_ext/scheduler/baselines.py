@@ -11,6 +11,9 @@ import heapq
 import numpy as np
 
 from skrull_ext import _backend
+from skrull_ext.scheduler.flexsp import flexsp as _flexsp
+from skrull_ext.scheduler.megatron_packing import dp_balanced, dynamic_cp
+from skrull_ext.scheduler.wlb import wlb_pack
 from skrull_ext.scheduler.plan import MicroBatch
 from skrull_ext.sharding import shard_tokens, shard_tokens_array
 from skrull_ext.scheduler.reference import lpt_partition
@@ -280,6 +283,15 @@ BASELINES = {
     "sorted": sorted_batching,
     "hybrid-cp": hybrid_cp,
     "kk": kk_balanced,
+    # Megatron-LM's packing schedulers, WLB-LLM and FlexSP (their modules say what differs).
+    "dp-balanced": dp_balanced,
+    "dynamic-cp": dynamic_cp,
+    "wlb-llm": wlb_pack,
+    # Needs SciPy (benchmark-only); takes the cost model (``wants_cost_model``).
+    "flexsp": _flexsp,
 }
 
-__all__ = ["BASELINES", "GROUPINGS", "karmarkar_karp", "lpt_partition", "hybrid_cp_size"]
+# Policies whose dependencies are optional (benchmark-only): left out of default runs.
+NEEDS_EXTRAS = {"flexsp": "scipy"}
+
+__all__ = ["BASELINES", "GROUPINGS", "NEEDS_EXTRAS", "karmarkar_karp", "lpt_partition", "hybrid_cp_size"]

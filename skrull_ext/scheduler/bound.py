@@ -13,7 +13,8 @@ every argument.  So for any plan:
   its length in tokens, padding only adds), so the batch needs at least
   ``ceil(sum S / (C N))`` micro-batches, each paying the fixed overhead;
 * **one sample**: the DP rank holding sample ``i`` takes at least its cheapest placement
-  alone, ``min(cost_i, rank_time(0, comm_i + latency, share_i))``, plus one overhead;
+  alone, ``min(cost_i, rank_time(0, comm_i + latency, share_i))`` on its group's ``g``
+  ranks, plus one overhead;
 * **indivisible samples over DP ranks**: of the ``j D + 1`` samples with the most work,
   one DP rank holds ``j + 1``, so it works at least the ``j + 1`` smallest of them.
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from skrull_ext import _backend
 from skrull_ext.sharding import shard_tokens_array
+from skrull_ext.scheduler.objective import objective_arg, objective_of, rank_times
 
 
 def _group_sizes(cp_size: int) -> list[int]:
@@ -34,14 +36,6 @@ def _group_sizes(cp_size: int) -> list[int]:
         sizes.append(g)
         g *= 2
     return sizes + [cp_size]
-
-
-def _rank_time(x, t_comm, t_dist, n: int, objective: str):
-    """:func:`skrull_ext.scheduler.reference.rank_time` elementwise (numpy)."""
-    if objective == "paper" or n < 2:
-        return np.maximum(t_comm, x) + t_dist
-    b, c = t_dist / n, t_comm / (n - 1)
-    return np.maximum(x + b, c) + b + (n - 2) * np.maximum(b, c)
 
 
 def sample_bounds(lengths, cost_model, cp_size: int, bucket_size: int, *, arrays=None,
@@ -67,8 +61,8 @@ def sample_bounds(lengths, cost_model, cp_size: int, bucket_size: int, *, arrays
     if backend == "cpp" and _backend.CPP is not None:
         return _backend.CPP.sample_bounds(
             s, n, bucket_size, cost_model.cost_scalars, sizes,
-            [cost_model.ring_seconds_per_byte(g) for g in sizes],
-            [cost_model.comm_latency(g) for g in sizes], cost_model.objective == "ring",
+            [cost_model.shard_token_seconds(g) for g in sizes],
+            [cost_model.comm_latency(g) for g in sizes], objective_arg(objective_of(cost_model)),
             *(arrays if arrays is not None else ()))
     work = np.full(s.shape, np.inf)
     alone = np.full(s.shape, np.inf)
@@ -85,7 +79,7 @@ def sample_bounds(lengths, cost_model, cp_size: int, bucket_size: int, *, arrays
             share = cost_model.share_seconds(s, g)
             comm = cost_model.comm_seconds(s, g) + cost_model.comm_latency(g)
         work = np.where(fits, np.minimum(work, g * share), work)
-        t = _rank_time(0.0, comm, share, n, cost_model.objective)
+        t = rank_times(0.0, comm, share, g, objective_of(cost_model))  # on its g ranks
         alone = np.where(fits, np.minimum(alone, t), alone)
     return work, alone
 
@@ -126,15 +120,28 @@ def _core(lengths, cost_model, dp_size: int, cp_size: int, bucket_size: int, *, 
 MU_GRID = (1.0, 0.5, 0.0)
 
 
-def _dist_terms(shares, comm, n: int, objective: str, mu: float):
-    """``(per-sample seconds, latency weight)`` a distributed sample adds to its DP rank's
-    time under the relaxation ``mu`` (see :func:`global_lower_bound`)."""
-    if objective == "ring" and n > 2:
-        k = (n - 2) * (1.0 - mu) / (n - 1)
-        return shares * ((2.0 + (n - 2) * mu) / n) + k * comm, k
-    if objective == "ring":
-        return shares, 0.0
-    return shares + (1.0 - mu) * comm, 1.0 - mu
+def _dist_terms(shares, comm, n: int, cost_model, mu: float):
+    """``(per-sample seconds, seconds per micro-batch with a ring)`` a distributed sample
+    adds to its DP rank's time under the relaxation ``mu`` (see :func:`global_lower_bound`).
+
+    :func:`~skrull_ext.scheduler.objective.rank_time` with the cost model's ring terms
+    splits ``w = sum comm`` into ``frac w`` outside the ring (linear work and the dK/dV
+    return) and ``(1 - frac) w`` of transfers; what is outside adds, the transfers are
+    relaxed by ``mu``, and the latencies and step overheads are the per-ring constant.
+    """
+    lam, beta, ell, o = cost_model.ring_terms[:4]
+    tot = 3.0 * (n - 1) * beta + lam + beta
+    frac = (lam + beta) / tot if tot > 0.0 else 0.0
+    if cost_model.objective != "ring":  # out + max(ring + 2 (n - 1) ell, x) + blocks
+        return (shares + (1.0 - mu) * (1.0 - frac) * comm,
+                ell + n * o + (1.0 - mu) * 2.0 * (n - 1) * ell)
+    if n == 2:  # per phase max(a x + b, c) + b >= a x + 2 b
+        return shares, ell + n * o
+    # Per phase a x + 2 b + (n - 2) (mu b + (1 - mu) c); the phases' b sum to blocks / n
+    # and their c to ring / (n - 1) + 2 ell.
+    g, k = (2.0 + (n - 2) * mu) / n, (n - 2) * (1.0 - mu) / (n - 1)
+    return (g * shares + (frac * (1.0 - g) + k * (1.0 - frac)) * comm,
+            ell + g * n * o + 2.0 * (n - 2) * (1.0 - mu) * ell)
 
 
 def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: int) -> float:
@@ -149,10 +156,10 @@ def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: 
     ring_mbs = -(-int(shard_tokens_array(s[forced], n).sum()) // c) if forced.any() else 0
     best = 0.0
     for mu in MU_GRID:
-        dist, k = _dist_terms(shares, comm, n, cost_model.objective, mu)
+        dist, ring = _dist_terms(shares, comm, n, cost_model, mu)
         local = costs / n if cost_model.objective == "ring" else mu * costs / n
         per = np.minimum(np.where(fits_local, local, np.inf), np.where(fits_dist, dist, np.inf))
-        average = (float(per.sum()) + k * cost_model.comm_latency(n) * ring_mbs) / d
+        average = (float(per.sum()) + ring * ring_mbs) / d
         best = max(best, average + ovh * min_mbs / d, _indivisible(per, d) + ovh)
     return best
 
@@ -178,11 +185,12 @@ def global_lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_s
       overhead, so if the best plan's slowest DP rank takes ``T``, every sample with
       ``cost_i + overhead > T`` is distributed there (and one that does not fit whole
       always is);
-    * a micro-batch with distributed samples pays its ring: under ``ring`` a rank's time
-      ``max(x + b, c) + b + (n - 2) max(b, c)`` is at least ``x + 2b + (n - 2)(mu b +
+    * a micro-batch with distributed samples pays its ring: under ``ring`` each phase's
+      ``max(a x + b, c) + b + (n - 2) max(b, c)`` is at least ``a x + 2b + (n - 2)(mu b +
       (1 - mu) c)`` for any ``mu`` in [0, 1] (local work overlaps only the first
-      exchange), under ``paper`` ``max(c', x) + t`` is at least ``mu x + (1 - mu) c' + t``;
-      both sum over samples, the ring latency once per micro-batch with a ring (at least
+      exchange), under ``paper`` ``max(c', x)`` is at least ``mu x + (1 - mu) c'``; the
+      work outside the ring adds (:func:`_dist_terms`); all sum over samples, the ring's
+      latencies and step overheads once per micro-batch with a ring (at least
       ``ceil(forced shards / C)`` of them).
 
     With those per-sample terms, the average and indivisible terms of :func:`lower_bound`

@@ -9,10 +9,12 @@ import dataclasses
 
 import numpy as np
 
-from skrull_ext.scheduler.baselines import BASELINES
+from skrull_ext.scheduler.baselines import BASELINES, NEEDS_EXTRAS
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS
 
 POLICIES = ("skrull",) + tuple(BASELINES)
+# What comparisons run unless told otherwise: every policy but those needing extras.
+DEFAULT_POLICIES = tuple(p for p in POLICIES if p not in NEEDS_EXTRAS)
 _ROLLBACK_CODES = {"shortest": 0, "best-fit": 1, "auto": 2}
 _VARIANT_CODES = {"paper": 0, "balanced": 1, "lpt": 2, "auto": 3}
 

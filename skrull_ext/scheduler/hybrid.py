@@ -16,7 +16,8 @@ from skrull_ext.costmodel.model import CostModel
 from skrull_ext.scheduler.baselines import BASELINES, hybrid_size_array
 from skrull_ext.scheduler.config import SchedulerConfig
 from skrull_ext.scheduler.plan import FlatPlan, MicroBatch, Plan
-from skrull_ext.scheduler.pricing import OBJECTIVE_CODES, predict_arrays
+from skrull_ext.scheduler.objective import objective_arg, objective_of
+from skrull_ext.scheduler.pricing import predict_arrays
 from skrull_ext.sharding import padded_length_array, shard_tokens_array
 
 
@@ -96,7 +97,7 @@ def _build_cpp(arr, config: SchedulerConfig, cost_model: CostModel, arrays, sub,
         arr, arrays[0], arrays[1], arrays[2], sub[1], sub[2], latency,
         cost_model.comm_latency(n), config.dp_size, n, config.bucket_size,
         cost_model.micro_batch_overhead, cost_model.time.iteration_overhead,
-        OBJECTIVE_CODES[cost_model.objective], best, micro_batch=MicroBatch)
+        objective_arg(objective_of(cost_model)), best, micro_batch=MicroBatch)
     if got is None:
         return None
     ranks, (count, *flat_arrays, grouped, times, valid) = got  # MicroBatch.trusted objects

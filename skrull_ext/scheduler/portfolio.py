@@ -32,8 +32,8 @@ from skrull_ext.scheduler.baselines import GROUPINGS
 from skrull_ext.scheduler.level import level_schedule
 from skrull_ext.scheduler.pack import PACK_THRESHOLDS, pack_schedule, pack_threshold
 from skrull_ext.scheduler.reference import GdsContext, Placement, gds_schedule
-from skrull_ext.scheduler import lns as lns_mod
-from skrull_ext.scheduler import refine as refine_mod
+import skrull_ext.scheduler.lns as lns_mod
+import skrull_ext.scheduler.refine as refine_mod
 from skrull_ext.scheduler.refine import all_distributed, place_group, placement_time
 
 # Candidates in order (ties keep the earlier): the sorted grouping first (cheap, and a good

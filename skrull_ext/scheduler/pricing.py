@@ -11,10 +11,9 @@ import numpy as np
 
 from skrull_ext.costmodel.model import CostModel
 from skrull_ext.scheduler.bound import finish_bound, lower_bound
+from skrull_ext.scheduler.objective import objective_of, rank_times
 from skrull_ext.scheduler.plan import FlatPlan, MicroBatch, Plan
 
-# How a micro-batch's time is composed (reference.rank_time), as the C++ core's codes.
-OBJECTIVE_CODES = {"paper": 0, "ring": 1}
 
 
 def _grouped_seconds(grouped, lengths, cost_model: CostModel) -> list:
@@ -50,7 +49,7 @@ def _grouped_times(rows, n: int, cost_model: CostModel) -> np.ndarray:
     for (first, size), (share, comm) in sorted(rings.items()):
         comm += cost_model.comm_latency(size) if size > 1 else 0.0
         out[first:first + size] += float(rank_times(0.0, comm, share, size,
-                                                     cost_model.objective))
+                                                     objective_of(cost_model)))
     return out
 
 
@@ -70,20 +69,11 @@ def micro_batch_seconds(mb: MicroBatch, lengths, costs, comm_full, cost_model: C
     t_comm = np.full(n, sum(comm_full[i] for i in mb.distributed), dtype=np.float64)
     if mb.distributed:
         t_comm += cost_model.comm_latency(n)
-    times = rank_times(t_local, t_comm, t_dist, n, cost_model.objective)
+    times = rank_times(t_local, t_comm, t_dist, n, objective_of(cost_model))
     if mb.grouped:
         times = times + _grouped_times(_grouped_seconds(mb.grouped, lengths, cost_model), n,
                                        cost_model)
     return float(np.max(times)) + cost_model.micro_batch_overhead
-
-
-def rank_times(t_local, t_comm, t_dist, n: int, objective: str) -> np.ndarray:
-    """:func:`reference.rank_time` elementwise over ``[..., N]`` arrays (same float ops)."""
-    if objective == "paper" or n < 2:
-        return np.maximum(t_comm, t_local) + t_dist
-    b = t_dist / n
-    c = t_comm / (n - 1)
-    return np.maximum(t_local + b, c) + b + (n - 2) * np.maximum(b, c)
 
 
 def micro_batch_times(plan: Plan, flat: FlatPlan, costs, comm, cost_model: CostModel, shares):
@@ -105,7 +95,7 @@ def micro_batch_times(plan: Plan, flat: FlatPlan, costs, comm, cost_model: CostM
     t_comm = np.repeat(dist_comm[:, None], n, axis=1)
     t_comm[has_dist] += cost_model.comm_latency(n)
     busy = has_dist | (np.bincount(flat.local_slot // n, minlength=g) > 0)
-    per_rank = rank_times(t_local, t_comm, t_dist, n, cost_model.objective)
+    per_rank = rank_times(t_local, t_comm, t_dist, n, objective_of(cost_model))
     by_mb: dict[int, list] = {}
     seconds = _grouped_seconds([row[1:] for row in flat.grouped], plan.lengths, cost_model)
     for (mb, *_), row in zip(flat.grouped, seconds):
@@ -185,5 +175,5 @@ def predict_arrays(plan: Plan, cost_model: CostModel, costs, comm, shares, times
     }
 
 
-__all__ = ["OBJECTIVE_CODES", "iteration_seconds", "micro_batch_seconds", "micro_batch_times",
+__all__ = ["iteration_seconds", "micro_batch_seconds", "micro_batch_times",
            "predict", "predict_arrays", "rank_times", "split_times"]

@@ -7,10 +7,13 @@ bit for bit:
 
 * Inputs are ``lengths`` (int64), ``costs`` (float64 compute seconds of a whole sequence),
   optional ``shares`` (float64 compute seconds each CP rank spends on a distributed
-  sequence; ``costs[i] / N`` when omitted), ``comm`` (float64 ring bandwidth seconds of a
+  sequence; ``costs[i] / N`` when omitted), ``comm`` (float64 ring seconds of a
   distributed sequence) and ``latency``
   (ring seconds paid once by a micro-batch with any distributed sequence), precomputed by
-  :class:`skrull_ext.costmodel.model.CostModel`; the core never evaluates a cost function itself.
+  :class:`skrull_ext.costmodel.model.CostModel`; the core never evaluates a cost function
+  itself.  :func:`rank_time` (:mod:`skrull_ext.scheduler.objective`) composes them; with
+  the cost model's :class:`~skrull_ext.scheduler.objective.Objective` part of ``comm`` and
+  ``shares`` is the linear work that runs outside the ring.
 * Float accumulations happen in the same order in both (C++ is built without FMA
   contraction), and every tie is broken by the lowest rank / sample index.
 
@@ -23,6 +26,7 @@ import heapq
 from typing import NamedTuple, Optional, Sequence
 
 from skrull_ext.sharding import shard_tokens
+from skrull_ext.scheduler.objective import rank_time  # noqa: F401 (the spec's composition)
 
 ROLLBACK_POLICIES = ("shortest", "best-fit", "auto")
 DACP_VARIANTS = ("paper", "balanced", "lpt", "auto")
@@ -47,26 +51,6 @@ def _argmax(values: Sequence) -> int:
         if values[j] > values[best]:
             best = j
     return best
-
-
-def rank_time(x: float, t_comm: float, t_dist: float, n: int, objective: str = "paper"
-              ) -> float:
-    """Seconds of one CP rank in a micro-batch: local compute ``x``, ring ``t_comm``,
-    per-rank distributed compute ``t_dist``, ``n`` CP ranks.
-
-    ``paper`` (docs/design.md section 3): ``max(t_comm, x) + t_dist``; the local work hides the
-    whole ring's communication, the distributed compute hides none.  ``ring`` (ours): the
-    ring as :mod:`skrull_ext.attention.ring` runs it, ``n`` compute blocks of
-    ``b = t_dist / n`` and ``n - 1`` exchanges of ``c = t_comm / (n - 1)``; the local work
-    and the first block overlap the first exchange, every later exchange overlaps one block:
-    ``max(x + b, c) + b + (n - 2) max(b, c)`` (the simulator's ring model).  Both are
-    non-decreasing in every argument; with nothing distributed both are ``x``.
-    """
-    if objective == "paper" or n < 2:
-        return max(t_comm, x) + t_dist
-    b = t_dist / n
-    c = t_comm / (n - 1)
-    return max(x + b, c) + b + (n - 2) * max(b, c)
 
 
 def _share(costs, shares, i: int, n: int) -> float:

@@ -1,0 +1,210 @@
+"""Megatron-LM's dynamic-CP benchmark in the planner's simulator: dp_balanced, dynamic CP, skrull.
+
+Megatron-LM ``dev`` (d48bd6be) ``examples/dynamic_context_parallel/`` publishes GPU
+measurements of ``--sequence-packing-scheduler dp_balanced`` against
+``default_dynamic_cp`` (:data:`PUBLISHED`; 10% trimmed means of 20 iterations after 10 of
+warm-up, four GPUs per node).  This reproduces its setting (:data:`MODEL`: the script's
+defaults, 12 layers, hidden 2048, FFN 8192, 16 heads, vocabulary 131072, no SwiGLU, tied
+embeddings; TP 1, CP 4, 8 micro-batches of one sample per DP rank, so GBS = 8 D;
+``--max-seqlen-per-dp-cp-rank 2048``; lengths of its mock dataset: NumPy's legacy
+``seed(0)`` lognormal with mean 1024, sigma 1.5, clipped to [128, 8192], minus the
+next-token shift, read in order) and times every iteration with the simulator:
+
+* ``dp_balanced``: our re-implementation (``skrull_ext.scheduler.megatron_packing``), a plan
+  over D replicas of 4 ranks;
+* dynamic CP: Megatron's own rule over the D x 4 world (``dynamic_cp_world`` with one
+  block), a plan over one "replica" of ``4 D`` ranks whose groups may span DP replicas,
+  timed as Megatron runs it: a group starts a micro-batch when all its ranks finished
+  their previous one (no barrier across groups; :func:`group_synced_time`);
+* skrull: ``schedule()`` with the same cost model, D replicas of 4 ranks.
+
+Two time models: ``preset`` (the h100 preset, one NVLink domain for every GPU count, fp32
+gradient reduction as Megatron does for bf16: nothing fitted) and ``calibrated``: three
+fixed costs (per iteration, per micro-batch, per ring step and layer) fitted by least
+squares to the ten published absolute times (log errors), everything else as ``preset``.
+``--spread`` reports the dynamic-CP / dp_balanced ratio over other 20-iteration windows of
+the same stream (how much one run of 20 iterations varies).
+
+    PYTHONPATH=. python benchmarks/megatron_dynamic_cp.py --json benchmarks/results/x.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from skrull_ext.costmodel.hardware import Hardware, get_hardware
+from skrull_ext.costmodel.model import ModelSpec
+from skrull_ext.planner.simulator import simulate
+from skrull_ext.scheduler import SchedulerConfig, schedule
+from skrull_ext.scheduler.megatron_packing import dynamic_cp_world, world_micro_batch
+from skrull_ext.scheduler.plan import Plan
+
+MODEL = ModelSpec(name="megatron-dcp-example", num_layers=12, hidden_size=2048,
+                  ffn_hidden_size=8192, num_attention_heads=16, num_query_groups=16,
+                  vocab_size=131072, swiglu=False, tied_embeddings=True)
+CP, BUCKET, PER_RANK = 4, 2048, 8
+# GPUs: (dp_balanced trimmed ms, dynamic CP trimmed ms), Megatron-LM dev README.
+PUBLISHED = {4: (195.269, 151.906), 8: (220.119, 155.850), 16: (226.775, 187.125),
+             32: (286.206, 208.088), 64: (271.988, 181.912)}
+WARMUP, MEASURED = 10, 20
+
+
+def mock_lengths(count: int) -> np.ndarray:
+    """The mock dataset's sample lengths after the shift (``MockSFTLowLevelDataset``)."""
+    sigma, mean = 1.5, 1024
+    rng = np.random.RandomState(0)
+    drawn = rng.lognormal(math.log(mean) - sigma ** 2 / 2, sigma, count)
+    return np.clip(drawn, 128, 8192).astype(np.int64) - 1
+
+
+def trimmed_mean(values) -> float:
+    """Megatron's script: drop ``int(0.1 n)`` from each end, average the rest."""
+    v = sorted(values)
+    k = int(len(v) * 0.1)
+    return float(np.mean(v[k:len(v) - k] if len(v) - 2 * k > 0 else v))
+
+
+def group_synced_time(plan: Plan, res) -> float:
+    """Dynamic CP's iteration: per micro-batch each group (ranks sharing a ring, or one
+    rank) starts when all its ranks finished their previous micro-batch."""
+    n = plan.cp_size
+    finish = np.zeros(n)
+    busy = res.busy()[0]
+    for j, mb in enumerate(plan.dp_ranks[0]):
+        if mb.is_empty():
+            continue
+        sets = [[r] for r in range(n)] if not mb.distributed else [list(range(n))]
+        for _, first, size in sorted({(0, f, g) for _, f, g in mb.grouped}):
+            sets = [s for s in sets if not first <= s[0] < first + size] + \
+                [list(range(first, first + size))]
+        new = finish.copy()
+        for ranks in sets:
+            if any(busy[j, r] > 0 for r in ranks):
+                t = max(finish[r] for r in ranks) + max(busy[j, r] for r in ranks)
+                new[ranks] = t + res.overhead[0, j]
+        finish = new
+    return float(finish.max()) + res.iteration_time - res.compute_time
+
+
+def preset_hardware() -> Hardware:
+    """The h100 preset with every GPU in one NVLink domain and fp32 gradient reduction."""
+    return dataclasses.replace(get_hardware("h100"), gpus_per_node=1 << 10, grad_bytes=4,
+                               description="h100 preset, one NVLink domain, fp32 grads")
+
+
+def with_overheads(hw: Hardware, x) -> Hardware:
+    """``hw`` with (per iteration ms, per micro-batch ms, per ring step and layer us)."""
+    return dataclasses.replace(hw, step_overhead_s=x[0] * 1e-3, micro_batch_overhead_s=x[1] * 1e-3,
+                               layer_overhead_s=0.0, ring_step_overhead_s=x[2] * 1e-6)
+
+
+def baseline_plans(gpus: int, start: int, pool: np.ndarray) -> list:
+    """``(dp_balanced plan, dynamic-CP world plan, lengths)`` of iterations from ``start``."""
+    d = gpus // CP
+    out = []
+    for it in range(start, start + MEASURED):
+        lengths = pool[it * PER_RANK * d:(it + 1) * PER_RANK * d]
+        cfg = SchedulerConfig(dp_size=d, cp_size=CP, bucket_size=BUCKET, policy="dp-balanced")
+        dpb = schedule(lengths, cfg, preset_hardware().cost_model(MODEL, CP, d))
+        world = dynamic_cp_world(lengths, d, CP, BUCKET, d * CP)
+        dcp = Plan(lengths=lengths, dp_size=1, cp_size=d * CP, bucket_size=BUCKET,
+                   policy="dynamic-cp", dp_ranks=(tuple(world_micro_batch(g, d * CP)
+                                                        for g in world),))
+        dcp.validate()
+        out.append((dpb, dcp, lengths))
+    return out
+
+
+def times(plans, hw: Hardware, with_skrull: bool = False) -> dict:
+    """Trimmed means (ms) of every policy over the plans on ``hw``."""
+    got = {"dp_balanced": [], "dynamic_cp": [], "skrull": []}
+    for dpb, dcp, lengths in plans:
+        got["dp_balanced"].append(simulate(dpb, MODEL, hw).iteration_time)
+        got["dynamic_cp"].append(group_synced_time(dcp, simulate(dcp, MODEL, hw)))
+        if with_skrull:
+            d = dpb.dp_size
+            plan = schedule(lengths, SchedulerConfig(dp_size=d, cp_size=CP, bucket_size=BUCKET),
+                            hw.cost_model(MODEL, CP, d))
+            got["skrull"].append(simulate(plan, MODEL, hw).iteration_time)
+    return {k: 1e3 * trimmed_mean(v) for k, v in got.items() if v}
+
+
+def calibrate(plans_by_gpus: dict, hw: Hardware) -> tuple:
+    """The three fixed costs fitted to the published times: ``(x, rms log error)``."""
+    from scipy.optimize import least_squares
+
+    def residuals(x):
+        out = []
+        for gpus, plans in plans_by_gpus.items():
+            t = times(plans, with_overheads(hw, x))
+            out += [math.log(t["dp_balanced"] / PUBLISHED[gpus][0]),
+                    math.log(t["dynamic_cp"] / PUBLISHED[gpus][1])]
+        return out
+
+    fit = least_squares(residuals, x0=[50.0, 10.0, 500.0], bounds=([0, 0, 0], [1e3, 1e3, 1e4]),
+                        diff_step=0.05)
+    return [float(v) for v in fit.x], float(np.sqrt(np.mean(np.square(fit.fun))))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, nargs="+", default=sorted(PUBLISHED))
+    parser.add_argument("--spread", type=int, default=4,
+                        help="other 20-iteration windows for the ratio's spread (0: none)")
+    parser.add_argument("--no-calibration", action="store_true")
+    parser.add_argument("--json", help="write the table and settings here")
+    args = parser.parse_args(argv)
+    pool = mock_lengths(PER_RANK * max(args.gpus) // CP * (WARMUP + MEASURED) * (1 + args.spread))
+    plans = {g: baseline_plans(g, WARMUP, pool) for g in args.gpus}
+    hw = preset_hardware()
+    models = {"preset": [0.0, 0.0, 0.0]}
+    if not args.no_calibration:
+        x, rms = calibrate(plans, hw)
+        models["calibrated"] = x
+        print(f"calibrated: {x[0]:.2f} ms per iteration, {x[1]:.2f} ms per micro-batch, "
+              f"{x[2]:.1f} us per ring step and layer (rms log error {rms:.3f})")
+    rows = []
+    for name, x in models.items():
+        h = with_overheads(hw, x) if name == "calibrated" else hw
+        for g in args.gpus:
+            t = times(plans[g], h, with_skrull=True)
+            spread = [times(baseline_plans(g, WARMUP + MEASURED * (1 + w), pool), h)
+                      for w in range(args.spread)]
+            ratios = [s["dp_balanced"] / s["dynamic_cp"] for s in spread]
+            pub = PUBLISHED[g][0] / PUBLISHED[g][1]
+            row = {"model": name, "gpus": g, "published_ratio": pub, "ms": t,
+                   "ratio": t["dp_balanced"] / t["dynamic_cp"],
+                   "ratio_spread": [min(ratios), max(ratios)] if ratios else None,
+                   "skrull_vs_dp_balanced": t["dp_balanced"] / t["skrull"],
+                   "skrull_vs_dynamic_cp": t["dynamic_cp"] / t["skrull"]}
+            rows.append(row)
+            spread_s = f" [{min(ratios):.3f}-{max(ratios):.3f}]" if ratios else ""
+            print(f"{name:10} {g:>3} GPUs: dp_balanced {t['dp_balanced']:7.1f} ms, dynamic CP "
+                  f"{t['dynamic_cp']:7.1f}, skrull {t['skrull']:7.1f} | dyn-CP speedup "
+                  f"{row['ratio']:.3f}{spread_s} (published {pub:.3f}, "
+                  f"{row['ratio'] / pub - 1:+.1%}) | skrull x{row['skrull_vs_dp_balanced']:.3f} "
+                  f"over dp_balanced, x{row['skrull_vs_dynamic_cp']:.3f} over dynamic CP",
+                  flush=True)
+    if args.json:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"date": time.strftime("%Y-%m-%d"), "commit": commit,
+                       "machine": f"{platform.node()} {platform.processor() or platform.machine()}"
+                                  f", {os.cpu_count()} CPUs (simulator only, no GPU)",
+                       "megatron_lm": "dev d48bd6be0a85cc0d6d3cc71e8750cf357cc6bdb1",
+                       "fitted": models.get("calibrated"), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
