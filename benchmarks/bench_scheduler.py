@@ -21,10 +21,11 @@ samples under 1K tokens, the longest capped at what the bucket holds) it times:
 
 ``--calibrate`` instead times the C++ refinement alone at two budgets and prints the work
 units it searches per ms (the basis of ``refine.WORK_UNITS_PER_MS``, which converts
-``--skrull-plan-budget-ms`` into a deterministic work budget).
+``--skrull-plan-budget-ms`` into a deterministic work budget; ``--stage lns``: the same for
+ruin and recreate, ``lns.WORK_UNITS_PER_MS``).
 
     PYTHONPATH=. python benchmarks/bench_scheduler.py [--cases 256:26000 65536:6000] [--json f]
-    PYTHONPATH=. python benchmarks/bench_scheduler.py --calibrate --stat min
+    PYTHONPATH=. python benchmarks/bench_scheduler.py --calibrate --stat min [--stage lns]
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ import results_io
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import SchedulerConfig, schedule
+from skrull_ext.scheduler.lns import WORK_UNITS_PER_MS as LNS_UNITS_PER_MS
 from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.refine import WORK_UNITS_PER_MS, budget_work
 
@@ -145,7 +147,7 @@ def bench_case(k: int, bucket: int, args) -> dict:
     core = lambda: ext.portfolio_schedule(  # noqa: E731
         lengths, costs, comm, latency, DP, CP, bucket, 2, cost_model.micro_batch_overhead, 3,
         shares, objective=objective_arg(objective_of(cost_model)),
-        budget=budget_work(cfg.plan_budget_ms), flat=True)
+        budget=budget_work(cfg.plan_budget_ms, len(lengths)), flat=True)
     full = lambda: schedule(lengths, cfg, cost_model, backend="cpp")  # noqa: E731
     stat = min if args.stat == "min" else statistics.median
     row["core_ms"] = median_ms(core, runs, stat=stat)
@@ -185,7 +187,7 @@ def calibrate(args, cases) -> list[dict]:
             timed = [_backend.CPP.refine_timing(
                 lengths, costs, comm, cost_model.comm_latency(CP), DP, CP, bucket,
                 cost_model.micro_batch_overhead, shares, objective_arg(objective_of(cost_model)),
-                budget) for _ in range(max(3, args.runs // 10))]
+                budget, args.stage) for _ in range(max(3, args.runs // 10))]
             ms = 1e3 * stat(t for _, t in timed)
             work = timed[0][0]
             rows.append({"K": k, "bucket": bucket, "budget": budget, "work": work, "ms": ms,
@@ -193,13 +195,14 @@ def calibrate(args, cases) -> list[dict]:
     return rows
 
 
-def print_calibration(rows: list[dict], stat: str) -> None:
+def print_calibration(rows: list[dict], stat: str, stage: str = "refine") -> None:
     """Per batch: each budget's units and ms, then the search's own rate (the slope between
     the two budgets: the units per ms WORK_UNITS_PER_MS stands for) and the fixed set-up
     (pricing the plan once, not counted as work) that the default budget's run adds."""
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"C++ refine() alone, {stat} of runs, DP={DP} CP={CP}; now WORK_UNITS_PER_MS = "
-          f"{WORK_UNITS_PER_MS:,}; load average {load}")
+    now = WORK_UNITS_PER_MS if stage == "refine" else LNS_UNITS_PER_MS
+    print(f"C++ {stage}() alone, {stat} of runs, DP={DP} CP={CP}; now WORK_UNITS_PER_MS = "
+          f"{now:,}; load average {load}")
     lo, hi = CALIBRATE_BUDGETS
     print(f"{'K':>6} {'bucket':>7} {'ms @' + format(lo, ','):>12} {'ms @' + format(hi, ','):>14} "
           f"{'units/ms':>9} {'set-up ms':>9}")
@@ -253,6 +256,9 @@ def main(argv=None) -> int:
     parser.add_argument("--calibrate", action="store_true",
                         help="instead: time the refinement alone and print work units per ms "
                         "(the basis of --skrull-plan-budget-ms's conversion)")
+    parser.add_argument("--stage", choices=("refine", "lns"), default="refine",
+                        help="--calibrate: the local search (refine.WORK_UNITS_PER_MS) or "
+                        "ruin and recreate (lns.WORK_UNITS_PER_MS)")
     args = parser.parse_args(argv)
     run = results_io.start()
     try:
@@ -271,7 +277,7 @@ def main(argv=None) -> int:
         return 2
     if args.calibrate:
         rows = calibrate(args, cases)
-        print_calibration(rows, args.stat)
+        print_calibration(rows, args.stat, args.stage)
     else:
         rows = [bench_case(k, bucket, args) for k, bucket in cases]
         print_table(rows, args.stat)

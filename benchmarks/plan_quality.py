@@ -6,9 +6,11 @@ preset's, DP ranks fixed by ``--dp-size``) and compares the predicted iteration 
 (:func:`skrull_ext.scheduler.predict`): Skrull's ratio to each baseline
 (``t_baseline / t_skrull``, >= 1 means Skrull is at least as fast), to the lower bound
 (:func:`skrull_ext.scheduler.bound.lower_bound`, and the tighter
-:func:`~skrull_ext.scheduler.bound.global_lower_bound`), against a stronger search (Skrull's
-own local search warm-started from its plan and run to convergence: ``--search-budget-ms``)
-and Skrull's planning latency.  Buckets
+:func:`~skrull_ext.scheduler.bound.global_lower_bound`), against a stronger search and
+Skrull's planning latency.  The stronger search starts from Skrull's plan: its own local
+search run far longer (``--search-budget-ms``), then ``--search-time-s`` seconds per batch
+of large-neighbourhood search (``benchmarks/plan_search.py``: ruin and recreate under
+simulated annealing, then MILP repairs of a few micro-batches by scipy's HiGHS).  Buckets
 are ``--buckets`` multiples of the planner's recommended bucket; sequences longer than
 what a bucket holds are truncated (``--overflow truncate``).  The last line is the worst
 ratio to any baseline over every batch of every setting.
@@ -47,13 +49,16 @@ BASELINES = [p for p in DEFAULT_POLICIES if p != "skrull"]  # --policies may cha
 
 
 def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: str,
-                budget_ms: float = DEFAULT_BUDGET_MS, search_ms: float = 0.0) -> dict:
+                budget_ms: float = DEFAULT_BUDGET_MS, search_ms: float = 0.0,
+                search_s: float = 0.0) -> dict:
     """Every policy on ``batches``; per-batch predicted times, bounds, the stronger
-    search's time (``search_ms`` > 0) and Skrull's latency."""
+    search's time (``search_ms`` > 0: Skrull's local search with that budget;
+    ``search_s`` > 0: then the large-neighbourhood search) and Skrull's latency."""
     cost = dataclasses.replace(hw.cost_model(model, cp, dp), objective=objective)
     times = {p: [] for p in ["skrull"] + BASELINES}
     bounds, tight, searched, latency_ms, mbs = [], [], [], [], []
     for lengths in batches:
+        plans = {}
         for policy in times:
             cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, policy=policy,
                                   plan_budget_ms=budget_ms)
@@ -61,6 +66,7 @@ def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: st
             plan = schedule(lengths, cfg, cost)
             elapsed = time.perf_counter() - start
             times[policy].append(plan.predicted["iteration_time"])
+            plans[policy] = plan
             if policy == "skrull":
                 latency_ms.append(1e3 * elapsed)
                 bounds.append(plan.predicted["lower_bound"])
@@ -69,11 +75,10 @@ def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: st
                 # A plan with sub-group rings is bounded by lower_bound's sub-group terms.
                 tight.append(bounds[-1] if grouped else
                              global_lower_bound(lengths, cost, dp, cp, bucket, backend="cpp"))
-        if search_ms > 0:
-            cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket,
-                                  plan_budget_ms=search_ms)
-            searched.append(min(times["skrull"][-1],
-                                schedule(lengths, cfg, cost).predicted["iteration_time"]))
+        if search_ms > 0 or search_s > 0:
+            stages = _stronger_search(lengths, plans["skrull"], cost, dp, cp, bucket, search_ms,
+                                      search_s, max(bounds[-1], tight[-1]))
+            searched.append(stages)
     sk = np.array(times["skrull"])
     row = {
         "mean_s": {p: float(np.mean(t)) for p, t in times.items()},
@@ -84,8 +89,41 @@ def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: st
         "latency_ms": statistics.median(latency_ms), "micro_batches": float(np.mean(mbs)),
     }
     if searched:  # >= 1: how much faster the stronger search's plan is (worst batch)
-        row["search_gain"] = float((sk / np.array(searched)).max())
+        stages = np.array(searched)  # [batches, 3]: own search, + ruin and recreate, + MILP
+        row["search_gain"] = float((sk / stages[:, -1]).max())
+        row["refine_gain"] = float((sk / stages[:, 0]).max())
+        row["milp_gain"] = float((stages[:, 1] / stages[:, 2]).max())
+        row["search_stages_s"] = stages.tolist()
     return row
+
+
+def _stronger_search(lengths, plan, cost, dp: int, cp: int, bucket: int, search_ms: float,
+                     search_s: float, floor_s: float) -> list[float]:
+    """Predicted seconds after each stage of the stronger search, each from the previous
+    one's best: Skrull's own search with a ``search_ms`` budget (its portfolio pick
+    refined much longer), then :mod:`plan_search`'s ruin and recreate and :mod:`plan_milp`'s
+    repairs sharing ``search_s`` seconds (stopping at the lower bound ``floor_s``)."""
+    best = plan
+    if search_ms > 0:
+        cfg = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket,
+                              plan_budget_ms=search_ms)
+        longer = schedule(lengths, cfg, cost)
+        if longer.predicted["iteration_time"] < best.predicted["iteration_time"]:
+            best = longer
+    out = [best.predicted["iteration_time"]]
+    if search_s > 0:
+        # benchmarks/ modules (scipy for the MILP stage)
+        from plan_milp import search as milp_search
+        from plan_search import RUIN_SHARE, search
+
+        best = search(best, cost, search_s * RUIN_SHARE, milp=False, floor_s=floor_s)
+        out.append(best.predicted["iteration_time"])
+        if best.predicted["iteration_time"] > floor_s * (1.0 + 1e-9):
+            best = milp_search(best, cost, search_s * (1.0 - RUIN_SHARE))
+    out.append(best.predicted["iteration_time"])
+    while len(out) < 3:
+        out.append(out[-1])
+    return out
 
 
 def bucket_for(args, mname: str, hw, cp: int, factor: float) -> int:
@@ -127,8 +165,11 @@ def main(argv=None) -> int:
                         help="models whose bucket follows Megatron's memory defaults (no "
                              "distributed optimizer, no recompute; 'all': every model)")
     parser.add_argument("--search-budget-ms", type=budget_ms_arg, default=300.0,
-                        help="the stronger search: skrull's refinement run from its plan "
-                             "with this budget (0: skip)")
+                        help="the stronger search's first stage: skrull's refinement run "
+                             "from its plan with this budget (0: skip)")
+    parser.add_argument("--search-time-s", type=float, default=5.0,
+                        help="the stronger search's second stage: seconds per batch of "
+                             "large-neighbourhood search (benchmarks/plan_search.py; 0: skip)")
     parser.add_argument("--num-batches", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write every row here")
@@ -167,7 +208,7 @@ def main(argv=None) -> int:
                                         global_batch_size=gbs, seed=args.seed,
                                         max_length=limit, overflow="truncate").batches
         row = run_setting(batches, model, hw, args.dp_size, cp, bucket, objective,
-                          args.plan_budget_ms, args.search_budget_ms)
+                          args.plan_budget_ms, args.search_budget_ms, args.search_time_s)
         row.update(profile=pname, model=mname, cp=cp, gbs=gbs, bucket=bucket, factor=factor)
         rows.append(row)
         print(f"{pname[:22]:22} {mname:13} {cp:>3} {gbs:>5} {bucket:>7} "
@@ -210,6 +251,11 @@ def summarize(rows: list[dict]) -> None:
           f"max {max(r['global_bound_ratio'] for r in rows):.3f}")
     gains = [r for r in rows if "search_gain" in r]
     if gains:
+        print(f"  skrull's own search with --search-budget-ms: faster by > 1% in "
+              f"{sum(r['refine_gain'] > 1.01 for r in gains)} settings, most "
+              f"{max(r['refine_gain'] for r in gains):.4f}x; the MILP repairs improved "
+              f"{sum(r['milp_gain'] > 1.0 for r in gains)} settings' plans, most "
+              f"{max(r['milp_gain'] for r in gains):.4f}x")
         top = max(gains, key=lambda r: r["search_gain"])
         print(f"  stronger search: faster than skrull by > 1% in "
               f"{sum(r['search_gain'] > 1.01 for r in gains)} of {len(gains)} settings, "

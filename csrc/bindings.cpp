@@ -297,11 +297,14 @@ py::object portfolio_schedule(I64Array lengths, F64Array costs, F64Array comm,
 }
 
 // (ours) Calibration of --skrull-plan-budget-ms (benchmarks/bench_scheduler.py
-// --calibrate): the portfolio's unrefined plan, then refine() alone with `budget` work
-// units, timed here (no conversion); (work units counted, wall seconds of refine()).
+// --calibrate): the portfolio's unrefined plan, then refine() (stage "refine") or lns()
+// (stage "lns", never stopped by a floor) alone with `budget` work units, timed here (no
+// conversion); (work units counted, wall seconds of that stage).
 py::tuple refine_timing(I64Array lengths, F64Array costs, F64Array comm, double latency,
                         int dp_size, int cp_size, int64_t bucket_size, double overhead,
-                        py::object shares, py::object objective, int64_t budget) {
+                        py::object shares, py::object objective, int64_t budget,
+                        const std::string& stage) {
+  if (stage != "refine" && stage != "lns") throw py::value_error("stage: refine or lns");
   BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
   args.view.objective = skrull_py::to_objective(objective);
   check_positive(dp_size, "dp_size");
@@ -316,7 +319,9 @@ py::tuple refine_timing(I64Array lengths, F64Array costs, F64Array comm, double 
     auto splits = skrull::portfolio_schedule(args.view, latency, dp_size, cp_size, bucket_size,
                                              ctx.rollback, overhead, ctx.variant, 0);
     const auto start = std::chrono::steady_clock::now();
-    splits = skrull::refine(ctx, std::move(splits), overhead, budget, &spent);
+    splits = stage == "lns"
+                 ? skrull::lns(ctx, std::move(splits), overhead, budget, -1.0, &spent)
+                 : skrull::refine(ctx, std::move(splits), overhead, budget, &spent);
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   return py::make_tuple(spent, seconds);
@@ -458,8 +463,9 @@ PYBIND11_MODULE(_C, mod) {
   mod.def("refine_timing", &refine_timing, py::arg("lengths"), py::arg("costs"),
           py::arg("comm"), py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"),
           py::arg("bucket_size"), py::arg("overhead"), py::arg("shares"), py::arg("objective"),
-          py::arg("budget"),
-          "(work units counted, seconds) of refining the unrefined portfolio plan.");
+          py::arg("budget"), py::arg("stage") = "refine",
+          "(work units counted, seconds) of refining the unrefined portfolio plan by one "
+          "stage: the local search (`refine`) or ruin and recreate (`lns`).");
   mod.def("baseline_groups", &baseline_groups, py::arg("lengths"), py::arg("costs"),
           py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"), py::arg("name"),
           "A baseline's samples per DP rank and micro-batch (scheduler.baselines.GROUPINGS).");

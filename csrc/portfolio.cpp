@@ -18,6 +18,9 @@ namespace {
 constexpr int64_t kMaxGroupingWork = int64_t{1} << 20;
 // reference portfolio.MAX_PACK_SAMPLES: the pack candidates are skipped above it.
 constexpr int64_t kMaxPackSamples = int64_t{1} << 14;
+constexpr int64_t kMaxLnsSamples = int64_t{1} << 14;  // lns.MAX_LNS_SAMPLES
+constexpr int64_t kRefineUnitsPerMs = 225000;         // refine.WORK_UNITS_PER_MS
+constexpr int64_t kLnsUnitsPerMs = 300000;            // lns.WORK_UNITS_PER_MS
 
 // Packs `order` into consecutive groups whose shard tokens fit the bucket (_next_fit).
 std::vector<std::vector<Index>> next_fit(const Batch& batch, const std::vector<Index>& order,
@@ -545,9 +548,17 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
     }
   }
   if (budget > 0 && best_t <= floor_t && refine_is_futile(ctx, best, overhead, alone)) {
-    best = unrefined(std::move(best), cp_size);
+    best = unrefined(std::move(best), cp_size);  // and lns() stops at once (its floor)
   } else {
-    best = refine(ctx, std::move(best), overhead, budget);
+    // reference refine_and_lns: the local search with at most half the budget, ruin and
+    // recreate with the rest in its own units (up to kMaxLnsSamples samples).
+    int64_t spent = 0;
+    best = refine(ctx, std::move(best), overhead, budget / 2, &spent);
+    if (batch.size <= kMaxLnsSamples) {
+      best = lns(ctx, std::move(best), overhead,
+                 (budget - spent) * kLnsUnitsPerMs / kRefineUnitsPerMs,
+                 plan_lower_bound(batch, latency, dp_size, cp_size, bucket_size, overhead));
+    }
   }
   pad_equal(best, cp_size);
   return best;

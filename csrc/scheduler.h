@@ -300,9 +300,9 @@ std::vector<RankSplit> pack_schedule(const Batch& batch, int dp_size, int cp_siz
                                      int64_t bucket_size, int64_t threshold);
 
 // ---- level.cpp: (ours) the portfolio's `level` candidate (reference scheduler/level.py):
-// one micro-batch per DP rank, the k longest samples distributed in DP rank 0's, the others
-// whole on the slot where their rank's time is the least; the fastest k strictly below
-// best_t (nullopt when none is).
+// one micro-batch per DP rank, the k longest samples distributed over r rings (DP ranks
+// 0 .. r-1), the others whole on the slot where their rank's time is the least; the
+// fastest (r, k) strictly below best_t (nullopt when none is).
 std::optional<std::vector<RankSplit>> level_schedule(const GdsContext& ctx, int dp_size,
                                                      double overhead, double best_t);
 
@@ -311,6 +311,13 @@ std::optional<std::vector<RankSplit>> level_schedule(const GdsContext& ctx, int 
 // `spent` (optional): the work units the search counted (benchmarks' calibration).
 std::vector<RankSplit> refine(const GdsContext& ctx, std::vector<RankSplit> splits,
                               double overhead, int64_t budget, int64_t* spent = nullptr);
+
+// ---- lns.cpp: (ours) ruin and recreate after the local search (reference lns.lns): at
+// most `budget` work units, stopping once the slowest DP rank's time reaches floor_t
+// (plan_lower_bound); the best plan seen, never slower than `splits`.
+std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
+                           double overhead, int64_t budget, double floor_t,
+                           int64_t* spent = nullptr);
 
 // ---- bound.cpp: (C++ only) what schedule() checks and reports, without per-sample Python.
 // reference bound.lower_bound with subgroups=False, before the iteration overhead and

@@ -35,15 +35,17 @@ def _arrays(lengths, cp, objective):
 
 
 def test_refine_parity_random_batches_and_budgets():
-    """C++ == reference for budgets from a few evaluations to convergence; the batches
-    exercise both outcomes (refinement changes the plan, and leaves it)."""
+    """C++ == reference for budgets from a few evaluations to where the local search
+    converges on most of these batches (then ruin and recreate gets the rest: its own
+    parity test is tests/test_lns.py); the batches exercise both outcomes (refinement
+    changes the plan, and leaves it)."""
     rng = np.random.default_rng(5)
     changed = set()
     for trial in range(150):
         lengths, dp, cp, bucket = random_batch(rng)
         obj = ("paper", "ring")[trial % 2]
         _, costs, comm, shares, lat = _arrays(lengths, cp, obj)
-        budget = int(rng.choice([1, 50, 500, 5_000, 10**7]))
+        budget = int(rng.choice([1, 50, 500, 5_000, 200_000]))
         args = (lengths, costs, comm, lat, dp, cp, bucket)
         want = portfolio.portfolio_schedule(*args, "auto", 2e-3, "auto", shares, obj,
                                             budget=budget)
@@ -87,7 +89,7 @@ def test_refined_plan_valid_and_never_slower(objective):
         cm = dataclasses.replace(default_cost_model(), objective=objective)
         base = SchedulerConfig(dp_size=dp, cp_size=cp, bucket_size=bucket, plan_budget_ms=0)
         plain = schedule(lengths, base, cm)
-        cfg = dataclasses.replace(base, plan_budget_ms=5.0)
+        cfg = dataclasses.replace(base, plan_budget_ms=0.5)
         refined = schedule(lengths, cfg, cm, backend="python")
         assert refined.predicted["iteration_time"] <= plain.predicted["iteration_time"]
         better += refined.predicted["iteration_time"] < plain.predicted["iteration_time"]
@@ -98,8 +100,8 @@ def test_refined_plan_valid_and_never_slower(objective):
 
 
 def test_budget_is_work_not_wall_time():
-    """The plan depends on the budget only: repeated runs agree, a larger budget is never
-    predicted slower on this batch, and 0 is the unrefined portfolio."""
+    """The plan depends on the budget only: repeated runs agree, every budget is at least
+    as fast as none and the largest is faster; the budget grows with K up to 4x."""
     rng = np.random.default_rng(3)
     lengths = np.minimum((rng.pareto(1.2, 400) + 1) * 300, 60_000).astype(np.int64)
     cm = default_cost_model()
@@ -110,7 +112,12 @@ def test_budget_is_work_not_wall_time():
         assert plans[0].dp_ranks == plans[1].dp_ranks == plans[2].dp_ranks
         times.append(plans[0].predicted["iteration_time"])
     assert budget_work(0.0) == 0 and budget_work(1.0) > budget_work(0.01) > 0
-    assert times == sorted(times, reverse=True) and times[-1] < times[0]
+    assert budget_work(1.0, 16) == budget_work(1.0, 256) == budget_work(1.0)
+    assert budget_work(1.0, 512) == 2 * budget_work(1.0) == budget_work(2.0)
+    assert budget_work(1.0, 65_536) == budget_work(1.0, 1024) == 4 * budget_work(1.0)
+    # The local search and ruin and recreate share the budget, so a larger one need not
+    # be faster on every batch, but never slower than none.
+    assert max(times) == times[0] and times[-1] < times[0]
 
 
 def test_refine_moves_a_sample_to_the_idle_rank():

@@ -78,7 +78,7 @@ def _skrull(lengths, costs, shares, comm, latency, cfg: SchedulerConfig, overhea
     """The Skrull policy's placements; the C++ backend returns ``(placements, flat)`` with
     ``flat = (count, dist_ids, dist_mb, local_ids, local_slot)`` (:class:`FlatPlan`)."""
     args = (lengths, costs, comm)
-    work = budget_work(cfg.plan_budget_ms)
+    work = budget_work(cfg.plan_budget_ms, len(lengths))
     if backend == "cpp":
         cpp = _backend.CPP
         args += (float(latency), cfg.dp_size, cfg.cp_size, cfg.bucket_size,

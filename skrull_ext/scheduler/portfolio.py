@@ -32,7 +32,9 @@ from skrull_ext.scheduler.baselines import GROUPINGS
 from skrull_ext.scheduler.level import level_schedule
 from skrull_ext.scheduler.pack import PACK_THRESHOLDS, pack_schedule, pack_threshold
 from skrull_ext.scheduler.reference import GdsContext, Placement, gds_schedule
-from skrull_ext.scheduler.refine import all_distributed, place_group, placement_time, refine
+import skrull_ext.scheduler.lns as lns_mod
+import skrull_ext.scheduler.refine as refine_mod
+from skrull_ext.scheduler.refine import all_distributed, place_group, placement_time
 
 # Candidates in order (ties keep the earlier): the sorted grouping first (cheap, and a good
 # bar: C++ stops GDS as soon as GDS cannot beat it), then GDS, then the other groupings,
@@ -108,6 +110,18 @@ def iteration_time(ctx: GdsContext, splits, overhead: float) -> float:
     return worst
 
 
+def refine_and_lns(ctx: GdsContext, splits, dp_size: int, overhead: float, budget: int
+                   ) -> list[list[Placement]]:
+    """The local search with at most half of ``budget`` (refine units), then ruin and
+    recreate with the rest, converted to its own units (skipped above
+    :data:`~skrull_ext.scheduler.lns.MAX_LNS_SAMPLES` samples)."""
+    splits, spent = refine_mod.refine_spent(ctx, splits, overhead, budget // 2)
+    if len(ctx.lengths) > lns_mod.MAX_LNS_SAMPLES:
+        return splits
+    rest = (budget - spent) * lns_mod.WORK_UNITS_PER_MS // refine_mod.WORK_UNITS_PER_MS
+    return lns_mod.lns(ctx, splits, overhead, rest, lns_mod.floor(ctx, dp_size, overhead))
+
+
 def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: int,
                        bucket_size: int, rollback: str = "auto", overhead: float = 0.0,
                        variant: str = "auto", shares=None, objective: str = "paper",
@@ -144,7 +158,7 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
         t = iteration_time(ctx, placed, overhead)
         if t < best_t:
             best, best_t = placed, t
-    best = refine(ctx, best, overhead, budget)
+    best = refine_and_lns(ctx, best, dp_size, overhead, budget)
     m = max(len(s) for s in best)
     for split in best:
         split.extend(([], [[] for _ in range(cp_size)]) for _ in range(m - len(split)))
@@ -153,4 +167,4 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
 
 __all__ = ["COSTLY_GROUPINGS", "MAX_GROUPING_WORK", "MAX_PACK_SAMPLES", "dacp_each", "PORTFOLIO", "all_distributed",
            "grouping_work", "iteration_time", "place_group", "place_groups",
-           "portfolio_schedule"]
+           "portfolio_schedule", "refine_and_lns"]

@@ -57,6 +57,9 @@ TARGETS = 4
 WORK_UNITS_PER_MS = 225_000
 # Default --skrull-plan-budget-ms: keeps schedule() within the latency targets.
 DEFAULT_BUDGET_MS = 1.0
+# The budget applies up to this many samples and grows with K beyond, at most this factor
+# (budget_work): 4 ms by default from K = 1,024 on.
+BUDGET_SCALE_K, BUDGET_SCALE_MAX = 256, 4
 # A DACP placement (dacp_best, auto: five candidates) costs this many pricings.
 PLACE_WORK_FACTOR = 8
 
@@ -96,9 +99,13 @@ def budget_ms_arg(text: str) -> float:
     return value
 
 
-def budget_work(budget_ms: float) -> int:
-    """Work units of a ``budget_ms`` budget (0 disables refinement)."""
-    return max(0, int(round(float(budget_ms) * WORK_UNITS_PER_MS)))
+def budget_work(budget_ms: float, k: int = BUDGET_SCALE_K) -> int:
+    """Work units of a ``budget_ms`` budget for a batch of ``k`` samples (0 disables
+    refinement): ``budget_ms`` up to :data:`BUDGET_SCALE_K` samples, growing in
+    proportion to ``k`` up to :data:`BUDGET_SCALE_MAX` times (larger batches gain more
+    from a search than its milliseconds cost, and plan-ahead hides them)."""
+    scale = min(float(BUDGET_SCALE_MAX), max(1.0, k / BUDGET_SCALE_K))
+    return max(0, int(round(float(budget_ms) * scale * WORK_UNITS_PER_MS)))
 
 
 def _empty(p: Placement) -> bool:
@@ -308,13 +315,20 @@ def refine(ctx: GdsContext, splits, overhead: float, budget: int) -> list[list[P
     Returns equally long micro-batch lists whose predicted iteration time is at most the
     input's; ``budget <= 0`` returns ``splits`` unchanged.
     """
+    return refine_spent(ctx, splits, overhead, budget)[0]
+
+
+def refine_spent(ctx: GdsContext, splits, overhead: float, budget: int
+                 ) -> tuple[list[list[Placement]], int]:
+    """:func:`refine` and the work units it counted (the portfolio gives the rest of its
+    budget to :func:`~skrull_ext.scheduler.lns.lns`)."""
     if budget <= 0:
-        return splits
+        return splits, 0
     search = _Search(ctx, splits, overhead, budget)
     while not search.spent() and search.step():
         pass
-    return search.result()
+    return search.result(), search.work
 
 
-__all__ = ["DEFAULT_BUDGET_MS", "all_distributed", "budget_ms_arg", "place_group", "PLACE_WORK_FACTOR", "TARGETS", "WORK_UNITS_PER_MS",
-           "budget_work", "refine"]
+__all__ = ["BUDGET_SCALE_K", "BUDGET_SCALE_MAX", "DEFAULT_BUDGET_MS", "all_distributed", "budget_ms_arg", "place_group", "PLACE_WORK_FACTOR", "TARGETS", "WORK_UNITS_PER_MS",
+           "budget_work", "refine", "refine_spent"]

@@ -1,0 +1,453 @@
+// (ours) Large-neighbourhood search after the local search: ruin and recreate.
+// Mirrors skrull_ext/scheduler/lns.py step for step (same splitmix64 draws, same move
+// order, same float operations, same work count), so both return identical plans; see
+// that module's docstring.
+#include <algorithm>
+#include <cstdint>
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <utility>
+
+#include "scheduler.h"
+
+namespace skrull {
+namespace {
+
+constexpr uint64_t kSeed = 0x5D6E7A1B2C3D4E5FULL;  // lns.SEED
+constexpr int64_t kQmax = 40;                      // lns.QMAX
+constexpr double kTau0 = 2e-3;                     // lns.TAU0
+constexpr double kTargetNoise = 0.01;              // lns.TARGET_NOISE
+constexpr double kOrderNoise = 0.3;                // lns.ORDER_NOISE
+
+class Rng {  // lns._Rng: splitmix64
+ public:
+  uint64_t next() {
+    state_ += 0x9E3779B97F4A7C15ULL;
+    uint64_t z = state_;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+  int64_t below(int64_t m) { return static_cast<int64_t>(next() % static_cast<uint64_t>(m)); }
+  double unit() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
+
+ private:
+  uint64_t state_ = kSeed;
+};
+
+// lns._Mb: one micro-batch's lists and their sums (summed in list order).
+struct Mb {
+  Placement p;
+  double comm = 0.0, share = 0.0, t = 0.0;
+  double x = 0.0;       // the largest local load
+  int64_t tok_max = 0;  // the most tokens on a CP rank
+  bool has_dist = false;
+  int64_t size = 0;
+  std::vector<double> load;
+  std::vector<int64_t> tok;
+};
+
+struct Pick {
+  size_t d, j;
+  Index i;
+  int where;  // -1 distributed, else the CP rank
+};
+
+class Lns {
+ public:
+  Lns(const GdsContext& ctx, const std::vector<RankSplit>& splits, double overhead,
+      int64_t budget)
+      : ctx_(ctx), b_(ctx.batch), n_(ctx.cp_size), ovh_(overhead), budget_(budget),
+        picked_(static_cast<size_t>(ctx.batch.size), 0) {
+    for (const auto& split : splits) {
+      std::vector<Mb> rank;
+      for (const auto& p : split) {
+        if (!p.empty()) rank.push_back(summed(p));
+      }
+      rank.push_back(summed(empty()));
+      ranks_.push_back(std::move(rank));
+    }
+    for (size_t d = 0; d < ranks_.size(); ++d) rt_.push_back(rank_time(d));
+    lens_.assign(ranks_.size(), -1);
+    work_ = 0;
+  }
+
+  int64_t work() const { return work_; }
+  void reset_work() { work_ = 0; }
+  double makespan() const { return *std::max_element(rt_.begin(), rt_.end()); }
+  double score() {
+    work_ += static_cast<int64_t>(rt_.size());
+    double sum = 0.0;
+    for (double t : rt_) sum += t;
+    return makespan() + 1e-3 * (sum / static_cast<double>(rt_.size()));
+  }
+  std::optional<double> step(double best_ms, double cur_score);
+  std::vector<RankSplit> snapshot() {
+    std::vector<RankSplit> out;
+    for (const auto& rank : ranks_) {
+      RankSplit split;
+      work_ += static_cast<int64_t>(rank.size());
+      for (const auto& mb : rank) {
+        work_ += mb.size;
+        if (mb.size) split.push_back(mb.p);
+      }
+      out.push_back(std::move(split));
+    }
+    return out;
+  }
+
+ private:
+  Placement empty() const {
+    Placement p;
+    p.local.resize(static_cast<size_t>(n_));
+    return p;
+  }
+
+  double time(double comm, double share, double x, bool has_dist) const {
+    if (has_dist) comm += ctx_.latency;
+    return std::max(0.0, skrull::rank_time(x, comm, share, n_, b_.objective));
+  }
+
+  // lns._Lns._sum: sums mb's lists in order (work: samples + N) and prices it.
+  void sum(Mb& mb) {
+    mb.comm = mb.share = 0.0;
+    int64_t dtok = 0;
+    for (Index i : mb.p.distributed) {
+      mb.comm += b_.comm[i];
+      mb.share += b_.share(i, n_);
+      dtok += shard_tokens(b_.lengths[i], n_);
+    }
+    mb.has_dist = !mb.p.distributed.empty();
+    mb.size = static_cast<int64_t>(mb.p.distributed.size());
+    mb.load.assign(static_cast<size_t>(n_), 0.0);
+    mb.tok.assign(static_cast<size_t>(n_), dtok);
+    for (int r = 0; r < n_; ++r) {
+      for (Index i : mb.p.local[static_cast<size_t>(r)]) {
+        mb.load[r] += b_.costs[i];
+        mb.tok[r] += b_.lengths[i];
+      }
+      mb.size += static_cast<int64_t>(mb.p.local[static_cast<size_t>(r)].size());
+    }
+    work_ += mb.size + n_;
+    mb.x = *std::max_element(mb.load.begin(), mb.load.end());
+    mb.tok_max = *std::max_element(mb.tok.begin(), mb.tok.end());
+    mb.t = mb.size ? time(mb.comm, mb.share, mb.x, mb.has_dist) + ovh_ : 0.0;
+  }
+  Mb summed(const Placement& p) {
+    Mb mb;
+    mb.p = p;
+    sum(mb);
+    return mb;
+  }
+
+  double rank_time(size_t d) {
+    work_ += static_cast<int64_t>(ranks_[d].size());
+    double t = 0.0;
+    for (const auto& mb : ranks_[d]) {
+      if (mb.size) t += mb.t;
+    }
+    return t;
+  }
+
+  // lns._Lns.insert_cost: (time with overhead, where) of mb plus sample i.
+  std::optional<std::pair<double, int>> insert_cost(const Mb& mb, Index i) {
+    work_ += n_ + 1;
+    const int64_t s = b_.lengths[i], cap = ctx_.bucket_size;
+    const double x = mb.x;
+    std::optional<std::pair<double, int>> best;
+    if (n_ > 1 && mb.tok_max + shard_tokens(s, n_) <= cap) {
+      best = std::make_pair(time(mb.comm + b_.comm[i], mb.share + b_.share(i, n_), x, true), -1);
+    }
+    int r = -1;
+    for (int j = 0; j < n_; ++j) {
+      if (mb.tok[j] + s <= cap && (r < 0 || mb.load[j] < mb.load[r])) r = j;
+    }
+    if (r >= 0) {
+      const double t = time(mb.comm, mb.share, std::max(x, mb.load[r] + b_.costs[i]), mb.has_dist);
+      if (!best || t < best->first) best = std::make_pair(t, r);
+    }
+    if (best) best->first += ovh_;
+    return best;
+  }
+
+  void touch(size_t d, size_t j) {
+    if (lens_[d] < 0) {
+      lens_[d] = static_cast<int64_t>(ranks_[d].size());
+      touched_.push_back(d);
+    }
+    if (static_cast<int64_t>(j) >= lens_[d]) return;
+    for (size_t e = 0; e < used_; ++e) {
+      if (journal_[e].first.first == d && journal_[e].first.second == j) return;
+    }
+    const Mb& mb = ranks_[d][j];
+    work_ += mb.size + n_;
+    if (used_ < journal_.size()) {  // reuse the entry's buffers
+      journal_[used_].first = {d, j};
+      journal_[used_].second = mb;
+    } else {
+      journal_.push_back({{d, j}, mb});
+    }
+    ++used_;
+  }
+
+  // lns._Lns._locate: the idx-th sample of DP rank d as (j, sample, where).
+  Pick locate(size_t d, int64_t idx) {
+    for (size_t j = 0; j < ranks_[d].size(); ++j) {
+      ++work_;
+      const Placement& p = ranks_[d][j].p;
+      const int64_t nd = static_cast<int64_t>(p.distributed.size());
+      if (idx < nd) return {d, j, p.distributed[idx], -1};
+      idx -= nd;
+      for (size_t r = 0; r < p.local.size(); ++r) {
+        const int64_t nl = static_cast<int64_t>(p.local[r].size());
+        if (idx < nl) return {d, j, p.local[r][idx], static_cast<int>(r)};
+        idx -= nl;
+      }
+    }
+    return {d, 0, -1, -1};  // unreachable: idx < the rank's sample count
+  }
+
+  void add(const Pick& pick) {
+    ++work_;
+    if (picked_[pick.i]) return;
+    picked_[pick.i] = 1;
+    picks_.push_back(pick);
+  }
+
+  void ruin(size_t d0);
+  void remove();
+  bool place(Index i, double target);
+  void undo(const std::vector<double>& saved);
+  void compact();
+
+  const GdsContext& ctx_;
+  const Batch& b_;
+  const int n_;
+  const double ovh_;
+  const int64_t budget_;
+  int64_t work_ = 0;
+  Rng rng_;
+  std::vector<std::vector<Mb>> ranks_;
+  std::vector<double> rt_;
+  std::vector<std::pair<std::pair<size_t, size_t>, Mb>> journal_;  // [used_] entries live
+  size_t used_ = 0;
+  std::vector<int64_t> lens_;   // [D] a rank's length before this move (-1: untouched)
+  std::vector<size_t> touched_;  // the ranks with lens_ set, in first-touch order
+  std::vector<Pick> picks_;
+  std::vector<char> picked_;  // [K]
+};
+
+void Lns::ruin(size_t d0) {
+  const auto& rank = ranks_[d0];
+  const double u = rng_.unit();
+  const int64_t q = 2 + static_cast<int64_t>(static_cast<double>(kQmax - 2) * (u * u));
+  const int64_t kind = rng_.below(4);
+  int64_t count = 0;
+  std::vector<size_t> busy;
+  for (size_t j = 0; j < rank.size(); ++j) {
+    count += rank[j].size;
+    if (rank[j].size) busy.push_back(j);
+  }
+  if (!count) return;
+  int64_t take = q;
+  if (kind == 3) {  // the most loaded CP rank of d0's slowest micro-batch and a random one
+    size_t j = busy[0];
+    for (size_t x : busy) {
+      if (rank[x].t > rank[j].t) j = x;
+    }
+    const Mb& mb = rank[j];
+    int r = 0;
+    for (int x = 1; x < n_; ++x) {
+      if (mb.load[x] > mb.load[r]) r = x;
+    }
+    const int other = static_cast<int>(rng_.below(n_));
+    for (int w : {r, other}) {
+      for (Index i : mb.p.local[static_cast<size_t>(w)]) add({d0, j, i, w});
+    }
+    take = q / 2;
+  } else if (kind != 1) {
+    const size_t j = busy[static_cast<size_t>(rng_.below(static_cast<int64_t>(busy.size())))];
+    const Placement& p = ranks_[d0][j].p;
+    if (kind == 0) {
+      const size_t nd = std::min(p.distributed.size(), static_cast<size_t>(q));
+      for (size_t x = 0; x < nd; ++x) add({d0, j, p.distributed[x], -1});
+      take = q / 2;
+    } else {
+      take = 0;
+      std::vector<std::pair<Index, int>> order;
+      for (Index i : p.distributed) order.emplace_back(i, -1);
+      for (size_t r = 0; r < p.local.size(); ++r) {
+        for (Index i : p.local[r]) order.emplace_back(i, static_cast<int>(r));
+      }
+      if (static_cast<int64_t>(order.size()) <= 3 * q) {
+        for (const auto& [i, r] : order) add({d0, j, i, r});
+      } else {
+        for (int64_t x = 0; x < 3 * q; ++x) {
+          const int64_t at = rng_.below(static_cast<int64_t>(order.size()));
+          const auto& [i, r] = order[static_cast<size_t>(at)];
+          add({d0, j, i, r});
+        }
+      }
+    }
+  }
+  for (int64_t x = 0; x < take; ++x) add(locate(d0, rng_.below(count)));
+  const int64_t dp = static_cast<int64_t>(ranks_.size());
+  const int64_t others = dp > 1 ? rng_.below(q / 2 + 1) : 0;
+  for (int64_t x = 0; x < others; ++x) {
+    size_t d = static_cast<size_t>(rng_.below(dp - 1));
+    d += d >= d0 ? 1 : 0;
+    int64_t total = 0;
+    for (const auto& mb : ranks_[d]) total += mb.size;
+    if (total) add(locate(d, rng_.below(total)));
+  }
+}
+
+void Lns::remove() {
+  std::vector<std::pair<size_t, size_t>> mbs;
+  for (const auto& pk : picks_) {
+    touch(pk.d, pk.j);
+    Placement& p = ranks_[pk.d][pk.j].p;
+    auto& v = pk.where < 0 ? p.distributed : p.local[static_cast<size_t>(pk.where)];
+    v.erase(std::find(v.begin(), v.end(), pk.i));
+    mbs.emplace_back(pk.d, pk.j);
+  }
+  std::sort(mbs.begin(), mbs.end());
+  mbs.erase(std::unique(mbs.begin(), mbs.end()), mbs.end());
+  for (const auto& [d, j] : mbs) sum(ranks_[d][j]);
+  std::vector<size_t> ds;
+  for (const auto& [d, j] : mbs) ds.push_back(d);
+  ds.erase(std::unique(ds.begin(), ds.end()), ds.end());
+  for (size_t d : ds) rt_[d] = rank_time(d);
+}
+
+bool Lns::place(Index i, double target) {
+  bool found = false;
+  double best_key = 0.0;
+  size_t bd = 0, bj = 0;
+  int where = -1;
+  for (size_t d = 0; d < ranks_.size(); ++d) {
+    for (size_t j = 0; j < ranks_[d].size(); ++j) {
+      const Mb& mb = ranks_[d][j];
+      const auto got = insert_cost(mb, i);
+      if (!got) continue;
+      const double delta = got->first - mb.t;
+      const double key = std::max(rt_[d] + delta, target) + 1e-3 * delta;
+      if (!found || key < best_key) {
+        found = true;
+        best_key = key;
+        bd = d;
+        bj = j;
+        where = got->second;
+      }
+    }
+  }
+  if (!found) return false;
+  touch(bd, bj);
+  Mb& mb = ranks_[bd][bj];
+  (where < 0 ? mb.p.distributed : mb.p.local[static_cast<size_t>(where)]).push_back(i);
+  sum(mb);
+  if (bj == ranks_[bd].size() - 1) ranks_[bd].push_back(summed(empty()));
+  rt_[bd] = rank_time(bd);
+  return true;
+}
+
+void Lns::undo(const std::vector<double>& saved) {
+  for (size_t e = 0; e < used_; ++e) {
+    const auto& at = journal_[e].first;
+    std::swap(ranks_[at.first][at.second], journal_[e].second);
+  }
+  for (size_t d : touched_) ranks_[d].resize(static_cast<size_t>(lens_[d]));
+  rt_ = saved;
+}
+
+void Lns::compact() {
+  std::vector<size_t> ds(touched_);
+  std::sort(ds.begin(), ds.end());
+  for (size_t d : ds) {
+    work_ += static_cast<int64_t>(ranks_[d].size());
+    std::vector<Mb> rank;
+    for (auto& mb : ranks_[d]) {
+      if (mb.size) rank.push_back(std::move(mb));
+    }
+    rank.push_back(summed(empty()));
+    ranks_[d] = std::move(rank);
+  }
+}
+
+std::optional<double> Lns::step(double best_ms, double cur_score) {
+  size_t d0 = 0;
+  for (size_t x = 1; x < rt_.size(); ++x) {
+    if (rt_[x] > rt_[d0]) d0 = x;
+  }
+  used_ = 0;
+  for (size_t d : touched_) lens_[d] = -1;
+  touched_.clear();
+  for (const auto& pk : picks_) picked_[pk.i] = 0;
+  picks_.clear();
+  const std::vector<double> saved(rt_);
+  ruin(d0);
+  remove();
+  const bool noisy = rng_.below(2) == 0;
+  std::vector<std::pair<double, Index>> keys;
+  for (const auto& pk : picks_) {
+    const double c = b_.costs[pk.i];
+    keys.emplace_back(-(noisy ? c * (1.0 + kOrderNoise * rng_.unit()) : c), pk.i);
+  }
+  const double target = best_ms * (1.0 - kTargetNoise * rng_.unit());
+  std::sort(keys.begin(), keys.end());
+  for (const auto& [key, i] : keys) {
+    if (!place(i, target)) {
+      undo(saved);
+      return std::nullopt;
+    }
+  }
+  const double now = score();
+  const double tau =
+      kTau0 * (1.0 - static_cast<double>(work_) / static_cast<double>(budget_));
+  if (now < cur_score * (1.0 + tau)) {
+    compact();
+    return now;
+  }
+  undo(saved);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
+                           double overhead, int64_t budget, double floor_t, int64_t* spent) {
+  if (spent) *spent = 0;
+  if (budget <= 0 || splits.empty()) return splits;
+  Lns search(ctx, splits, overhead, budget);
+  double best_ms = search.makespan();
+  double best_score = search.score();
+  search.reset_work();
+  double cur = best_score;
+  std::optional<std::vector<RankSplit>> best;
+  while (search.work() < budget && best_ms > floor_t * (1.0 + 1e-9)) {
+    const auto got = search.step(best_ms, cur);
+    if (!got) continue;
+    cur = *got;
+    const double ms = search.makespan();
+    if (ms < best_ms || (ms == best_ms && cur < best_score)) {
+      best_ms = ms;
+      best_score = cur;
+      best = search.snapshot();
+    }
+  }
+  if (spent) *spent = search.work();
+  if (!best) return splits;
+  size_t m = 1;
+  for (const auto& s : *best) m = std::max(m, s.size());
+  for (auto& s : *best) {
+    while (s.size() < m) {
+      Placement p;
+      p.local.resize(static_cast<size_t>(ctx.cp_size));
+      s.push_back(std::move(p));
+    }
+  }
+  return std::move(*best);
+}
+
+}  // namespace skrull

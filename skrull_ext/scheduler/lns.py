@@ -1,0 +1,415 @@
+"""(ours) Large-neighbourhood search after the local search: ruin and recreate.
+
+The local search (:mod:`skrull_ext.scheduler.refine`) moves one or two samples at a time
+and only downhill, so it stops where the plan needs several samples moved at once (a
+second ring on another DP rank, a micro-batch's CP ranks refilled under its largest local
+sample).  This pass then repeats, within a work budget:
+
+1. **ruin**: from the slowest DP rank ``d0`` (ties: the lowest index) remove ``q`` samples,
+   ``q = 2 + floor((QMAX - 2) u^2)`` (mostly few, sometimes many), one of four ways
+   (equally likely): the distributed samples of one of its micro-batches plus ``q / 2`` of
+   its samples at random; ``q`` of its samples at random; up to ``3 q`` samples of one of
+   its micro-batches (all of them when it holds no more); the local samples of the most
+   loaded CP rank of its slowest micro-batch and of one other CP rank there, plus ``q / 2``
+   at random.  Then up to ``q / 2`` samples of the other DP ranks at random;
+2. **recreate**: re-insert them costliest first (half of the time each cost scaled by a
+   random factor in [1, 1.3): other orders), each at the position, over every micro-batch
+   of every DP rank plus a new one per rank, where ``max(rank time after, target) + 1e-3
+   x increase`` is least (ties: the first): distributed, or whole on the CP rank with the
+   least local work among those with room (as ``refine.best_insert``, ties distributed).
+   The target is the best makespan found so far lowered by up to 1% at random: below it
+   only the added time counts, above it the rank's time;
+3. **accept** when the score (the makespan plus 1e-3 x the mean DP rank time, so unloading
+   the other ranks counts) is below the current one times ``1 + tau``, ``tau`` falling
+   linearly from :data:`TAU0` to 0 over the budget (threshold accepting); else undo.
+
+It keeps the best plan seen (makespan, then score) and stops when the budget is spent or
+that makespan reaches the batch's lower bound (:func:`floor`, as the C++ core's
+``plan_lower_bound``), so a plan already at the bound costs nothing.  Randomness comes
+from a splitmix64 stream with a fixed seed, and the budget counts work, not time (see
+:data:`WORK`), so every rank and every run gets the same plan.
+
+This module is the specification; ``csrc/lns.cpp`` mirrors it step for step (same random
+draws, same float operations, same work count; ``tests/test_lns.py``).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
+from skrull_ext.sharding import shard_tokens
+
+MASK = (1 << 64) - 1
+SEED = 0x5D6E7A1B2C3D4E5F
+# Work units per ms of this search in the C++ core (benchmarks/bench_scheduler.py
+# --calibrate --stage lns); the portfolio converts the local search's units at this rate.
+WORK_UNITS_PER_MS = 300_000
+# Batches above this many samples skip it (a size rule: each insertion tries every
+# micro-batch of every DP rank, thousands at K = 65,536).
+MAX_LNS_SAMPLES = 1 << 14
+# Most samples one ruin takes from the slowest DP rank (q's range is [2, QMAX]).
+QMAX = 40
+# Threshold accepting: a move may raise the score by up to TAU0 (relative) at the start.
+TAU0 = 2e-3
+# The recreate's target is the best makespan lowered by up to this fraction.
+TARGET_NOISE = 0.01
+# Half of the recreates order samples by cost times a factor in [1, 1 + ORDER_NOISE).
+ORDER_NOISE = 0.3
+
+
+class _Rng:
+    """splitmix64: the same 64-bit stream in Python and C++."""
+
+    def __init__(self, seed: int = SEED):
+        self.state = seed & MASK
+
+    def next(self) -> int:
+        self.state = (self.state + 0x9E3779B97F4A7C15) & MASK
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+        return z ^ (z >> 31)
+
+    def below(self, m: int) -> int:
+        """An integer in ``[0, m)`` (``m >= 1``)."""
+        return self.next() % m
+
+    def unit(self) -> float:
+        """A float in ``[0, 1)`` (53 random bits)."""
+        return (self.next() >> 11) * (1.0 / 9007199254740992.0)
+
+
+class _Mb:
+    """One micro-batch: its lists and their sums (summed in list order)."""
+
+    __slots__ = ("dist", "local", "comm", "share", "has_dist", "load", "tok", "size", "t")
+
+    def __init__(self, dist: list[int], local: list[list[int]]):
+        self.dist, self.local = dist, local
+
+    def copy(self) -> "_Mb":
+        out = _Mb(list(self.dist), [list(r) for r in self.local])
+        for name in ("comm", "share", "has_dist", "size", "t"):
+            setattr(out, name, getattr(self, name))
+        out.load, out.tok = list(self.load), list(self.tok)
+        return out
+
+
+def floor(ctx: GdsContext, dp_size: int, overhead: float) -> float:
+    """The batch's lower bound on the slowest DP rank's time, local and distributed
+    placements only: ``skrull::plan_lower_bound`` (csrc/bound.cpp), the same float
+    operations (so both backends stop at the same point)."""
+    n, cap = ctx.cp_size, ctx.bucket_size
+    k = len(ctx.lengths)
+    if k == 0:
+        return 0.0
+    inf = float("inf")
+    work, alone_max, work_sum, tokens = [], -inf, 0.0, 0
+    for i in range(k):
+        s = int(ctx.lengths[i])
+        tokens += s
+        w = a = inf
+        if s <= cap:
+            w = a = float(ctx.costs[i])
+        if n > 1 and shard_tokens(s, n) <= cap:
+            sh = float(ctx.costs[i]) / n if ctx.shares is None else float(ctx.shares[i])
+            w = min(w, n * sh)
+            a = min(a, rank_time(0.0, float(ctx.comm[i]) + ctx.latency, sh, n, ctx.objective))
+        work.append(w)
+        work_sum += w
+        alone_max = max(alone_max, a)
+    per = cap * n
+    min_mbs = max((tokens + per - 1) // per, min(k, dp_size))
+    average = work_sum / (float(dp_size) * n) + overhead * float(min_mbs) / dp_size
+    work.sort(reverse=True)
+    prefix = [0.0]
+    for w in work:
+        prefix.append(prefix[-1] + w / n)
+    group = 0.0
+    for j in range(1, (k - 1) // dp_size + 1):
+        top = j * dp_size + 1
+        group = max(group, prefix[top] - prefix[top - j - 1])
+    return max(average, alone_max + overhead, group + overhead)
+
+
+class _Lns:
+    """The plan being searched, its times, the undo journal and the work counter."""
+
+    def __init__(self, ctx: GdsContext, splits, overhead: float, budget: int):
+        self.ctx, self.n, self.ovh, self.budget, self.work = ctx, ctx.cp_size, overhead, budget, 0
+        self.shares = ([float(c) / ctx.cp_size for c in ctx.costs] if ctx.shares is None
+                       else [float(x) for x in ctx.shares])
+        self.ranks: list[list[_Mb]] = []
+        for split in splits:
+            rank = [self._sum(_Mb(list(p[0]), [list(r) for r in p[1]]))
+                    for p in split if p[0] or any(p[1])]
+            rank.append(self._sum(_Mb([], [[] for _ in range(self.n)])))
+            self.ranks.append(rank)
+        self.rt = [self._rank_time(d) for d in range(len(self.ranks))]
+        self.work = 0
+        self.rng = _Rng()
+        self.journal: dict[tuple[int, int], _Mb] = {}
+        self.lens: dict[int, int] = {}
+
+    # -- pricing ------------------------------------------------------------------------
+    def _sum(self, mb: _Mb) -> _Mb:
+        """Sums ``mb``'s lists in order (work: samples + N) and prices it."""
+        c, lengths, n = self.ctx, self.ctx.lengths, self.n
+        comm = share = 0.0
+        dtok = 0
+        for i in mb.dist:
+            comm += c.comm[i]
+            share += self.shares[i]
+            dtok += shard_tokens(int(lengths[i]), n)
+        mb.comm, mb.share, mb.has_dist = comm, share, bool(mb.dist)
+        mb.load, mb.tok, mb.size = [], [], len(mb.dist)
+        for r in mb.local:
+            x, t = 0.0, dtok
+            for i in r:
+                x += c.costs[i]
+                t += int(lengths[i])
+            mb.load.append(x)
+            mb.tok.append(t)
+            mb.size += len(r)
+        self.work += mb.size + n
+        mb.t = self._time(comm, share, max(mb.load), mb.has_dist) + self.ovh if mb.size else 0.0
+        return mb
+
+    def _time(self, comm: float, share: float, x: float, has_dist: bool) -> float:
+        """``micro_batch_time`` from the sums (its most loaded CP rank sets it)."""
+        if has_dist:
+            comm += self.ctx.latency
+        return max(0.0, rank_time(x, comm, share, self.n, self.ctx.objective))
+
+    def _rank_time(self, d: int) -> float:
+        self.work += len(self.ranks[d])
+        t = 0.0
+        for mb in self.ranks[d]:
+            if mb.size:
+                t += mb.t
+        return t
+
+    def insert_cost(self, mb: _Mb, i: int) -> Optional[tuple[float, int]]:
+        """``(time with overhead, where)`` of ``mb`` plus sample ``i`` at its best place
+        (``where`` -1: distributed, else the CP rank); ``None`` if it fits nowhere."""
+        c, n = self.ctx, self.n
+        self.work += n + 1
+        s, cap = int(c.lengths[i]), c.bucket_size
+        x = max(mb.load)
+        best = None
+        if n > 1 and max(mb.tok) + shard_tokens(s, n) <= cap:
+            best = (self._time(mb.comm + c.comm[i], mb.share + self.shares[i], x, True), -1)
+        r = -1
+        for j in range(n):
+            if mb.tok[j] + s <= cap and (r < 0 or mb.load[j] < mb.load[r]):
+                r = j
+        if r >= 0:
+            t = self._time(mb.comm, mb.share, max(x, mb.load[r] + c.costs[i]), mb.has_dist)
+            if best is None or t < best[0]:
+                best = (t, r)
+        return None if best is None else (best[0] + self.ovh, best[1])
+
+    # -- moves --------------------------------------------------------------------------
+    def _touch(self, d: int, j: int) -> None:
+        """Journals micro-batch ``(d, j)`` before its first change in this move."""
+        if d not in self.lens:
+            self.lens[d] = len(self.ranks[d])
+        if (d, j) not in self.journal and j < self.lens[d]:
+            mb = self.ranks[d][j]
+            self.work += mb.size + self.n
+            self.journal[d, j] = mb.copy()
+
+    def _locate(self, d: int, idx: int) -> tuple[int, int, int]:
+        """The ``idx``-th sample of DP rank ``d`` (micro-batches in order, each its
+        distributed samples then CP rank by rank): ``(j, sample, where)``."""
+        for j, mb in enumerate(self.ranks[d]):
+            self.work += 1
+            if idx < len(mb.dist):
+                return j, mb.dist[idx], -1
+            idx -= len(mb.dist)
+            for r, loc in enumerate(mb.local):
+                if idx < len(loc):
+                    return j, loc[idx], r
+                idx -= len(loc)
+        raise AssertionError("sample index out of range")
+
+    def _ruin(self, d0: int) -> list[tuple[int, int, int, int]]:
+        """``(d, j, sample, where)`` to remove (see the module docstring), no repeats."""
+        rng, rank = self.rng, self.ranks[d0]
+        picks: dict[int, tuple[int, int, int, int]] = {}
+
+        def add(d, j, i, where):
+            self.work += 1
+            picks.setdefault(i, (d, j, i, where))
+
+        u = rng.unit()
+        q = 2 + int((QMAX - 2) * (u * u))
+        kind = rng.below(4)
+        count = sum(mb.size for mb in rank)
+        if not count:
+            return []
+        busy = [j for j, mb in enumerate(rank) if mb.size]
+        take = q
+        if kind == 3:  # the most loaded CP rank of d0's slowest micro-batch and a random one
+            j = busy[0]
+            for x in busy:
+                if rank[x].t > rank[j].t:
+                    j = x
+            mb = rank[j]
+            r = 0
+            for x in range(1, self.n):
+                if mb.load[x] > mb.load[r]:
+                    r = x
+            other = rng.below(self.n)
+            for w in (r, other):
+                for i in mb.local[w]:
+                    add(d0, j, i, w)
+            take = q // 2
+        elif kind != 1:
+            j = busy[rng.below(len(busy))]
+            mb = rank[j]
+            if kind == 0:
+                for i in mb.dist[:q]:
+                    add(d0, j, i, -1)
+                take = q // 2
+            else:
+                take = 0
+                if mb.size <= 3 * q:
+                    for i in mb.dist:
+                        add(d0, j, i, -1)
+                    for r, loc in enumerate(mb.local):
+                        for i in loc:
+                            add(d0, j, i, r)
+                else:
+                    order = [(i, -1) for i in mb.dist] + [(i, r) for r, loc in
+                                                          enumerate(mb.local) for i in loc]
+                    for _ in range(3 * q):
+                        i, r = order[rng.below(len(order))]
+                        add(d0, j, i, r)
+        for _ in range(take):
+            j, i, r = self._locate(d0, rng.below(count))
+            add(d0, j, i, r)
+        dp = len(self.ranks)
+        for _ in range(rng.below(q // 2 + 1) if dp > 1 else 0):
+            d = rng.below(dp - 1)
+            d += d >= d0
+            total = sum(mb.size for mb in self.ranks[d])
+            if total:
+                j, i, r = self._locate(d, rng.below(total))
+                add(d, j, i, r)
+        return list(picks.values())
+
+    def _remove(self, picks) -> None:
+        for d, j, i, where in picks:
+            self._touch(d, j)
+            mb = self.ranks[d][j]
+            (mb.dist if where < 0 else mb.local[where]).remove(i)
+        for d, j in sorted({(p[0], p[1]) for p in picks}):
+            self._sum(self.ranks[d][j])
+        for d in sorted({p[0] for p in picks}):
+            self.rt[d] = self._rank_time(d)
+
+    def _place(self, i: int, target: float) -> bool:
+        """Inserts sample ``i`` where the recreate's key is least; ``False`` if nowhere."""
+        best = None
+        for d, rank in enumerate(self.ranks):
+            for j, mb in enumerate(rank):
+                got = self.insert_cost(mb, i)
+                if got is None:
+                    continue
+                delta = got[0] - mb.t
+                key = max(self.rt[d] + delta, target) + 1e-3 * delta
+                if best is None or key < best[0]:
+                    best = (key, d, j, got[1])
+        if best is None:
+            return False
+        _, d, j, where = best
+        self._touch(d, j)
+        mb = self.ranks[d][j]
+        (mb.dist if where < 0 else mb.local[where]).append(i)
+        self._sum(mb)
+        if j == len(self.ranks[d]) - 1:  # the new micro-batch: keep an empty one last
+            self.ranks[d].append(self._sum(_Mb([], [[] for _ in range(self.n)])))
+        self.rt[d] = self._rank_time(d)
+        return True
+
+    def _undo(self, rt: list[float]) -> None:
+        for (d, j), mb in self.journal.items():
+            self.ranks[d][j] = mb
+        for d, length in self.lens.items():
+            del self.ranks[d][length:]
+        self.rt = rt
+
+    def _compact(self) -> None:
+        """Drops the empty micro-batches of the changed ranks but one, kept last."""
+        for d in sorted(self.lens):
+            self.work += len(self.ranks[d])
+            rank = [mb for mb in self.ranks[d] if mb.size]
+            rank.append(self._sum(_Mb([], [[] for _ in range(self.n)])))
+            self.ranks[d] = rank
+
+    def score(self) -> float:
+        self.work += len(self.rt)
+        return max(self.rt) + 1e-3 * (sum(self.rt) / len(self.rt))
+
+    def step(self, best_ms: float, cur_score: float) -> Optional[float]:
+        """One ruin and recreate; the new score when accepted, else ``None`` (undone)."""
+        rng, rt = self.rng, self.rt
+        d0 = max(range(len(rt)), key=lambda d: (rt[d], -d))
+        self.journal, self.lens = {}, {}
+        saved = list(rt)
+        picks = self._ruin(d0)
+        self._remove(picks)
+        costs = self.ctx.costs
+        noisy = rng.below(2) == 0
+        keys = [(-(costs[p[2]] * (1.0 + ORDER_NOISE * rng.unit()) if noisy else costs[p[2]]),
+                 p[2]) for p in picks]
+        target = best_ms * (1.0 - TARGET_NOISE * rng.unit())
+        for _, i in sorted(keys):
+            if not self._place(i, target):
+                self._undo(saved)
+                return None
+        new = self.score()
+        tau = TAU0 * (1.0 - self.work / self.budget)
+        if new < cur_score * (1.0 + tau):
+            self._compact()
+            return new
+        self._undo(saved)
+        return None
+
+    def snapshot(self) -> list[list[Placement]]:
+        self.work += sum(len(rank) + sum(mb.size for mb in rank) for rank in self.ranks)
+        return [[(list(mb.dist), [list(r) for r in mb.local]) for mb in rank if mb.size]
+                for rank in self.ranks]
+
+
+def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
+        ) -> list[list[Placement]]:
+    """Ruin and recreate on ``splits`` (``[D][M]`` placements) within ``budget`` work
+    units, stopping once the best makespan is at most ``floor_t`` (:func:`floor`).
+
+    Returns equally long micro-batch lists whose slowest DP rank is at most the input's;
+    ``budget <= 0`` returns ``splits`` unchanged.
+    """
+    if budget <= 0:
+        return splits
+    search = _Lns(ctx, splits, overhead, budget)
+    best, best_key = None, (max(search.rt), search.score())
+    search.work = 0
+    cur = best_key[1]
+    while search.work < search.budget and best_key[0] > floor_t * (1.0 + 1e-9):
+        got = search.step(best_key[0], cur)
+        if got is None:
+            continue
+        cur = got
+        key = (max(search.rt), got)
+        if key < best_key:
+            best, best_key = search.snapshot(), key
+    if best is None:
+        return splits
+    m = max(1, max(len(s) for s in best))
+    return [s + [([], [[] for _ in range(ctx.cp_size)]) for _ in range(m - len(s))]
+            for s in best]
+
+
+__all__ = ["MAX_LNS_SAMPLES", "QMAX", "SEED", "TAU0", "WORK_UNITS_PER_MS", "floor", "lns"]

@@ -1,0 +1,130 @@
+"""Ruin and recreate after the local search (skrull_ext/scheduler/lns.py, csrc/lns.cpp).
+
+The reference and C++ return identical plans through the portfolio for budgets that stop
+the search early and late, both objectives; the search never returns a slower plan, keeps
+every sample once and every CP rank within the bucket, improves plans the converged local
+search cannot, stops at once on a plan at the batch's lower bound, and its floor is the C++
+core's bound.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from skrull_ext import _backend
+from skrull_ext.costmodel.model import default_cost_model
+from skrull_ext.scheduler import SchedulerConfig, portfolio, schedule
+from skrull_ext.scheduler.bound import lower_bound
+from skrull_ext.scheduler.lns import floor, lns
+from skrull_ext.scheduler.objective import objective_arg, objective_of
+from skrull_ext.scheduler.reference import GdsContext
+from skrull_ext.scheduler.refine import refine
+from skrull_ext.sharding import shard_tokens
+from tests.test_parity import random_batch
+
+_C = pytest.importorskip("skrull_ext._C", reason="C++ extension not built")
+OVERHEAD = 2e-3
+
+
+@pytest.fixture(autouse=True)
+def _cpp_backend(monkeypatch):
+    monkeypatch.setattr(_backend, "CPP", _C)
+
+
+def _context(lengths, cp, bucket, objective):
+    cm = dataclasses.replace(default_cost_model(), objective=objective)
+    arrays = (cm.compute_seconds(lengths), cm.comm_seconds(lengths, cp),
+              cm.share_seconds(lengths, cp))
+    ctx = GdsContext(lengths, arrays[0], arrays[1], cm.comm_latency(cp), cp, bucket, "auto",
+                     "auto", arrays[2], objective_of(cm))
+    return cm, ctx
+
+
+def _check(ctx, splits, k: int) -> None:
+    """Every sample once, equal micro-batch counts, no CP rank over the bucket."""
+    seen = sorted(i for s in splits for p in s for i in p[0] + [x for r in p[1] for x in r])
+    assert seen == list(range(k))
+    assert len({len(s) for s in splits}) == 1
+    for s in splits:
+        for dist, local in s:
+            shards = sum(shard_tokens(int(ctx.lengths[i]), ctx.cp_size) for i in dist)
+            assert all(shards + sum(int(ctx.lengths[i]) for i in r) <= ctx.bucket_size
+                       for r in local)
+
+
+def test_lns_parity_and_gain_over_the_local_search():
+    """C++ == reference through the portfolio for budgets from a few moves to thousands;
+    on some batches ruin and recreate finds a faster plan than the local search run to
+    convergence, and it never returns a slower one."""
+    rng = np.random.default_rng(11)
+    gains = 0
+    for trial in range(40):
+        lengths, dp, cp, bucket = random_batch(rng)
+        obj = ("paper", "ring")[trial % 2]
+        cm, ctx = _context(lengths, cp, bucket, obj)
+        budget = int(rng.choice([2_000, 20_000, 60_000]))
+        args = (lengths, ctx.costs, ctx.comm, ctx.latency, dp, cp, bucket)
+        want = portfolio.portfolio_schedule(*args, "auto", OVERHEAD, "auto", ctx.shares,
+                                            ctx.objective, budget=budget)
+        got = _C.portfolio_schedule(*args, 2, OVERHEAD, 3, ctx.shares,
+                                    objective=objective_arg(ctx.objective), budget=budget)
+        assert got == want, (trial, budget)
+        start = refine(ctx, portfolio.portfolio_schedule(*args, "auto", OVERHEAD, "auto",
+                                                         ctx.shares, ctx.objective),
+                       OVERHEAD, 10**7)
+        out = lns(ctx, start, OVERHEAD, budget, floor(ctx, dp, OVERHEAD))
+        _check(ctx, out, lengths.size)
+        before = portfolio.iteration_time(ctx, start, OVERHEAD)
+        after = portfolio.iteration_time(ctx, out, OVERHEAD)
+        assert after <= before
+        gains += after < before
+    assert gains >= 3, gains
+
+
+@pytest.mark.parametrize("objective", ["paper", "ring"])
+def test_schedule_with_lns_valid_and_same_on_both_backends(objective):
+    """schedule() with the local search and ruin and recreate sharing the budget: valid
+    plans (validate() ran), the same on both backends, never predicted slower than
+    without refinement and faster on most of these batches."""
+    rng = np.random.default_rng(4)
+    cm = dataclasses.replace(default_cost_model(), objective=objective)
+    faster = 0
+    for _ in range(3):
+        lengths = np.minimum((rng.pareto(1.5, 64) + 1) * 300, 8_000).astype(np.int64)
+        cfg = SchedulerConfig(dp_size=4, cp_size=4, bucket_size=3_000, plan_budget_ms=0.1)
+        plain = schedule(lengths, dataclasses.replace(cfg, plan_budget_ms=0.0), cm)
+        ours = schedule(lengths, cfg, cm, backend="python")
+        assert schedule(lengths, cfg, cm, backend="cpp").dp_ranks == ours.dp_ranks
+        assert ours.predicted["iteration_time"] <= plain.predicted["iteration_time"]
+        faster += ours.predicted["iteration_time"] < plain.predicted["iteration_time"]
+    assert faster >= 2
+
+
+def test_lns_stops_at_the_floor():
+    """A plan whose slowest rank is at the floor is returned as is, work or no work; one
+    above it is searched."""
+    lengths = np.full(8, 1000, dtype=np.int64)
+    _, ctx = _context(lengths, 2, 4000, "ring")
+    even = [[([], [[0, 1], [2, 3]])], [([], [[4, 5], [6, 7]])]]
+    assert lns(ctx, even, OVERHEAD, 10**6, floor(ctx, 2, OVERHEAD)) is even
+    assert lns(ctx, even, OVERHEAD, 0, -1.0) is even
+    lopsided = [[([], [[0, 1, 2], [3, 4, 5]])], [([], [[6], [7]])]]
+    out = lns(ctx, lopsided, OVERHEAD, 10**5, floor(ctx, 2, OVERHEAD))
+    assert (portfolio.iteration_time(ctx, out, OVERHEAD)
+            < portfolio.iteration_time(ctx, lopsided, OVERHEAD))
+
+
+@pytest.mark.parametrize("objective", ["paper", "ring"])
+def test_floor_is_the_plan_lower_bound(objective):
+    """lns.floor == bound.lower_bound (local and distributed placements) up to the
+    iteration overhead and float order."""
+    rng = np.random.default_rng(2)
+    for _ in range(10):
+        lengths, dp, cp, bucket = random_batch(rng)
+        cm, ctx = _context(lengths, cp, bucket, objective)
+        ovh = cm.micro_batch_overhead
+        want = lower_bound(lengths, cm, dp, cp, bucket, subgroups=False)
+        got = (floor(ctx, dp, ovh) + cm.time.iteration_overhead) * (1.0 - 1e-12)
+        assert got == pytest.approx(want, rel=1e-12)
