@@ -346,6 +346,36 @@ def _speed_row(page: str) -> Optional[list[str]]:
             _doc(page, "scheduler.md", "speed")]
 
 
+def _quality_row(page: str) -> Optional[list[str]]:
+    """Plan quality under the default ``ring`` objective: the newest date's runs of
+    ``plan_quality.py`` (bundled profiles, a lengths file), judged by the cost model, so
+    the machine's load does not matter; the bound is each run and model's mean at
+    GBS >= 256 (as docs/scheduler.md's table)."""
+    ring = [r for r in runs("plan_quality")
+            if r["meta"].get("objective") == "ring" and isinstance(r["rows"], list)]
+    if not ring:
+        return None
+    day = str(ring[-1]["meta"].get("date_utc", ""))[:10]
+    ring = [r for r in ring if str(r["meta"].get("date_utc", "")).startswith(day)]
+    rows = [s for r in ring for s in r["rows"]]
+    worst = min(min(s["worst_batch_ratio"].values()) for s in rows)
+    means = []
+    for run in ring:
+        for model in sorted({s["model"] for s in run["rows"]}):
+            big = [s["global_bound_ratio"] for s in run["rows"]
+                   if s["model"] == model and s["gbs"] >= 256]
+            means += [sum(big) / len(big)] if big else []
+
+    def span(key: str) -> str:
+        return "/".join(str(v) for v in sorted({s[key] for s in rows}))
+    return [f"plan quality: {len(rows)} settings (CP {span('cp')}, GBS {span('gbs')}, "
+            f"{span('model').replace('qwen2.5-', '')}), judged by the cost model",
+            f"never slower than {', '.join(sorted(rows[0]['ratio']))} (worst ratio "
+            f"**{worst:.4f}**); makespan / lower bound **{min(means):.3f}-{max(means):.3f}** "
+            "(mean at GBS >= 256)",
+            _doc(page, "scheduler.md", "plan-quality")]
+
+
 def _paper_row(page: str) -> Optional[list[str]]:
     run = current("paper_table", per_setting)
     if not run:
@@ -383,9 +413,10 @@ def _online_row(page: str) -> Optional[list[str]]:
 
 def headline(page: str) -> list[str]:
     """README's one small table: the newest quiet number of each headline benchmark."""
-    rows = [row(page) for row in (_speed_row, _paper_row, _e2e_row, _online_row,
+    rows = [row(page) for row in (_quality_row, _speed_row, _paper_row, _e2e_row, _online_row,
                                   _render_gpu().headline_row)]
-    return table(["what", "result (newest quiet run)", "details"], [r for r in rows if r], "lll")
+    return table(["what", "result (newest run; timings: newest quiet run)", "details"],
+                 [r for r in rows if r], "lll")
 
 
 TABLES = {

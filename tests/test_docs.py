@@ -237,6 +237,17 @@ def test_result_tables_are_current():
     assert code == 0, out.getvalue()
 
 
+def test_readme_and_architecture_map_every_docs_page():
+    """A new docs page is findable: README's documentation map and docs/architecture.md's
+    list of topic pages link every docs/*.md."""
+    pages = {os.path.basename(p) for p in PAGES if p.startswith("docs")}
+    readme = {os.path.basename(t) for t in links("README.md") if t.startswith("docs/")}
+    arch = {t for t in links("docs/architecture.md") if "/" not in t and t.endswith(".md")}
+    assert pages - readme == set(), f"README.md's map lacks {sorted(pages - readme)}"
+    assert pages - arch - {"architecture.md"} == set(), \
+        f"docs/architecture.md lacks {sorted(pages - arch - {'architecture.md'})}"
+
+
 def test_readme_test_command_is_what_ci_runs():
     command = "bash scripts/install.sh && .venv/bin/python -m pytest -q"
     assert command in _read("README.md")
