@@ -22,7 +22,7 @@ cost model, as in training) and schedules every resulting global batch.  Per N i
     PYTHONPATH=. python benchmarks/lookahead.py       # the bundled profiles' grid (~7 min)
 
 The run is recorded in ``benchmarks/results/lookahead-<date>.json`` (``results_io``); its
-per-model summary is the table in docs/scheduler.md (``benchmarks/render_tables.py``).
+per-model summary is the table in docs/lookahead.md (``benchmarks/render_tables.py``).
 """
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def _ratios(rows: list[dict], n: int, key: str) -> list[float]:
 def summarize(rows: list[dict], windows: list[int]) -> list[dict]:
     """Per model and N > 1, over its settings: total-time ratios (mean, extremes), mean
     spreads at N = 1 and at N, windows regrouped and the judge's cost; printed and
-    returned (what docs/scheduler.md's table shows)."""
+    returned (what docs/lookahead.md's table shows)."""
     out = []
     for model in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == model]

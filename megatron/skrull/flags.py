@@ -247,7 +247,7 @@ def _skrull_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--skrull-lookahead", type=int, default=1, metavar="N",
                    help="plan N global batches together, regrouping their samples between "
                         "the N iterations when the scheduler predicts that faster (1: as "
-                        "drawn; docs/scheduler.md, Lookahead)")
+                        "drawn; docs/lookahead.md)")
     g.add_argument("--skrull-attention-kernel", choices=KERNEL_CHOICES,
                    help=f"attention kernel (default ${KERNEL_ENV_VAR}, else auto: torch on CPU; "
                         "te, else flash on CUDA; reference only when asked for)")
