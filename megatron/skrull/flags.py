@@ -230,9 +230,9 @@ def _skrull_flags(ap: argparse.ArgumentParser) -> None:
                    help="micro-batch time the scheduler minimises: paper (docs/design.md section 3) "
                         "or ring (ours: step by step as the DACP ring runs)")
     g.add_argument("--skrull-plan-budget-ms", type=budget_ms_arg, default=DEFAULT_BUDGET_MS,
-                   help="local-search refinement budget per global batch, converted to a "
-                        "fixed work count so every rank gets the same plan (0: off; "
-                        "docs/scheduler.md)")
+                   help="plan search budget per global batch (local search, then ruin "
+                        "and recreate), converted to a fixed work count so every rank gets "
+                        "the same plan (0: off; docs/scheduler_algorithm.md)")
     g.add_argument("--skrull-hardware", choices=("cpu", "h100"),
                    help="cost-model preset (default: from the device)")
     g.add_argument("--skrull-cost-model-config",
