@@ -141,6 +141,29 @@ py::tuple plan_objects(const skrull::HybridPlan& plan, int dp_size, int cp_size,
                                               grouped_rows, times, plan.valid));
 }
 
+// Every sample fits the bucket distributed (else one error naming the first that does not).
+void check_fits(const I64Array& lengths, int cp_size, int64_t bucket_size) {
+  for (int64_t i = 0; i < lengths.shape(0); ++i) {
+    const int64_t s = lengths.data()[i];
+    if (s < 1 || skrull::shard_tokens(s, cp_size) > bucket_size) {
+      throw py::value_error("sample " + std::to_string(i) + " of length " + std::to_string(s) +
+                            " does not fit the bucket distributed");
+    }
+  }
+}
+
+// (iteration seconds, None) unless the priced plan comes within `margin` of beating
+// `limit`, else (iteration seconds, plan_objects).
+py::tuple handed_over(const skrull::HybridPlan& plan, double fixed, double limit, double margin,
+                      int dp_size, int cp_size, const py::object& micro_batch_cls) {
+  double slowest = plan.rank_times.empty() ? 0.0 : plan.rank_times[0];
+  for (double t : plan.rank_times) slowest = std::max(slowest, t);
+  const double iteration = slowest + fixed;
+  if (!(iteration < limit * (1.0 + margin))) return py::make_tuple(iteration, py::none());
+  skrull_py::GcPause pause;  // a winning plan is many fresh tuples
+  return py::make_tuple(iteration, plan_objects(plan, dp_size, cp_size, micro_batch_cls));
+}
+
 // (iteration seconds, None) when hybrid CP's plan is not within `margin` of beating
 // `limit` (the caller then keeps its plan without building anything), else (iteration
 // seconds, (micro-batch fields per DP rank, flat arrays)); Python re-checks exactly.
@@ -159,13 +182,7 @@ py::tuple hybrid_candidate(I64Array lengths, F64Array costs, F64Array shares, F6
   if (!micro_batch_cls.is_none() && !PyType_Check(micro_batch_cls.ptr())) {
     throw py::type_error("micro_batch must be a class (scheduler.plan.MicroBatch) or None");
   }
-  for (int64_t i = 0; i < k; ++i) {
-    const int64_t s = lengths.data()[i];
-    if (s < 1 || skrull::shard_tokens(s, cp_size) > bucket_size) {
-      throw py::value_error("sample " + std::to_string(i) + " of length " + std::to_string(s) +
-                            " does not fit the bucket distributed");
-    }
-  }
+  check_fits(lengths, cp_size, bucket_size);
   skrull::Batch batch{lengths.data(), checked(costs, k, "costs"), checked(comm, k, "comm"), k,
                       checked(shares, k, "shares"), obj};
   skrull::SubgroupPrices sub{checked(sub_share, k, "sub_share"), checked(sub_comm, k, "sub_comm"),
@@ -178,12 +195,7 @@ py::tuple hybrid_candidate(I64Array lengths, F64Array costs, F64Array shares, F6
     plan = skrull::hybrid_candidate(batch, sub, latency, dp_size, cp_size, bucket_size,
                                     overhead);
   }
-  double slowest = plan.rank_times.empty() ? 0.0 : plan.rank_times[0];
-  for (double t : plan.rank_times) slowest = std::max(slowest, t);
-  const double iteration = slowest + fixed;
-  if (!(iteration < limit * (1.0 + margin))) return py::make_tuple(iteration, py::none());
-  skrull_py::GcPause pause;  // a winning plan is many fresh tuples
-  return py::make_tuple(iteration, plan_objects(plan, dp_size, cp_size, micro_batch_cls));
+  return handed_over(plan, fixed, limit, margin, dp_size, cp_size, micro_batch_cls);
 }
 
 // (ours) Megatron's dynamic-CP plan (csrc/dyncp.cpp) priced like hybrid_candidate's; the
@@ -201,13 +213,7 @@ py::tuple dyncp_candidate(I64Array lengths, F64Array costs, F64Array shares, F64
     throw py::value_error("need dp_size >= 1, 2 <= cp_size <= 65536, 1 <= bucket_size <= 2^40");
   }
   const skrull::Objective obj = skrull_py::to_objective(objective);
-  for (int64_t i = 0; i < k; ++i) {
-    const int64_t s = lengths.data()[i];
-    if (s < 1 || skrull::shard_tokens(s, cp_size) > bucket_size) {
-      throw py::value_error("sample " + std::to_string(i) + " of length " + std::to_string(s) +
-                            " does not fit the bucket distributed");
-    }
-  }
+  check_fits(lengths, cp_size, bucket_size);
   std::vector<int> sizes;
   for (int g = 2; g < cp_size; g *= 2) sizes.push_back(g);
   const int64_t rows = static_cast<int64_t>(sizes.size());
@@ -237,12 +243,7 @@ py::tuple dyncp_candidate(I64Array lengths, F64Array costs, F64Array shares, F64
     skrull::price_subgroup_plan(plan, batch, sub, latency, dp_size, cp_size, overhead);
     plan.valid = skrull::hybrid_valid(plan, batch, cp_size, bucket_size);
   }
-  double slowest = plan.rank_times.empty() ? 0.0 : plan.rank_times[0];
-  for (double t : plan.rank_times) slowest = std::max(slowest, t);
-  const double iteration = slowest + fixed;
-  if (!(iteration < limit * (1.0 + margin))) return py::make_tuple(iteration, py::none());
-  skrull_py::GcPause pause;
-  return py::make_tuple(iteration, plan_objects(plan, dp_size, cp_size, micro_batch_cls));
+  return handed_over(plan, fixed, limit, margin, dp_size, cp_size, micro_batch_cls);
 }
 
 // dynamic_cp_world as Python lists of (first, size, ids) per round (for the parity tests).
