@@ -233,16 +233,17 @@ struct Ring {
 // scheduler.pricing.micro_batch_times of one hybrid-CP micro-batch (overhead included, 0 when
 // empty), in its float order: per CP rank rank_time(local, ring, share) over the full
 // ring, plus 0.0 + each sub-group ring's time in (first, size) order, unoverlapped.
-double priced(const HybridMicroBatch& mb, const std::vector<int64_t>& sizes, const Batch& b,
-              const SubgroupPrices& sub, double latency, int n, double overhead,
-              std::vector<double>& local, std::vector<double>& extra, std::vector<Ring>& rings) {
-  if (mb.items.empty()) return 0.0;
+double priced(const std::vector<Index>& items, const std::vector<Index>& firsts,
+              const std::vector<int64_t>& sizes, const Batch& b, const SubgroupPrices& sub,
+              double latency, int n, double overhead, std::vector<double>& local,
+              std::vector<double>& extra, std::vector<Ring>& rings) {
+  if (items.empty()) return 0.0;
   std::fill(local.begin(), local.end(), 0.0);
   rings.clear();
   double share = 0.0, comm = 0.0;
   bool dist = false;
-  for (size_t j = 0; j < mb.items.size(); ++j) {
-    const Index i = mb.items[j], first = mb.firsts[j];
+  for (size_t j = 0; j < items.size(); ++j) {
+    const Index i = items[j], first = firsts[j];
     const int64_t g = sizes[static_cast<size_t>(i)];
     if (g == n) {
       share += b.share(i, n);
@@ -280,6 +281,25 @@ double priced(const HybridMicroBatch& mb, const std::vector<int64_t>& sizes, con
 
 }  // namespace
 
+void price_subgroup_plan(HybridPlan& plan, const Batch& batch, const SubgroupPrices& sub,
+                         double latency, int dp_size, int cp_size, double overhead) {
+  std::vector<double> local(static_cast<size_t>(cp_size)), extra(local);
+  std::vector<Ring> rings;
+  plan.times.clear();
+  plan.rank_times.clear();
+  for (int d = 0; d < dp_size; ++d) {
+    double total = 0.0;  // Python's sum() over the DP rank's micro-batch times, in order
+    for (int64_t j = 0; j < plan.per_rank; ++j) {
+      const size_t g = static_cast<size_t>(d * plan.per_rank + j);
+      const double t = priced(plan.items[g], plan.firsts[g], plan.sizes, batch, sub, latency,
+                              cp_size, overhead, local, extra, rings);
+      total += t;
+      plan.times.push_back(t);
+    }
+    plan.rank_times.push_back(total);
+  }
+}
+
 HybridPlan hybrid_candidate(const Batch& batch, const SubgroupPrices& sub, double latency,
                             int dp_size, int cp_size, int64_t bucket_size, double overhead) {
   HybridPlan plan;
@@ -290,22 +310,13 @@ HybridPlan hybrid_candidate(const Batch& batch, const SubgroupPrices& sub, doubl
   size_t m = 1;
   for (const auto& mbs : ranks) m = std::max(m, mbs.size());
   plan.per_rank = static_cast<int64_t>(m);
-  std::vector<double> local(static_cast<size_t>(cp_size)), extra(local);
-  std::vector<Ring> rings;
-  HybridMicroBatch empty;
   for (auto& mbs : ranks) {
-    double total = 0.0;  // Python's sum() over the DP rank's micro-batch times, in order
     for (size_t j = 0; j < m; ++j) {
-      HybridMicroBatch& mb = j < mbs.size() ? mbs[j] : empty;
-      const double t = priced(mb, plan.sizes, batch, sub, latency, cp_size, overhead, local,
-                              extra, rings);
-      total += t;
-      plan.times.push_back(t);
-      plan.items.push_back(std::move(mb.items));
-      plan.firsts.push_back(std::move(mb.firsts));
+      plan.items.push_back(j < mbs.size() ? std::move(mbs[j].items) : std::vector<Index>{});
+      plan.firsts.push_back(j < mbs.size() ? std::move(mbs[j].firsts) : std::vector<Index>{});
     }
-    plan.rank_times.push_back(total);
   }
+  price_subgroup_plan(plan, batch, sub, latency, dp_size, cp_size, overhead);
   plan.valid = hybrid_valid(plan, batch, cp_size, bucket_size);
   return plan;
 }

@@ -6,6 +6,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <stdexcept>
@@ -140,6 +141,29 @@ py::tuple plan_objects(const skrull::HybridPlan& plan, int dp_size, int cp_size,
                                               grouped_rows, times, plan.valid));
 }
 
+// Every sample fits the bucket distributed (else one error naming the first that does not).
+void check_fits(const I64Array& lengths, int cp_size, int64_t bucket_size) {
+  for (int64_t i = 0; i < lengths.shape(0); ++i) {
+    const int64_t s = lengths.data()[i];
+    if (s < 1 || skrull::shard_tokens(s, cp_size) > bucket_size) {
+      throw py::value_error("sample " + std::to_string(i) + " of length " + std::to_string(s) +
+                            " does not fit the bucket distributed");
+    }
+  }
+}
+
+// (iteration seconds, None) unless the priced plan comes within `margin` of beating
+// `limit`, else (iteration seconds, plan_objects).
+py::tuple handed_over(const skrull::HybridPlan& plan, double fixed, double limit, double margin,
+                      int dp_size, int cp_size, const py::object& micro_batch_cls) {
+  double slowest = plan.rank_times.empty() ? 0.0 : plan.rank_times[0];
+  for (double t : plan.rank_times) slowest = std::max(slowest, t);
+  const double iteration = slowest + fixed;
+  if (!(iteration < limit * (1.0 + margin))) return py::make_tuple(iteration, py::none());
+  skrull_py::GcPause pause;  // a winning plan is many fresh tuples
+  return py::make_tuple(iteration, plan_objects(plan, dp_size, cp_size, micro_batch_cls));
+}
+
 // (iteration seconds, None) when hybrid CP's plan is not within `margin` of beating
 // `limit` (the caller then keeps its plan without building anything), else (iteration
 // seconds, (micro-batch fields per DP rank, flat arrays)); Python re-checks exactly.
@@ -158,13 +182,7 @@ py::tuple hybrid_candidate(I64Array lengths, F64Array costs, F64Array shares, F6
   if (!micro_batch_cls.is_none() && !PyType_Check(micro_batch_cls.ptr())) {
     throw py::type_error("micro_batch must be a class (scheduler.plan.MicroBatch) or None");
   }
-  for (int64_t i = 0; i < k; ++i) {
-    const int64_t s = lengths.data()[i];
-    if (s < 1 || skrull::shard_tokens(s, cp_size) > bucket_size) {
-      throw py::value_error("sample " + std::to_string(i) + " of length " + std::to_string(s) +
-                            " does not fit the bucket distributed");
-    }
-  }
+  check_fits(lengths, cp_size, bucket_size);
   skrull::Batch batch{lengths.data(), checked(costs, k, "costs"), checked(comm, k, "comm"), k,
                       checked(shares, k, "shares"), obj};
   skrull::SubgroupPrices sub{checked(sub_share, k, "sub_share"), checked(sub_comm, k, "sub_comm"),
@@ -177,17 +195,89 @@ py::tuple hybrid_candidate(I64Array lengths, F64Array costs, F64Array shares, F6
     plan = skrull::hybrid_candidate(batch, sub, latency, dp_size, cp_size, bucket_size,
                                     overhead);
   }
-  double slowest = plan.rank_times.empty() ? 0.0 : plan.rank_times[0];
-  for (double t : plan.rank_times) slowest = std::max(slowest, t);
-  const double iteration = slowest + fixed;
-  if (!(iteration < limit * (1.0 + margin))) return py::make_tuple(iteration, py::none());
-  skrull_py::GcPause pause;  // a winning plan is many fresh tuples
-  return py::make_tuple(iteration, plan_objects(plan, dp_size, cp_size, micro_batch_cls));
+  return handed_over(plan, fixed, limit, margin, dp_size, cp_size, micro_batch_cls);
+}
+
+// (ours) Megatron's dynamic-CP plan (csrc/dyncp.cpp) priced like hybrid_candidate's; the
+// seconds of every sample on every sub-group size g = 2, 4, .. < cp_size are the rows of
+// sub_share / sub_comm ([sizes][K]), read at each sample's group size once it is known.
+py::tuple dyncp_candidate(I64Array lengths, F64Array costs, F64Array shares, F64Array comm,
+                          F64Array sub_share, F64Array sub_comm, F64Array sub_latency,
+                          double latency, int dp_size, int cp_size, int64_t bucket_size,
+                          double overhead, double fixed, py::object objective, double limit,
+                          double margin, py::object micro_batch_cls) {
+  if (lengths.ndim() != 1) throw py::value_error("lengths must be a 1-D array");
+  const int64_t k = lengths.shape(0);
+  if (dp_size < 1 || cp_size < 2 || cp_size > (1 << 16) || bucket_size < 1 ||
+      bucket_size > (int64_t{1} << 40)) {
+    throw py::value_error("need dp_size >= 1, 2 <= cp_size <= 65536, 1 <= bucket_size <= 2^40");
+  }
+  const skrull::Objective obj = skrull_py::to_objective(objective);
+  check_fits(lengths, cp_size, bucket_size);
+  std::vector<int> sizes;
+  for (int g = 2; g < cp_size; g *= 2) sizes.push_back(g);
+  const int64_t rows = static_cast<int64_t>(sizes.size());
+  if (sub_share.ndim() != 2 || sub_share.shape(0) != rows || sub_share.shape(1) != k ||
+      sub_comm.ndim() != 2 || sub_comm.shape(0) != rows || sub_comm.shape(1) != k) {
+    throw py::value_error("sub_share and sub_comm must be [" + std::to_string(rows) + ", " +
+                          std::to_string(k) + "] (one row per sub-group size 2, 4, .. < cp_size)");
+  }
+  skrull::Batch batch{lengths.data(), checked(costs, k, "costs"), checked(comm, k, "comm"), k,
+                      checked(shares, k, "shares"), obj};
+  checked(sub_latency, cp_size + 1, "sub_latency");
+  std::vector<double> share(static_cast<size_t>(k), 0.0), ring(share);
+  skrull::HybridPlan plan;
+  {
+    py::gil_scoped_release release;
+    plan = skrull::dynamic_cp_plan(lengths.data(), k, dp_size, cp_size, bucket_size);
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t g = plan.sizes[static_cast<size_t>(i)];
+      const auto row = std::find(sizes.begin(), sizes.end(), g) - sizes.begin();
+      if (row < rows) {
+        share[static_cast<size_t>(i)] = sub_share.data()[row * k + i];
+        ring[static_cast<size_t>(i)] = sub_comm.data()[row * k + i];
+      }
+    }
+    skrull::SubgroupPrices sub{share.data(), ring.data(), {}};
+    sub.latency.assign(sub_latency.data(), sub_latency.data() + cp_size + 1);
+    skrull::price_subgroup_plan(plan, batch, sub, latency, dp_size, cp_size, overhead);
+    plan.valid = skrull::hybrid_valid(plan, batch, cp_size, bucket_size);
+  }
+  return handed_over(plan, fixed, limit, margin, dp_size, cp_size, micro_batch_cls);
+}
+
+// dynamic_cp_world as Python lists of (first, size, ids) per round (for the parity tests).
+py::list dyncp_world(I64Array lengths, int dp_size, int cp_size, int64_t bucket_size, int block) {
+  if (lengths.ndim() != 1 || dp_size < 1 || cp_size < 1 || block < 1 ||
+      (dp_size * cp_size) % block != 0 || bucket_size < 1) {
+    throw py::value_error("need 1-D lengths, dp_size, cp_size, bucket_size >= 1 and a block "
+                          "dividing dp_size * cp_size");
+  }
+  const auto rounds = skrull::dynamic_cp_world(lengths.data(), lengths.shape(0), dp_size,
+                                               cp_size, bucket_size, block);
+  py::list out;
+  for (const auto& groups : rounds) {
+    py::list mb;
+    for (const auto& g : groups) mb.append(py::make_tuple(g.first, g.size, ints(g.ids)));
+    out.append(mb);
+  }
+  return out;
 }
 
 }  // namespace
 
 void bind_hybrid(py::module_& mod) {
+  mod.def("dyncp_world", &dyncp_world, py::arg("lengths"), py::arg("dp_size"),
+          py::arg("cp_size"), py::arg("bucket_size"), py::arg("block"),
+          "Megatron's dynamic-CP groups per round over D x N ranks in blocks of `block`: "
+          "[[(first_rank, size, ids)]] (scheduler.megatron_packing.dynamic_cp_world).");
+  mod.def("dyncp_candidate", &dyncp_candidate, py::arg("lengths"), py::arg("costs"),
+          py::arg("shares"), py::arg("comm"), py::arg("sub_share"), py::arg("sub_comm"),
+          py::arg("sub_latency"), py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"),
+          py::arg("bucket_size"), py::arg("overhead"), py::arg("fixed"), py::arg("objective"),
+          py::arg("limit"), py::arg("margin") = 1e-9, py::arg("micro_batch") = py::none(),
+          "(ours) Megatron's dynamic-CP plan (block = cp_size) priced with its CP sub-group "
+          "rings; returns what hybrid_candidate returns.");
   mod.def("hybrid_candidate", &hybrid_candidate, py::arg("lengths"), py::arg("costs"),
           py::arg("shares"), py::arg("comm"), py::arg("sub_share"), py::arg("sub_comm"),
           py::arg("sub_latency"), py::arg("latency"), py::arg("dp_size"), py::arg("cp_size"),

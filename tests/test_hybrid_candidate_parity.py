@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import skrull_ext.scheduler as sched
-from skrull_ext.scheduler import hybrid
+from skrull_ext.scheduler import dyncp, hybrid
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import SchedulerConfig
@@ -98,7 +98,9 @@ def test_both_backends_pick_the_same_winner(monkeypatch):
     assert kept >= 10
 
 
-def test_schedule_same_plan_on_both_backends_when_hybrid_cp_wins():
+def test_schedule_same_plan_on_both_backends_when_hybrid_cp_wins(monkeypatch):
+    # Megatron's dynamic-CP plan would beat hybrid CP's here (tests/test_dyncp_candidate.py).
+    monkeypatch.setattr(dyncp, "candidate", lambda *args: None)
     cm = default_cost_model()
     rng = np.random.default_rng(5)
     lengths = np.minimum(np.exp(rng.normal(6.8, 1.1, 400)).astype(np.int64) + 1, 7000)
@@ -116,6 +118,7 @@ def test_cpp_schedule_gates_hybrid_cp_before_building_skrulls_plan(monkeypatch):
     none of Skrull's micro-batches becomes a Python object."""
     from skrull_ext.scheduler.plan import MicroBatch
 
+    monkeypatch.setattr(dyncp, "candidate", lambda *args: None)  # hybrid CP's staging only
     built = []
     trusted = MicroBatch.trusted.__func__
     monkeypatch.setattr(MicroBatch, "trusted",
