@@ -347,16 +347,16 @@ def _speed_row(page: str) -> Optional[list[str]]:
 
 
 def _quality_row(page: str) -> Optional[list[str]]:
-    """Plan quality under the default ``ring`` objective: the newest date's runs of
-    ``plan_quality.py`` (bundled profiles, a lengths file), judged by the cost model, so
-    the machine's load does not matter; the bound is each run and model's mean at
+    """Plan quality under the default ``ring`` objective: the runs of ``plan_quality.py``
+    at the newest run's commit (bundled profiles, a lengths file), judged by the cost model,
+    so the machine's load does not matter; the bound is each run and model's mean at
     GBS >= 256 (as docs/scheduler.md's table)."""
     ring = [r for r in runs("plan_quality")
             if r["meta"].get("objective") == "ring" and isinstance(r["rows"], list)]
     if not ring:
         return None
-    day = str(ring[-1]["meta"].get("date_utc", ""))[:10]
-    ring = [r for r in ring if str(r["meta"].get("date_utc", "")).startswith(day)]
+    commit = ring[-1]["meta"].get("commit")
+    ring = [r for r in ring if r["meta"].get("commit") == commit]
     rows = [s for r in ring for s in r["rows"]]
     worst = min(min(s["worst_batch_ratio"].values()) for s in rows)
     means = []
