@@ -140,7 +140,10 @@ def test_core_bound_and_placement_check_match_the_python_ones(objective):
         walked = dataclasses.replace(plan)  # no cached flat: the Python check runs
         assert walked.flat is not None and not walked.flat.verified
         assert _placements_valid(walked)
-        want = lower_bound(lengths, cost_model, dp, cp, bucket, subgroups=False)
+        # A plan with sub-group rings (a hybrid or dynamic-CP candidate won) is bounded
+        # with the sub-group terms too.
+        grouped = any(mb.grouped for mbs in plan.dp_ranks for mb in mbs)
+        want = lower_bound(lengths, cost_model, dp, cp, bucket, subgroups=grouped)
         assert plan.predicted["lower_bound"] == pytest.approx(want, rel=1e-13, abs=0)
         assert plan.predicted["iteration_time"] >= plan.predicted["lower_bound"]
 
@@ -161,32 +164,38 @@ def test_schedule_arrays_equal_the_three_cost_methods(hardware):
         assert np.array_equal(shares, cost_model.share_seconds(lengths, cp))
 
 
-def test_core_plans_are_outside_the_cyclic_gc():
-    """The C++ core's and the hybrid candidate's field tuples come untracked (tuples of
+def test_core_plans_are_outside_the_cyclic_gc(monkeypatch):
+    """The C++ core's and the sub-group candidates' field tuples come untracked (tuples of
     ints cannot form a cycle): a plan's thousands of micro-batches cost the collector one
     object each, and plans stay equal to the Python backend's through collections."""
     import gc
 
     from skrull_ext import _backend
+    from skrull_ext.scheduler import dyncp
 
     if _backend.CPP is None:
         pytest.skip("C++ extension not built")
     rng = np.random.default_rng(9)
     lengths = np.minimum(np.exp(rng.normal(6.8, 1.1, 400)).astype(np.int64) + 1, 7000)
     seen = set()
-    for cfg in (SchedulerConfig(dp_size=2, cp_size=8, bucket_size=1024),  # hybrid CP wins
-                SchedulerConfig(dp_size=2, cp_size=4, bucket_size=8192)):  # Skrull's own
-        plan = schedule(lengths, cfg, backend="cpp")
+    sub = SchedulerConfig(dp_size=2, cp_size=8, bucket_size=1024)
+    for cfg, no_dyncp in ((sub, False),  # dynamic CP's plan wins
+                          (sub, True),  # without it, hybrid CP's
+                          (SchedulerConfig(dp_size=2, cp_size=4, bucket_size=8192), False)):
+        with monkeypatch.context() as patch:
+            if no_dyncp:
+                patch.setattr(dyncp, "candidate", lambda *args: None)
+            plan = schedule(lengths, cfg, backend="cpp")
+            want = schedule(lengths, cfg, backend="python")
         seen.add(plan.predicted.get("candidate"))
         fields = [f for mbs in plan.dp_ranks for mb in mbs
                   for f in (mb.distributed, mb.local, mb.grouped, mb.__dict__, *mb.local)]
         assert not any(gc.is_tracked(f) for f in fields)
         assert not any(gc.is_tracked(row) for row in plan.flat.grouped)
         gc.collect()
-        want = schedule(lengths, cfg, backend="python")
         assert plan.dp_ranks == want.dp_ranks
         assert plan.predicted["micro_batch_times"] == want.predicted["micro_batch_times"]
         # The core sums the bound's terms in sample order, numpy pairwise: a few ulps.
         assert plan.predicted["lower_bound"] == pytest.approx(want.predicted["lower_bound"],
                                                               rel=1e-12)
-    assert seen == {"hybrid-cp", None}
+    assert seen == {"dynamic-cp", "hybrid-cp", None}
