@@ -8,7 +8,9 @@ defaults, 12 layers, hidden 2048, FFN 8192, 16 heads, vocabulary 131072, no SwiG
 embeddings; TP 1, CP 4, 8 micro-batches of one sample per DP rank, so GBS = 8 D;
 ``--max-seqlen-per-dp-cp-rank 2048``; lengths of its mock dataset: NumPy's legacy
 ``seed(0)`` lognormal with mean 1024, sigma 1.5, clipped to [128, 8192], minus the
-next-token shift, read in order) and times every iteration with the simulator:
+next-token shift, in Megatron's DP-rank-major global order (:func:`global_batch`), each
+padded to ``padded_seq_len`` (:func:`megatron_padded`)) and times every iteration with the
+simulator:
 
 * ``dp_balanced``: our re-implementation (``skrull_ext.scheduler.megatron_packing``), a plan
   over D replicas of 4 ranks;
@@ -25,7 +27,7 @@ squares to the ten published absolute times (log errors), everything else as ``p
 ``--spread`` reports the dynamic-CP / dp_balanced ratio over other 20-iteration windows of
 the same stream (how much one run of 20 iterations varies).
 
-    PYTHONPATH=. python benchmarks/megatron_dynamic_cp.py --json benchmarks/results/x.json
+    PYTHONPATH=. python benchmarks/megatron_dynamic_cp.py   # records benchmarks/results/megatron_dynamic_cp-<date>.json
 """
 from __future__ import annotations
 
