@@ -8,7 +8,9 @@ defaults, 12 layers, hidden 2048, FFN 8192, 16 heads, vocabulary 131072, no SwiG
 embeddings; TP 1, CP 4, 8 micro-batches of one sample per DP rank, so GBS = 8 D;
 ``--max-seqlen-per-dp-cp-rank 2048``; lengths of its mock dataset: NumPy's legacy
 ``seed(0)`` lognormal with mean 1024, sigma 1.5, clipped to [128, 8192], minus the
-next-token shift, read in order) and times every iteration with the simulator:
+next-token shift, in Megatron's DP-rank-major global order (:func:`global_batch`), each
+padded to ``padded_seq_len`` (:func:`megatron_padded`)) and times every iteration with the
+simulator:
 
 * ``dp_balanced``: our re-implementation (``skrull_ext.scheduler.megatron_packing``), a plan
   over D replicas of 4 ranks;
@@ -25,7 +27,7 @@ squares to the ten published absolute times (log errors), everything else as ``p
 ``--spread`` reports the dynamic-CP / dp_balanced ratio over other 20-iteration windows of
 the same stream (how much one run of 20 iterations varies).
 
-    PYTHONPATH=. python benchmarks/megatron_dynamic_cp.py --json benchmarks/results/x.json
+    PYTHONPATH=. python benchmarks/megatron_dynamic_cp.py   # records benchmarks/results/megatron_dynamic_cp-<date>.json
 """
 from __future__ import annotations
 
@@ -33,14 +35,11 @@ import argparse
 import dataclasses
 import json
 import math
-import os
-import platform
-import subprocess
 import sys
-import time
 
 import numpy as np
 
+import results_io
 from skrull_ext.costmodel.hardware import Hardware, get_hardware
 from skrull_ext.costmodel.model import ModelSpec
 from skrull_ext.planner.simulator import simulate
@@ -56,6 +55,7 @@ CP, BUCKET, PER_RANK = 4, 2048, 8
 PUBLISHED = {4: (195.269, 151.906), 8: (220.119, 155.850), 16: (226.775, 187.125),
              32: (286.206, 208.088), 64: (271.988, 181.912)}
 WARMUP, MEASURED = 10, 20
+MEGATRON_LM = "dev d48bd6be0a85cc0d6d3cc71e8750cf357cc6bdb1"
 
 
 def mock_lengths(count: int) -> np.ndarray:
@@ -64,6 +64,24 @@ def mock_lengths(count: int) -> np.ndarray:
     rng = np.random.RandomState(0)
     drawn = rng.lognormal(math.log(mean) - sigma ** 2 / 2, sigma, count)
     return np.clip(drawn, 128, 8192).astype(np.int64) - 1
+
+
+def global_batch(pool: np.ndarray, iteration: int, dp_size: int) -> np.ndarray:
+    """One iteration's ``PER_RANK x D`` lengths in Megatron's global order.
+
+    ``MegatronPretrainingSampler`` (micro-batch size 1) gives DP rank ``r`` dataset sample
+    ``base + m D + r`` at its ``m``-th fetch, and ``get_batch_and_global_seqlens``
+    concatenates the ranks' fetches DP-rank-major: ``dp_balanced`` packs in this order.
+    """
+    base = iteration * PER_RANK * dp_size
+    order = [base + m * dp_size + r for r in range(dp_size) for m in range(PER_RANK)]
+    return pool[order]
+
+
+def megatron_padded(lengths: np.ndarray, multiple: int) -> np.ndarray:
+    """``padded_seq_len``: ``MockVarlenDataset`` pads each sample to ``2 N`` tokens
+    (``dp_balanced``) or ``2 D N`` (dynamic CP); the pad tokens run through the model."""
+    return -(-lengths // multiple) * multiple
 
 
 def trimmed_mean(values) -> float:
@@ -112,11 +130,13 @@ def baseline_plans(gpus: int, start: int, pool: np.ndarray) -> list:
     d = gpus // CP
     out = []
     for it in range(start, start + MEASURED):
-        lengths = pool[it * PER_RANK * d:(it + 1) * PER_RANK * d]
+        lengths = global_batch(pool, it, d)
         cfg = SchedulerConfig(dp_size=d, cp_size=CP, bucket_size=BUCKET, policy="dp-balanced")
-        dpb = schedule(lengths, cfg, preset_hardware().cost_model(MODEL, CP, d))
-        world = dynamic_cp_world(lengths, d, CP, BUCKET, d * CP)
-        dcp = Plan(lengths=lengths, dp_size=1, cp_size=d * CP, bucket_size=BUCKET,
+        dpb = schedule(megatron_padded(lengths, 2 * CP), cfg,
+                       preset_hardware().cost_model(MODEL, CP, d))
+        padded = megatron_padded(lengths, 2 * CP * d)
+        world = dynamic_cp_world(padded, d, CP, BUCKET, d * CP)
+        dcp = Plan(lengths=padded, dp_size=1, cp_size=d * CP, bucket_size=BUCKET,
                    policy="dynamic-cp", dp_ranks=(tuple(world_micro_batch(g, d * CP)
                                                         for g in world),))
         dcp.validate()
@@ -163,6 +183,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-calibration", action="store_true")
     parser.add_argument("--json", help="write the table and settings here")
     args = parser.parse_args(argv)
+    run = results_io.start()
     pool = mock_lengths(PER_RANK * max(args.gpus) // CP * (WARMUP + MEASURED) * (1 + args.spread))
     plans = {g: baseline_plans(g, WARMUP, pool) for g in args.gpus}
     hw = preset_hardware()
@@ -194,15 +215,12 @@ def main(argv=None) -> int:
                   f"{row['ratio'] / pub - 1:+.1%}) | skrull x{row['skrull_vs_dp_balanced']:.3f} "
                   f"over dp_balanced, x{row['skrull_vs_dynamic_cp']:.3f} over dynamic CP",
                   flush=True)
-    if args.json:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    extra = {"megatron_lm": MEGATRON_LM, "fitted": models.get("calibrated")}
+    results_io.record("megatron_dynamic_cp", rows, run, argv, **extra)
+    if args.json:  # an extra copy where asked
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"date": time.strftime("%Y-%m-%d"), "commit": commit,
-                       "machine": f"{platform.node()} {platform.processor() or platform.machine()}"
-                                  f", {os.cpu_count()} CPUs (simulator only, no GPU)",
-                       "megatron_lm": "dev d48bd6be0a85cc0d6d3cc71e8750cf357cc6bdb1",
-                       "fitted": models.get("calibrated"), "rows": rows}, f, indent=1)
+            json.dump({"meta": results_io.meta("megatron_dynamic_cp", run, argv) | extra,
+                       "rows": rows}, f, indent=1)
     return 0
 
 

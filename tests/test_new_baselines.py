@@ -144,3 +144,34 @@ def test_flexsp_names_the_fix_without_scipy(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_scipy)
     with pytest.raises(ImportError, match=r"pip install 'skrull-megatron\[bench\]'"):
         flexsp._milp()
+
+
+def test_megatron_benchmark_setting_is_megatrons(tmp_path, monkeypatch):
+    """benchmarks/megatron_dynamic_cp.py: Megatron's global order and padding, its dynamic
+    CP groups aligned as ``create_dynamic_dp_cp_groups`` builds them, one recorded run."""
+    import json
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    try:
+        import megatron_dynamic_cp as bench
+    finally:
+        sys.path.pop(0)
+    pool = np.arange(100, 164)
+    # D = 2, 8 fetches per rank: rank 0 holds samples 0, 2, ..., 14, then rank 1's.
+    assert bench.global_batch(pool, 1, 2).tolist() == [116 + 2 * m for m in range(8)] + \
+        [117 + 2 * m for m in range(8)]
+    assert bench.megatron_padded(np.array([1, 8, 9, 127]), 8).tolist() == [8, 8, 16, 128]
+    lengths = bench.mock_lengths(8 * 16 * 3)
+    for d in (2, 16):  # Megatron's runtime groups: aligned blocks of a power of two
+        for it in range(3):
+            padded = bench.megatron_padded(bench.global_batch(lengths, it, d), 8 * d)
+            for mb in dynamic_cp_world(padded, d, 4, 2048, 4 * d):
+                assert all(first % size == 0 and size & (size - 1) == 0
+                           for first, size, _ in mb)
+    monkeypatch.setenv("SKRULL_RESULTS_DIR", str(tmp_path))
+    assert bench.main(["--gpus", "4", "8", "--spread", "0", "--no-calibration"]) == 0
+    (path,) = tmp_path.iterdir()
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["gpus"] for r in rows] == [4, 8]
+    assert all(r["ratio"] > 1.0 and r["skrull_vs_dynamic_cp"] >= 1.0 - 1e-9 for r in rows)
