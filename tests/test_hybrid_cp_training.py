@@ -5,7 +5,8 @@ first batch's samples of 29 and 31 tokens over 2-rank CP sub-groups
 (``MicroBatch.grouped``), the 96-token one over all 4 ranks and keeps the rest (11-15
 tokens) whole; the DACP attention runs one zigzag ring per sub-group after the full ring.
 The same batch under ``all-cp`` (every sample over all 4 ranks) must give the same loss
-and gradients, and two training iterations run on every rank alike.
+and gradients, as must Megatron's dynamic-CP plan (``dynamic-cp``, also Skrull's last
+candidate), and two training iterations run on every rank alike.
 
 CP = 3 on 3 gloo ranks: the *default* scheduler picks hybrid CP's plan.  Seed 4's first
 global batch (``--seq-length 48``) is ``[8, 27, 9, 17, 20, 9]``; with a 16-token bucket
@@ -61,7 +62,7 @@ def _worker(rank, world, tmp):
     from megatron.skrull.training import train
 
     apply_cpu_compat("cpu")
-    out = {policy: _one_step(policy) for policy in ("hybrid-cp", "all-cp")}
+    out = {policy: _one_step(policy) for policy in ("hybrid-cp", "all-cp", "dynamic-cp")}
     cfg = tiny_config([*FLAGS, "--skrull-scheduler", "hybrid-cp", "--train-iters", "2"],
                       world_size=4)
     out["train"] = [s.loss for s in train(_setup(cfg), train_iters=2)]
@@ -113,6 +114,13 @@ def test_hybrid_cp_plan_uses_sub_groups(results):
 
 def test_hybrid_cp_loss_and_gradients_equal_all_cp(results):
     _assert_same_step(results, "hybrid-cp")
+
+
+def test_dynamic_cp_plan_trains_as_all_cp(results):
+    """Megatron's dynamic-CP plan (also Skrull's candidate): its sub-group rings give the
+    same loss and gradients as all-rank rings."""
+    assert results[0]["dynamic-cp"]["kinds"]["grouped"] > 0
+    _assert_same_step(results, "dynamic-cp")
 
 
 def test_hybrid_cp_trains_alike_on_every_rank(results):
