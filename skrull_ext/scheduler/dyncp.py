@@ -27,9 +27,9 @@ from skrull_ext import _backend
 from skrull_ext.costmodel.model import CostModel
 from skrull_ext.scheduler.baselines import BASELINES
 from skrull_ext.scheduler.config import SchedulerConfig
-from skrull_ext.scheduler.hybrid import subgroup_sizes
+from skrull_ext.scheduler.hybrid import core_candidate_plan, subgroup_sizes
 from skrull_ext.scheduler.objective import objective_arg, objective_of
-from skrull_ext.scheduler.plan import FlatPlan, MicroBatch, Plan
+from skrull_ext.scheduler.plan import MicroBatch, Plan
 from skrull_ext.scheduler.pricing import predict_arrays
 
 # Above this many samples the candidate is skipped (a size rule, so the plan is the same
@@ -103,16 +103,7 @@ def _build_cpp(arr, config: SchedulerConfig, cost_model: CostModel, arrays, best
         cost_model.comm_latency(n), config.dp_size, n, config.bucket_size,
         cost_model.micro_batch_overhead, cost_model.time.iteration_overhead,
         objective_arg(objective_of(cost_model)), best, micro_batch=MicroBatch)
-    if got is None:
-        return None
-    ranks, (count, *flat_arrays, grouped, times, valid) = got
-    plan = Plan(lengths=arr, dp_size=config.dp_size, cp_size=n,
-                bucket_size=config.bucket_size, policy="skrull",
-                dp_ranks=tuple(map(tuple, ranks)))
-    plan.__dict__["flat"] = FlatPlan(count, *flat_arrays, grouped, verified=valid)
-    plan.validate()
-    return plan, predict_arrays(plan, cost_model, arrays[0], arrays[2], arrays[1], times,
-                                backend="cpp")
+    return core_candidate_plan(got, arr, config, cost_model, arrays)
 
 
 def dyncp_floor(arr, config: SchedulerConfig, cost_model: CostModel, costs) -> float:

@@ -98,10 +98,17 @@ def _build_cpp(arr, config: SchedulerConfig, cost_model: CostModel, arrays, sub,
         cost_model.comm_latency(n), config.dp_size, n, config.bucket_size,
         cost_model.micro_batch_overhead, cost_model.time.iteration_overhead,
         objective_arg(objective_of(cost_model)), best, micro_batch=MicroBatch)
+    return core_candidate_plan(got, arr, config, cost_model, arrays)
+
+
+def core_candidate_plan(got, arr, config: SchedulerConfig, cost_model: CostModel, arrays):
+    """``(plan, predicted)`` of a sub-group candidate the C++ core built and priced
+    (``_C.hybrid_candidate`` / ``_C.dyncp_candidate``'s winning plan: ``MicroBatch.trusted``
+    objects, the flat arrays and the micro-batch times), or ``None`` when it did not win."""
     if got is None:
         return None
-    ranks, (count, *flat_arrays, grouped, times, valid) = got  # MicroBatch.trusted objects
-    cand = Plan(lengths=arr, dp_size=config.dp_size, cp_size=n,
+    ranks, (count, *flat_arrays, grouped, times, valid) = got
+    cand = Plan(lengths=arr, dp_size=config.dp_size, cp_size=config.cp_size,
                 bucket_size=config.bucket_size, policy="skrull",
                 dp_ranks=tuple(map(tuple, ranks)))
     cand.__dict__["flat"] = FlatPlan(count, *flat_arrays, grouped, verified=valid)
@@ -171,4 +178,4 @@ def hybrid_bound(arr, config: SchedulerConfig, cost_model: CostModel, arrays,
     return (worst + cost_model.time.iteration_overhead) * (1.0 - 1e-12)
 
 
-__all__ = ["candidate", "hybrid_bound", "hybrid_floor", "subgroup_arrays", "subgroup_sizes"]
+__all__ = ["candidate", "core_candidate_plan", "hybrid_bound", "hybrid_floor", "subgroup_arrays", "subgroup_sizes"]
