@@ -72,9 +72,9 @@ def run_setting(batches, model, hw, dp: int, cp: int, bucket: int, objective: st
                 bounds.append(plan.predicted["lower_bound"])
                 mbs.append(plan.num_micro_batches)
                 grouped = any(mb.grouped for rank in plan.dp_ranks for mb in rank)
-                # A plan with sub-group rings is bounded by lower_bound's sub-group terms.
-                tight.append(bounds[-1] if grouped else
-                             global_lower_bound(lengths, cost, dp, cp, bucket, backend="cpp"))
+                # A plan with sub-group rings: the bound over plans that may use them too.
+                tight.append(global_lower_bound(lengths, cost, dp, cp, bucket, backend="cpp",
+                                                subgroups=grouped))
         if search_ms > 0 or search_s > 0:
             stages = _stronger_search(lengths, plans["skrull"], cost, dp, cp, bucket, search_ms,
                                       search_s, max(bounds[-1], tight[-1]))

@@ -144,24 +144,50 @@ def _dist_terms(shares, comm, n: int, cost_model, mu: float):
             ell + g * n * o + 2.0 * (n - 2) * (1.0 - mu) * ell)
 
 
-def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: int) -> float:
+def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: int,
+                 groups=()) -> float:
     """The largest average / indivisible term over :data:`MU_GRID` when the samples in
-    ``forced`` (``[K]`` bool) must be distributed; ``inf`` when one of them cannot be."""
+    ``forced`` (``[K]`` bool) must be distributed; ``inf`` when one of them cannot be.
+
+    ``groups``: ``(g, shares_g, comm_g)`` of the sub-group sizes ``1 < g < n`` a plan may
+    also ring a sample on (:func:`_subgroup_terms`); empty for DACP's plans."""
     ovh = cost_model.micro_batch_overhead
     fits_local = (s <= c) & ~forced
     fits_dist = shard_tokens_array(s, n) <= c
-    if not (fits_local | fits_dist).all():
+    fits_sub = [shard_tokens_array(s, g) <= c for g, _, _ in groups]
+    if not (fits_local | fits_dist | np.logical_or.reduce(fits_sub, initial=False)).all():
         return np.inf
     min_mbs = max(-(-int(s.sum()) // (c * n)), min(s.size, d))
-    ring_mbs = -(-int(shard_tokens_array(s[forced], n).sum()) // c) if forced.any() else 0
+    if not forced.any():
+        ring_mbs = 0
+    elif groups:  # a ring of any size holds a sample's tokens; a micro-batch n c of them
+        ring_mbs = -(-int(s[forced].sum()) // (c * n))
+    else:
+        ring_mbs = -(-int(shard_tokens_array(s[forced], n).sum()) // c)
     best = 0.0
     for mu in MU_GRID:
         dist, ring = _dist_terms(shares, comm, n, cost_model, mu)
         local = costs / n if cost_model.objective == "ring" else mu * costs / n
         per = np.minimum(np.where(fits_local, local, np.inf), np.where(fits_dist, dist, np.inf))
+        for (g, share_g, comm_g), fits in zip(groups, fits_sub):
+            sub, ring_g = _dist_terms(share_g, comm_g, g, cost_model,
+                                      mu if cost_model.objective == "ring" else 0.0)
+            per = np.minimum(per, np.where(fits, g / n * sub, np.inf))
+            ring = min(ring, g / n * ring_g)
         average = (float(per.sum()) + ring * ring_mbs) / d
         best = max(best, average + ovh * min_mbs / d, _indivisible(per, d) + ovh)
     return best
+
+
+def _subgroup_terms(s, cost_model, n: int) -> list:
+    """``(g, shares_g, comm_g)`` (``[K]`` float64 seconds) of every power-of-two sub-group
+    size ``1 < g < n``.  A sub-group ring runs after the full ring with no local work beside
+    it (``pricing._grouped_times``), so under ``paper`` its transfers are exposed
+    (``_dist_terms`` at ``mu = 0``); under ``ring`` the full ring's relaxation (valid for
+    any local work, none included) applies on ``g`` ranks.  Each of its ``g`` ranks spends
+    the per-rank term, so it adds ``g / n`` of it to the mean over the ``n`` CP ranks."""
+    return [(g, cost_model.share_seconds(s, g), cost_model.comm_seconds(s, g))
+            for g in _group_sizes(n)[1:-1]]
 
 
 def _indivisible(per, d: int) -> float:
@@ -175,9 +201,10 @@ def _indivisible(per, d: int) -> float:
 
 
 def global_lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_size: int, *,
-                       backend: str = "python") -> float:
+                       backend: str = "python", subgroups: bool = False) -> float:
     """A tighter bound than :func:`lower_bound` on plans of local and fully distributed
-    samples (what DACP places), for benchmarks (O(K log^2 K)).
+    samples (what DACP places), for benchmarks (O(K log^2 K)); ``subgroups=True`` bounds
+    plans with sub-group rings too (hybrid CP, dynamic CP: :func:`_subgroup_terms`).
 
     It adds what cannot be split across a micro-batch:
 
@@ -203,15 +230,17 @@ def global_lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_s
     if s.size == 0:
         return finish_bound(0.0, cost_model)
     costs, comm, shares = cost_model.schedule_arrays(s, n, backend=backend)
-    core = _core(s, cost_model, d, n, c, arrays=(costs, shares, comm), subgroups=False,
+    core = _core(s, cost_model, d, n, c, arrays=(costs, shares, comm), subgroups=subgroups,
                  backend=backend)
     if n < 2:
         return finish_bound(core, cost_model)
+    groups = _subgroup_terms(s, cost_model, n) if subgroups else ()
     alone = np.where(s <= c, costs + cost_model.micro_batch_overhead, np.inf)
     edges = np.concatenate([[0.0], np.unique(alone[np.isfinite(alone)]), [np.inf]])
 
     def f(q: int) -> float:  # f(T) for T in [edges[q], edges[q + 1])
-        return _forced_core(s, costs, comm, shares, alone > edges[q], cost_model, d, n, c)
+        return _forced_core(s, costs, comm, shares, alone > edges[q], cost_model, d, n, c,
+                            groups)
 
     lo, hi = 0, edges.size - 2  # the first q with f(q) < edges[q + 1] (monotone)
     while lo < hi:
