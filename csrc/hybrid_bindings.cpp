@@ -152,6 +152,28 @@ void check_fits(const I64Array& lengths, int cp_size, int64_t bucket_size) {
   }
 }
 
+// The checks both candidates share (argument ranges, the class, every sample fitting the
+// bucket distributed, finite per-sample seconds) and the batch they price.
+skrull::Batch checked_batch(const I64Array& lengths, const F64Array& costs,
+                            const F64Array& shares, const F64Array& comm, int dp_size,
+                            int cp_size, int min_cp, int64_t bucket_size,
+                            const py::object& objective, const py::object& micro_batch_cls) {
+  if (lengths.ndim() != 1) throw py::value_error("lengths must be a 1-D array");
+  const int64_t k = lengths.shape(0);
+  if (dp_size < 1 || cp_size < min_cp || cp_size > (1 << 16) || bucket_size < 1 ||
+      bucket_size > (int64_t{1} << 40)) {
+    throw py::value_error("need dp_size >= 1, " + std::to_string(min_cp) +
+                          " <= cp_size <= 65536, 1 <= bucket_size <= 2^40");
+  }
+  const skrull::Objective obj = skrull_py::to_objective(objective);
+  if (!micro_batch_cls.is_none() && !PyType_Check(micro_batch_cls.ptr())) {
+    throw py::type_error("micro_batch must be a class (scheduler.plan.MicroBatch) or None");
+  }
+  check_fits(lengths, cp_size, bucket_size);
+  return skrull::Batch{lengths.data(), checked(costs, k, "costs"), checked(comm, k, "comm"), k,
+                       checked(shares, k, "shares"), obj};
+}
+
 // (iteration seconds, None) unless the priced plan comes within `margin` of beating
 // `limit`, else (iteration seconds, plan_objects).
 py::tuple handed_over(const skrull::HybridPlan& plan, double fixed, double limit, double margin,
@@ -172,19 +194,9 @@ py::tuple hybrid_candidate(I64Array lengths, F64Array costs, F64Array shares, F6
                            double latency, int dp_size, int cp_size, int64_t bucket_size,
                            double overhead, double fixed, py::object objective, double limit,
                            double margin, py::object micro_batch_cls) {
-  if (lengths.ndim() != 1) throw py::value_error("lengths must be a 1-D array");
-  const int64_t k = lengths.shape(0);
-  if (dp_size < 1 || cp_size < 1 || cp_size > (1 << 16) || bucket_size < 1 ||
-      bucket_size > (int64_t{1} << 40)) {
-    throw py::value_error("need dp_size >= 1, 1 <= cp_size <= 65536, 1 <= bucket_size <= 2^40");
-  }
-  const skrull::Objective obj = skrull_py::to_objective(objective);
-  if (!micro_batch_cls.is_none() && !PyType_Check(micro_batch_cls.ptr())) {
-    throw py::type_error("micro_batch must be a class (scheduler.plan.MicroBatch) or None");
-  }
-  check_fits(lengths, cp_size, bucket_size);
-  skrull::Batch batch{lengths.data(), checked(costs, k, "costs"), checked(comm, k, "comm"), k,
-                      checked(shares, k, "shares"), obj};
+  const skrull::Batch batch = checked_batch(lengths, costs, shares, comm, dp_size, cp_size, 1,
+                                            bucket_size, objective, micro_batch_cls);
+  const int64_t k = batch.size;
   skrull::SubgroupPrices sub{checked(sub_share, k, "sub_share"), checked(sub_comm, k, "sub_comm"),
                              {}};
   sub.latency.assign(checked(sub_latency, cp_size + 1, "sub_latency"),
@@ -206,14 +218,9 @@ py::tuple dyncp_candidate(I64Array lengths, F64Array costs, F64Array shares, F64
                           double latency, int dp_size, int cp_size, int64_t bucket_size,
                           double overhead, double fixed, py::object objective, double limit,
                           double margin, py::object micro_batch_cls) {
-  if (lengths.ndim() != 1) throw py::value_error("lengths must be a 1-D array");
-  const int64_t k = lengths.shape(0);
-  if (dp_size < 1 || cp_size < 2 || cp_size > (1 << 16) || bucket_size < 1 ||
-      bucket_size > (int64_t{1} << 40)) {
-    throw py::value_error("need dp_size >= 1, 2 <= cp_size <= 65536, 1 <= bucket_size <= 2^40");
-  }
-  const skrull::Objective obj = skrull_py::to_objective(objective);
-  check_fits(lengths, cp_size, bucket_size);
+  const skrull::Batch batch = checked_batch(lengths, costs, shares, comm, dp_size, cp_size, 2,
+                                            bucket_size, objective, micro_batch_cls);
+  const int64_t k = batch.size;
   std::vector<int> sizes;
   for (int g = 2; g < cp_size; g *= 2) sizes.push_back(g);
   const int64_t rows = static_cast<int64_t>(sizes.size());
@@ -222,8 +229,6 @@ py::tuple dyncp_candidate(I64Array lengths, F64Array costs, F64Array shares, F64
     throw py::value_error("sub_share and sub_comm must be [" + std::to_string(rows) + ", " +
                           std::to_string(k) + "] (one row per sub-group size 2, 4, .. < cp_size)");
   }
-  skrull::Batch batch{lengths.data(), checked(costs, k, "costs"), checked(comm, k, "comm"), k,
-                      checked(shares, k, "shares"), obj};
   checked(sub_latency, cp_size + 1, "sub_latency");
   std::vector<double> share(static_cast<size_t>(k), 0.0), ring(share);
   skrull::HybridPlan plan;

@@ -92,3 +92,30 @@ def test_floor_is_below_the_dynamic_cp_plan_and_gates_apply(monkeypatch):
     assert dyncp.candidate(lengths, np.inf, off, cm, arrays, "cpp") is None
     monkeypatch.setattr(dyncp, "MAX_DYNCP_SAMPLES", lengths.size - 1)
     assert dyncp.candidate(lengths, np.inf, cfg, cm, arrays, "cpp") is None
+
+
+@pytest.mark.parametrize("name", ["hybrid_candidate", "dyncp_candidate"])
+def test_core_candidates_refuse_bad_arguments(name):
+    """Both C++ candidates share one set of checks (csrc/hybrid_bindings.cpp): a sample
+    that cannot fit the bucket, non-finite seconds, a bad range and a micro-batch that is
+    no class each fail with one error naming the cause."""
+    cm = default_cost_model()
+    n, k = 4, 5
+    lengths = np.full(k, 100, dtype=np.int64)
+    costs, comm, shares = cm.schedule_arrays(lengths, n)
+    rows = 1 if name == "dyncp_candidate" else None  # sub-group sizes 2 < 4
+    sub = np.zeros((rows, k)) if rows else np.zeros(k)
+
+    def call(lengths=lengths, costs=costs, cp=n, bucket=64, cls=None):
+        return getattr(_C, name)(lengths, costs, shares, comm, sub, sub, np.zeros(cp + 1),
+                                 0.0, 1, cp, bucket, 0.0, 0.0, 1, 1.0, micro_batch=cls)
+
+    call()  # the valid call runs
+    with pytest.raises(ValueError, match="sample 2 of length 9000 does not fit"):
+        call(lengths=np.array([100, 100, 9000, 100, 100], dtype=np.int64))
+    with pytest.raises(ValueError, match=r"costs\[1\] is not finite"):
+        call(costs=np.array([1.0, np.nan, 1.0, 1.0, 1.0]))
+    with pytest.raises(ValueError, match="bucket_size"):
+        call(bucket=0)
+    with pytest.raises(TypeError, match="micro_batch must be a class"):
+        call(cls=3)
