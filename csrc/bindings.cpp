@@ -329,7 +329,7 @@ py::tuple refine_timing(I64Array lengths, F64Array costs, F64Array comm, double 
 
 // (ours) The portfolio's pack candidate alone (reference pack.pack_schedule), for tests.
 py::list pack_schedule(I64Array lengths, F64Array costs, py::object shares, int dp_size,
-                       int cp_size, int64_t bucket_size, int64_t threshold) {
+                       int cp_size, int64_t bucket_size, int64_t threshold, bool spread) {
   BatchArgs args(std::move(lengths), std::move(costs), py::none(), std::move(shares));
   check_positive(dp_size, "dp_size");
   check_positive(cp_size, "cp_size");
@@ -337,7 +337,7 @@ py::list pack_schedule(I64Array lengths, F64Array costs, py::object shares, int 
   std::vector<skrull::RankSplit> splits;
   {
     py::gil_scoped_release release;
-    splits = skrull::pack_schedule(args.view, dp_size, cp_size, bucket_size, threshold);
+    splits = skrull::pack_schedule(args.view, dp_size, cp_size, bucket_size, threshold, spread);
   }
   return splits_list(splits);
 }
@@ -471,7 +471,8 @@ PYBIND11_MODULE(_C, mod) {
           "A baseline's samples per DP rank and micro-batch (scheduler.baselines.GROUPINGS).");
   mod.def("pack_schedule", &pack_schedule, py::arg("lengths"), py::arg("costs"),
           py::arg("shares"), py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"),
-          py::arg("threshold"), "(ours) The portfolio's pack candidate (scheduler.pack).");
+          py::arg("threshold"), py::arg("spread") = false,
+          "(ours) The portfolio's pack candidate (scheduler.pack).");
   mod.def("dacp_place", &dacp_place, py::arg("lengths"), py::arg("costs"), py::arg("idx"),
           py::arg("cp_size"), py::arg("bucket_size"), py::arg("rollback") = 0,
           py::arg("shares") = py::none(),

@@ -45,6 +45,31 @@ std::vector<Index> sorted_by_length_desc(const Batch& b, std::vector<Index> ids)
   return ids;
 }
 
+// Step 2, `pack-spread`: each long sample on the micro-batch with room and the least
+// distributed work (ties: the lowest), by a scan as the reference's; a new one when none.
+void spread_longs(const Batch& b, const std::vector<Index>& longs, int n, int64_t cap,
+                  int64_t m0, std::vector<std::vector<Index>>& dist,
+                  std::vector<int64_t>& used) {
+  dist.assign(static_cast<size_t>(m0), {});
+  used.assign(static_cast<size_t>(m0), 0);
+  std::vector<double> work(static_cast<size_t>(m0), 0.0);
+  for (Index i : longs) {
+    const int64_t s = shard_tokens(b.lengths[i], n);
+    size_t k = dist.size();
+    for (size_t j = 0; j < dist.size(); ++j) {
+      if (used[j] + s <= cap && (k == dist.size() || work[j] < work[k])) k = j;
+    }
+    if (k == dist.size()) {
+      dist.emplace_back();
+      used.push_back(0);
+      work.push_back(0.0);
+    }
+    dist[k].push_back(i);
+    used[k] += s;
+    work[k] += b.share(i, n);
+  }
+}
+
 // Step 2: the long samples first-fit decreasing; dist[k] and used[k] per micro-batch.
 void pack_longs(const Batch& b, const std::vector<Index>& longs, int n, int64_t cap, int64_t m0,
                 std::vector<std::vector<Index>>& dist, std::vector<int64_t>& used) {
@@ -68,7 +93,7 @@ void pack_longs(const Batch& b, const std::vector<Index>& longs, int n, int64_t 
 
 // Steps 2-3 for one DP rank (reference _pack_rank).
 RankSplit pack_rank(const Batch& b, const std::vector<Index>& seqs, int n, int64_t cap,
-                    int64_t threshold) {
+                    int64_t threshold, bool spread) {
   std::vector<Index> longs, shorts;
   int64_t need = 0;
   for (Index i : seqs) {
@@ -85,7 +110,11 @@ RankSplit pack_rank(const Batch& b, const std::vector<Index>& seqs, int n, int64
   const int64_t m0 = std::max<int64_t>(1, (need + n * cap - 1) / (n * cap));
   std::vector<std::vector<Index>> dist;
   std::vector<int64_t> used;
-  pack_longs(b, longs, n, cap, m0, dist, used);
+  if (spread) {
+    spread_longs(b, longs, n, cap, m0, dist, used);
+  } else {
+    pack_longs(b, longs, n, cap, m0, dist, used);
+  }
   // Slot k * n + r: CP rank r of micro-batch k (the reference's least load, then lowest
   // slot: SlotHeap).
   std::vector<int64_t> rem;
@@ -131,7 +160,7 @@ int64_t pack_threshold(int divisor, int64_t bucket_size) {
 }
 
 std::vector<RankSplit> pack_schedule(const Batch& batch, int dp_size, int cp_size,
-                                     int64_t bucket_size, int64_t threshold) {
+                                     int64_t bucket_size, int64_t threshold, bool spread) {
   const int n = cp_size;
   threshold = n == 1 ? bucket_size : std::min(threshold, bucket_size);
   std::vector<double> work(static_cast<size_t>(batch.size));
@@ -142,7 +171,7 @@ std::vector<RankSplit> pack_schedule(const Batch& batch, int dp_size, int cp_siz
   }
   std::vector<RankSplit> out;
   for (const auto& seqs : lpt_partition(work.data(), all, dp_size)) {
-    out.push_back(pack_rank(batch, seqs, n, bucket_size, threshold));
+    out.push_back(pack_rank(batch, seqs, n, bucket_size, threshold, spread));
   }
   return out;
 }

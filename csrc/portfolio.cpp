@@ -478,8 +478,9 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
   const std::pair<Grouping, bool> candidates[] = {
       {sorted_groups, false}, {nullptr, false},           {kk_groups, true},
       {all_cp_groups, false}, {per_seq_cp_groups, false}, {hybrid_cp_groups, true}};
-  // Then reference pack.PACK_THRESHOLDS in order: `pack`, `pack-95` (their divisors).
-  const int pack_divisors[] = {0, 20};
+  // Then reference pack.PACK_THRESHOLDS in order: `pack`, `pack-95`, `pack-spread` (their
+  // divisors; pack.PACK_SPREAD).
+  const std::pair<int, bool> packs[] = {{0, false}, {20, false}, {0, true}};
   std::vector<RankSplit> best;
   double best_t = std::numeric_limits<double>::infinity();
   size_t first = 0;
@@ -529,10 +530,10 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
       best_t = t;
     }
   }
-  for (int divisor : pack_divisors) {
+  for (const auto& [divisor, spread] : packs) {
     if (batch.size > kMaxPackSamples || best_t <= floor_t) break;
     auto placed = pack_schedule(batch, dp_size, cp_size, bucket_size,
-                                pack_threshold(divisor, bucket_size));
+                                pack_threshold(divisor, bucket_size), spread);
     if (!dacp_each(ctx, placed, overhead, best_t)) continue;
     const double t = iteration_time(ctx, placed, overhead);
     if (t < best_t) {

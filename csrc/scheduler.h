@@ -314,10 +314,12 @@ std::vector<RankSplit> portfolio_schedule(const Batch& batch, double latency, in
 // Samples longer than bucket - bucket / divisor (divisor 0: the bucket) are distributed.
 int64_t pack_threshold(int divisor, int64_t bucket_size);
 // LPT over DP ranks on each sample's least work, then per rank the long samples
-// distributed first-fit decreasing, the others whole on the least-loaded slot with room;
-// non-empty micro-batches only (not padded to equal counts).
+// distributed first-fit decreasing (`spread`: on the micro-batch with room and the least
+// distributed work), the others whole on the least-loaded slot with room; non-empty
+// micro-batches only (not padded to equal counts).
 std::vector<RankSplit> pack_schedule(const Batch& batch, int dp_size, int cp_size,
-                                     int64_t bucket_size, int64_t threshold);
+                                     int64_t bucket_size, int64_t threshold,
+                                     bool spread = false);
 
 // ---- level.cpp: (ours) the portfolio's `level` candidate (reference scheduler/level.py):
 // one micro-batch per DP rank, the k longest samples distributed over r rings (DP ranks

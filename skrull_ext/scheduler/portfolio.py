@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 
 from skrull_ext.scheduler.baselines import GROUPINGS
 from skrull_ext.scheduler.level import level_schedule
-from skrull_ext.scheduler.pack import PACK_THRESHOLDS, pack_schedule, pack_threshold
+from skrull_ext.scheduler.pack import PACK_SPREAD, PACK_THRESHOLDS, pack_schedule, pack_threshold
 from skrull_ext.scheduler.reference import GdsContext, Placement, gds_schedule
 import skrull_ext.scheduler.lns as lns_mod
 import skrull_ext.scheduler.refine as refine_mod
@@ -145,7 +145,8 @@ def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_si
             if len(lengths) > MAX_PACK_SAMPLES:
                 continue
             placed = dacp_each(ctx, pack_schedule(lengths, costs, shares, dp_size, cp_size,
-                                                  bucket_size, pack_threshold(name, bucket_size)))
+                                                  bucket_size, pack_threshold(name, bucket_size),
+                                                  spread=name in PACK_SPREAD))
         elif name == "level":
             placed = level_schedule(ctx, dp_size, overhead, best_t)
         elif costly and name in COSTLY_GROUPINGS:
