@@ -65,8 +65,8 @@ MEGATRON_LM = "dev d48bd6be0a85cc0d6d3cc71e8750cf357cc6bdb1"
 # kernels (its 76.75 aten kernels less 3 ``.item()`` reads and the 6 x 1.5 eager ops of the
 # softmax-statistics merges that TE's torch.compile fuses to 1.5 kernels), stream waits
 # (20 request waits, 3 event waits, 1 stream wait), event records, NCCL isend/irecv, syncs.
-TE_RING_RESULTS = "benchmarks/results/te_ring_host-2026-11-26T090421Z.json"
-TE_RING_CP4 = {"host_s": 631.7e-6, "kernels": 64.75, "waits": 24, "records": 3, "nccl": 14,
+TE_RING_RESULTS = "benchmarks/results/te_ring_host-2026-11-26T090552Z.json"
+TE_RING_CP4 = {"host_s": 629.6e-6, "kernels": 64.75, "waits": 24, "records": 3, "nccl": 14,
                "syncs": 3}
 # Host seconds per call on the H200 machine (torch.profiler self CPU per call, one step of the
 # launcher: benchmarks/results/profile_step-2026-11-26T0401Z.json): cudaLaunchKernel,
