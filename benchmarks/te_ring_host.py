@@ -19,10 +19,11 @@ op on an output of the right shape (flash-attn forward: 3 allocations + 1 op; ba
 allocations + 3 ops, one per kernel of flash-attn 2's varlen backward); streams, events and
 ``isend``/``irecv`` are no-op objects; ``jit_fuser`` is the identity (TE wraps its softmax
 corrections in ``torch.compile``: one fused kernel behind a guard check instead of ~6 eager
-ops).  The fit ``host(N) = fixed + per_step x N`` over ``--cp`` gives the cost of one more
-ring step.
+ops).  The fit ``host(N) = fixed + per_step x N`` over the ``--cp`` sizes from 4 (TE batches
+CP 2's exchange below sm100) gives the cost of one more ring step.
 
-    git -C TE show v2.12:transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py > /tmp/cp.py
+    F=transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py
+    git -C TE show v2.12:$F > /tmp/cp.py   # TE: a TransformerEngine clone
     PYTHONPATH=. python benchmarks/te_ring_host.py --te-file /tmp/cp.py --te-commit "v2.12 5671fd36"
 """
 from __future__ import annotations
