@@ -20,8 +20,12 @@ simulator:
   their previous one (no barrier across groups; :func:`group_synced_time`);
 * skrull: ``schedule()`` with the same cost model, D replicas of 4 ranks.
 
-Two time models: ``preset`` (the h100 preset, one NVLink domain for every GPU count, fp32
-gradient reduction as Megatron does for bf16: nothing fitted) and ``calibrated``: three
+Time models: ``preset`` (the h100 preset, one NVLink domain for every GPU count, fp32
+gradient reduction as Megatron does for bf16: nothing fitted); ``te-host`` and
+``te-host-all-in``: the preset plus the host time of TE's THD p2p ring per ring step and
+layer (:func:`te_ring_step_host_s`: counts and host time of TE's own code measured by
+``benchmarks/te_ring_host.py``, per-call costs of the H200 machine; nothing fitted), added
+to every step's compute (an upper bound of ``max(host, device)``); and ``calibrated``: three
 fixed costs (per iteration, per micro-batch, per ring step and layer) fitted by least
 squares to the ten published absolute times (log errors), everything else as ``preset``.
 ``--spread`` reports the dynamic-CP / dp_balanced ratio over other 20-iteration windows of
@@ -56,6 +60,21 @@ PUBLISHED = {4: (195.269, 151.906), 8: (220.119, 155.850), 16: (226.775, 187.125
              32: (286.206, 208.088), 64: (271.988, 181.912)}
 WARMUP, MEASURED = 10, 20
 MEGATRON_LM = "dev d48bd6be0a85cc0d6d3cc71e8750cf357cc6bdb1"
+# TE v2.12's THD p2p ring at CP 4, per layer (forward + backward, mean of the CP ranks), from
+# benchmarks/te_ring_host.py (TE_RING_RESULTS): host seconds of TE's Python on this CPU, CUDA
+# kernels (its 76.75 aten kernels less 3 ``.item()`` reads and the 6 x 1.5 eager ops of the
+# softmax-statistics merges that TE's torch.compile fuses to 1.5 kernels), stream waits
+# (20 request waits, 3 event waits, 1 stream wait), event records, NCCL isend/irecv, syncs.
+TE_RING_RESULTS = "benchmarks/results/te_ring_host-2026-11-26T090552Z.json"
+TE_RING_CP4 = {"host_s": 629.6e-6, "kernels": 64.75, "waits": 24, "records": 3, "nccl": 14,
+               "syncs": 3}
+# Host seconds per call on the H200 machine (torch.profiler self CPU per call, one step of the
+# launcher: benchmarks/results/profile_step-2026-11-26T0401Z.json): cudaLaunchKernel,
+# cudaStreamWaitEvent, cudaEventRecord, cudaMemcpyAsync (a device-to-host read).
+H200_CALL_S = {"launch": 6.64e-6, "wait": 1.83e-6, "record": 1.04e-6, "read": 10.23e-6}
+# All-in host seconds per kernel of a host-bound step on that machine: the launcher's step,
+# 132 ms without the profiler (docs/gpu.md) for 3,313 + 291 kernel launches (the profile).
+ALL_IN_KERNEL_S = 132e-3 / (3313 + 291)
 
 
 def mock_lengths(count: int) -> np.ndarray:
@@ -117,6 +136,23 @@ def preset_hardware() -> Hardware:
     """The h100 preset with every GPU in one NVLink domain and fp32 gradient reduction."""
     return dataclasses.replace(get_hardware("h100"), gpus_per_node=1 << 10, grad_bytes=4,
                                description="h100 preset, one NVLink domain, fp32 grads")
+
+
+def te_ring_step_host_s(all_in: bool = False) -> float:
+    """Host seconds of one step of TE's THD p2p ring per layer (forward + backward).
+
+    ``all_in=False``: TE's Python measured on CPU tensors plus, per call, the H200 host cost
+    of what a CPU run skips: a launch per kernel, the stream waits and event records, an
+    NCCL call as a launch, a record and a wait, a device-to-host read per ``.item()``.
+    ``all_in=True``: every kernel at the all-in host cost of a host-bound step of our
+    launcher on that machine (Python, autograd and launch included).  At CP 4, per step.
+    """
+    r, c = TE_RING_CP4, H200_CALL_S
+    nccl = r["nccl"] * (c["launch"] + c["record"] + c["wait"])
+    if all_in:
+        return (r["kernels"] * ALL_IN_KERNEL_S + nccl) / CP
+    return (r["host_s"] + r["kernels"] * c["launch"] + r["waits"] * c["wait"]
+            + r["records"] * c["record"] + nccl + r["syncs"] * c["read"]) / CP
 
 
 def with_overheads(hw: Hardware, x) -> Hardware:
@@ -187,15 +223,21 @@ def main(argv=None) -> int:
     pool = mock_lengths(PER_RANK * max(args.gpus) // CP * (WARMUP + MEASURED) * (1 + args.spread))
     plans = {g: baseline_plans(g, WARMUP, pool) for g in args.gpus}
     hw = preset_hardware()
-    models = {"preset": [0.0, 0.0, 0.0]}
+    host = {name: te_ring_step_host_s(all_in) for name, all_in in
+            (("te-host", False), ("te-host-all-in", True))}
+    models = {"preset": hw} | {name: dataclasses.replace(hw, ring_step_overhead_s=s)
+                               for name, s in host.items()}
+    print(", ".join(f"{k}: {v * 1e6:.0f} us" for k, v in host.items()) +
+          " of TE ring host time per ring step and layer")
+    fitted = None
     if not args.no_calibration:
-        x, rms = calibrate(plans, hw)
-        models["calibrated"] = x
-        print(f"calibrated: {x[0]:.2f} ms per iteration, {x[1]:.2f} ms per micro-batch, "
-              f"{x[2]:.1f} us per ring step and layer (rms log error {rms:.3f})")
+        fitted, rms = calibrate(plans, hw)
+        models["calibrated"] = with_overheads(hw, fitted)
+        print(f"calibrated: {fitted[0]:.2f} ms per iteration, {fitted[1]:.2f} ms per "
+              f"micro-batch, {fitted[2]:.1f} us per ring step and layer (rms log error "
+              f"{rms:.3f})")
     rows = []
-    for name, x in models.items():
-        h = with_overheads(hw, x) if name == "calibrated" else hw
+    for name, h in models.items():
         for g in args.gpus:
             t = times(plans[g], h, with_skrull=True)
             spread = [times(baseline_plans(g, WARMUP + MEASURED * (1 + w), pool), h)
@@ -209,13 +251,14 @@ def main(argv=None) -> int:
                    "skrull_vs_dynamic_cp": t["dynamic_cp"] / t["skrull"]}
             rows.append(row)
             spread_s = f" [{min(ratios):.3f}-{max(ratios):.3f}]" if ratios else ""
-            print(f"{name:10} {g:>3} GPUs: dp_balanced {t['dp_balanced']:7.1f} ms, dynamic CP "
+            print(f"{name:14} {g:>3} GPUs: dp_balanced {t['dp_balanced']:7.1f} ms, dynamic CP "
                   f"{t['dynamic_cp']:7.1f}, skrull {t['skrull']:7.1f} | dyn-CP speedup "
                   f"{row['ratio']:.3f}{spread_s} (published {pub:.3f}, "
                   f"{row['ratio'] / pub - 1:+.1%}) | skrull x{row['skrull_vs_dp_balanced']:.3f} "
                   f"over dp_balanced, x{row['skrull_vs_dynamic_cp']:.3f} over dynamic CP",
                   flush=True)
-    extra = {"megatron_lm": MEGATRON_LM, "fitted": models.get("calibrated")}
+    extra = {"megatron_lm": MEGATRON_LM, "fitted": fitted, "te_ring_step_host_s": host,
+             "te_ring_results": TE_RING_RESULTS}
     results_io.record("megatron_dynamic_cp", rows, run, argv, **extra)
     if args.json:  # an extra copy where asked
         with open(args.json, "w", encoding="utf-8") as f:

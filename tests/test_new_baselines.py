@@ -169,9 +169,25 @@ def test_megatron_benchmark_setting_is_megatrons(tmp_path, monkeypatch):
             for mb in dynamic_cp_world(padded, d, 4, 2048, 4 * d):
                 assert all(first % size == 0 and size & (size - 1) == 0
                            for first, size, _ in mb)
+    # The TE ring's host-time constants are those of the recorded te_ring_host run.
+    root = os.path.dirname(os.path.dirname(__file__))
+    with open(os.path.join(root, bench.TE_RING_RESULTS), encoding="utf-8") as f:
+        te = {r["cp"]: r for r in json.load(f)["rows"]["per_cp"]}[4]
+    assert te["forward_s"] + te["backward_s"] == pytest.approx(bench.TE_RING_CP4["host_s"],
+                                                               rel=1e-3)
+    syncs, fused = te["aten_kernels"]["_local_scalar_dense"], 6 * te["aten_kernels"]["exp"]
+    assert te["counts"]["aten.kernel"] - syncs - fused == bench.TE_RING_CP4["kernels"]
+    assert te["counts"]["nccl.isend"] + te["counts"]["nccl.irecv"] == bench.TE_RING_CP4["nccl"]
+    assert bench.te_ring_step_host_s() < bench.te_ring_step_host_s(all_in=True)
     monkeypatch.setenv("SKRULL_RESULTS_DIR", str(tmp_path))
     assert bench.main(["--gpus", "4", "8", "--spread", "0", "--no-calibration"]) == 0
     (path,) = tmp_path.iterdir()
     rows = json.loads(path.read_text())["rows"]
-    assert [r["gpus"] for r in rows] == [4, 8]
+    assert [(r["model"], r["gpus"]) for r in rows] == [
+        (m, g) for m in ("preset", "te-host", "te-host-all-in") for g in (4, 8)]
     assert all(r["ratio"] > 1.0 and r["skrull_vs_dynamic_cp"] >= 1.0 - 1e-9 for r in rows)
+    by = {(r["model"], r["gpus"]): r["ms"] for r in rows}
+    for g in (4, 8):  # host time added to every ring step never makes an iteration faster
+        for policy in ("dp_balanced", "dynamic_cp"):
+            assert by["preset", g][policy] < by["te-host", g][policy] < \
+                by["te-host-all-in", g][policy]
