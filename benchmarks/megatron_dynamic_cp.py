@@ -44,7 +44,7 @@ import sys
 import numpy as np
 
 import results_io
-from skrull_ext.costmodel.hardware import Hardware, get_hardware
+from skrull_ext.costmodel.hardware import Hardware, get_hardware, linear_comm
 from skrull_ext.costmodel.model import ModelSpec
 from skrull_ext.planner.simulator import simulate
 from skrull_ext.scheduler import SchedulerConfig, schedule
@@ -75,6 +75,12 @@ H200_CALL_S = {"launch": 6.64e-6, "wait": 1.83e-6, "record": 1.04e-6, "read": 10
 # All-in host seconds per kernel of a host-bound step on that machine: the launcher's step,
 # 132 ms without the profiler (docs/gpu.md) for 3,313 + 291 kernel launches (the profile).
 ALL_IN_KERNEL_S = 132e-3 / (3313 + 291)
+# The ring's link if the published machine's CP ranks talk over PCIe 4.0 x16 rather than
+# NVLink (a hypothesis, not fitted: the README names no hardware; "four GPUs per node"):
+# 16 GT/s x 16 lanes x 128/130 = 31.5 GB/s per direction, of which P2P copies reach ~80%;
+# ~10 us per message as the preset's inter-node link.
+PCIE4_P2P_BYTES_PER_S = 25e9
+PCIE4_P2P_LATENCY_S = 10e-6
 
 
 def mock_lengths(count: int) -> np.ndarray:
@@ -227,6 +233,8 @@ def main(argv=None) -> int:
             (("te-host", False), ("te-host-all-in", True))}
     models = {"preset": hw} | {name: dataclasses.replace(hw, ring_step_overhead_s=s)
                                for name, s in host.items()}
+    models["pcie4-ring"] = dataclasses.replace(
+        hw, intra_node_comm=linear_comm(PCIE4_P2P_LATENCY_S, PCIE4_P2P_BYTES_PER_S))
     print(", ".join(f"{k}: {v * 1e6:.0f} us" for k, v in host.items()) +
           " of TE ring host time per ring step and layer")
     fitted = None

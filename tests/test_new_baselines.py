@@ -184,10 +184,13 @@ def test_megatron_benchmark_setting_is_megatrons(tmp_path, monkeypatch):
     (path,) = tmp_path.iterdir()
     rows = json.loads(path.read_text())["rows"]
     assert [(r["model"], r["gpus"]) for r in rows] == [
-        (m, g) for m in ("preset", "te-host", "te-host-all-in") for g in (4, 8)]
+        (m, g) for m in ("preset", "te-host", "te-host-all-in", "pcie4-ring") for g in (4, 8)]
     assert all(r["ratio"] > 1.0 and r["skrull_vs_dynamic_cp"] >= 1.0 - 1e-9 for r in rows)
     by = {(r["model"], r["gpus"]): r["ms"] for r in rows}
     for g in (4, 8):  # host time added to every ring step never makes an iteration faster
         for policy in ("dp_balanced", "dynamic_cp"):
             assert by["preset", g][policy] < by["te-host", g][policy] < \
                 by["te-host-all-in", g][policy]
+        # a slower ring link slows dp_balanced's all-rank rings more than dynamic CP's
+        assert by["pcie4-ring", g]["dp_balanced"] / by["pcie4-ring", g]["dynamic_cp"] > \
+            by["preset", g]["dp_balanced"] / by["preset", g]["dynamic_cp"]
