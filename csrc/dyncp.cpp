@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <unordered_set>
 #include <utility>
 
 #include "scheduler.h"
@@ -225,23 +226,50 @@ std::vector<Entry> fill_whole(Round& rnd, int lo, int hi, const std::vector<Entr
 
 // _next_micro_batch: one round; `pool` becomes the samples left for the next.
 Round next_micro_batch(std::vector<Entry>& pool, int total, int block, int64_t bucket) {
-  std::stable_sort(pool.begin(), pool.end(),
-                   [](const Entry& a, const Entry& b) { return a.s > b.s; });
+  const auto longer = [](const Entry& a, const Entry& b) { return a.s > b.s; };
+  // (ours, same order) The rest of a round stays sorted unless a block was re-selected.
+  if (!std::is_sorted(pool.begin(), pool.end(), longer)) {
+    std::stable_sort(pool.begin(), pool.end(), longer);
+  }
   Round rnd(total, block);
   rnd.add(0, 0, cp_needed(pool[0].s, bucket, block), pool[0].id, pool[0].s);
   const double cap = static_cast<double>(pool[0].s) * static_cast<double>(bucket) * (1.0 + 0.05);
   std::vector<Entry> rest;
   int64_t next_gid = 1;
   Choice best{};
-  for (size_t q = 1; q < pool.size(); ++q) {
-    const Entry& e = pool[q];
-    if (!place(rnd, e.s, bucket, block, cap, best)) {
-      rest.push_back(e);
-      continue;
+  // (ours, the reference's plan in O(log K) tries per placed sample) Between two adds a
+  // sample fits iff it is no longer than some threshold (reference _next_micro_batch says
+  // why), and the pool runs longest first: the next sample placed is the first that fits,
+  // found by a galloping search; the ones before it fail in the reference's scan too.
+  const auto fits = [&](size_t p) { return place(rnd, pool[p].s, bucket, block, cap, best); };
+  size_t q = 1;
+  while (q < pool.size() && fits(pool.size() - 1)) {
+    size_t lo = q, hi = pool.size() - 1, step = 1;  // hi fits, [q, lo) fail
+    while (lo + step - 1 < hi) {
+      if (fits(lo + step - 1)) {
+        hi = lo + step - 1;
+        break;
+      }
+      lo += step;  // [lo, lo + step) all fail
+      step *= 2;
     }
+    while (lo < hi) {
+      const size_t mid = lo + (hi - lo) / 2;
+      if (fits(mid)) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    rest.insert(rest.end(), pool.begin() + static_cast<std::ptrdiff_t>(q),
+                pool.begin() + static_cast<std::ptrdiff_t>(lo));
+    fits(lo);  // `best` for the sample placed
     const int64_t gid = best.gid >= 0 ? best.gid : next_gid++;
-    rnd.add(gid, best.first, best.size, e.id, e.s);
+    rnd.add(gid, best.first, best.size, pool[lo].id, pool[lo].s);
+    q = lo + 1;
   }
+  rest.insert(rest.end(), pool.begin() + static_cast<std::ptrdiff_t>(std::min(q, pool.size())),
+              pool.end());
   for (int lo = 0; lo < total; lo += block) {
     while (rnd.empty_in(lo, lo + block)) {
       if (fill_block(rnd, lo, lo + block)) continue;
@@ -249,13 +277,11 @@ Round next_micro_batch(std::vector<Entry>& pool, int total, int block, int64_t b
         pool = fill_whole(rnd, 0, total, pool, bucket);
         return rnd;
       }
-      std::vector<char> mine_flag;
+      std::unordered_set<Index> in_block;  // the reference's `mine`
+      for (int r = lo; r < lo + block; ++r) in_block.insert(rnd.ids[r].begin(), rnd.ids[r].end());
       std::vector<Entry> mine;
       for (const Entry& e : pool) {
-        bool in = false;
-        for (int r = lo; r < lo + block && !in; ++r)
-          in = std::find(rnd.ids[r].begin(), rnd.ids[r].end(), e.id) != rnd.ids[r].end();
-        if (in) mine.push_back(e);
+        if (in_block.count(e.id)) mine.push_back(e);
       }
       for (const Entry& e : fill_whole(rnd, lo, lo + block, mine, bucket)) rest.push_back(e);
       break;

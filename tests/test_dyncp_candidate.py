@@ -119,3 +119,22 @@ def test_core_candidates_refuse_bad_arguments(name):
         call(bucket=0)
     with pytest.raises(TypeError, match="micro_batch must be a class"):
         call(cls=3)
+
+
+def test_galloping_scan_keeps_megatrons_groups():
+    """The C++ core finds each round's next sample by a galloping search (a sample fits iff
+    it is no longer than a threshold) and the spec stops its scan once the smallest fits
+    nowhere: Megatron's rounds stay the same, on large batches with many equal padded
+    lengths, blocks of N (Skrull's candidate) and of D x N (Megatron's own rule)."""
+    from skrull_ext.scheduler.megatron_packing import dynamic_cp_world
+
+    rng = np.random.default_rng(3)
+    for k, dp, cp, bucket in ((3000, 4, 8, 1024), (1500, 2, 4, 512), (800, 3, 2, 2048)):
+        lengths = np.minimum((120 * (1 + rng.pareto(1.1, k))).astype(np.int64),
+                             cp * bucket - 2 * cp)
+        for block in (cp, dp * cp):
+            want = [[(f, s, tuple(ids)) for f, s, ids in mb]
+                    for mb in dynamic_cp_world(lengths, dp, cp, bucket, block)]
+            got = [[(f, s, tuple(ids)) for f, s, ids in mb]
+                   for mb in _C.dyncp_world(lengths, dp, cp, bucket, block)]
+            assert got == want, (k, dp, cp, bucket, block)

@@ -33,8 +33,11 @@ from skrull_ext.scheduler.plan import MicroBatch, Plan
 from skrull_ext.scheduler.pricing import predict_arrays
 
 # Above this many samples the candidate is skipped (a size rule, so the plan is the same
-# on every run): the dynamic-CP grouping re-sorts the remaining samples every micro-batch.
-MAX_DYNCP_SAMPLES = 1 << 12
+# on every run): Megatron's grouping scans the remaining samples every micro-batch; the C++
+# core's galloping scan builds it in ~16 ms at K = 16,384 and ~80 ms at K = 65,536 (DP 4 x
+# CP 8, 2-core VM), too much beside schedule()'s ~50 ms there.  At GBS 8192 the candidate
+# matters: without it Skrull was behind dynamic CP in 14 of 48 settings (paper, 0.966x).
+MAX_DYNCP_SAMPLES = 1 << 14
 
 
 def candidate(arr: np.ndarray, best: float, config: SchedulerConfig, cost_model: CostModel,

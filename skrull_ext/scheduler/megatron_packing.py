@@ -226,7 +226,8 @@ def _next_micro_batch(pool, total: int, block: int, bucket: int):
     rnd.add(0, list(range(cp_needed(s, bucket, block))), sid, s)
     cap = float(s) * float(bucket) * (1.0 + WORKLOAD_CAP_DELTA)
     rest, next_gid = [], 1
-    for sid, s in pool[1:]:
+    for q in range(1, len(pool)):
+        sid, s = pool[q]
         best = _place(rnd, sid, s, bucket, block, cap)
         if best is None:
             rest.append((sid, s))
@@ -235,6 +236,13 @@ def _next_micro_batch(pool, total: int, block: int, bucket: int):
         if gid is None:
             gid, next_gid = next_gid, next_gid + 1
         rnd.add(gid, ranks, sid, s)
+        # (ours, the same plan, O(K) fewer tries per round) Once the pool's smallest sample
+        # fits nowhere, none of the rest does: a longer sample has fewer group sizes, more
+        # work and more packed tokens to fit, and adds only raise work, packing and the
+        # first free ranks (a group opened later sits on ranks free, at work 0, before).
+        if _place(rnd, pool[-1][0], pool[-1][1], bucket, block, cap) is None:
+            rest += pool[q + 1:]
+            break
     for lo in range(0, total, block):
         while any(not rnd.lens[r] for r in range(lo, lo + block)):
             if _fill_block(rnd, lo, lo + block):
