@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from skrull_ext.attention.layout import layout_for_micro_batch, pack_samples
-from skrull_ext.attention.meta import stage_layout
+from skrull_ext.attention.meta import stage_layout, staged_positions
 from skrull_ext.scheduler.plan import MicroBatch, Plan
 
 from megatron.skrull.model import SkrullPackedSeqParams
@@ -54,12 +54,13 @@ def materialize(source: SampleSource, batch_ids: np.ndarray, plan: Plan, mb: Mic
         {i: torch.from_numpy(s.labels) for i, s in samples.items()},
         {i: torch.from_numpy(s.loss_mask) for i, s in samples.items()})
     # One non-blocking copy for the inputs and the layout's attention metadata and RoPE
-    # positions, which every layer then reuses (no per-layer or per-tensor host sync).
-    tokens, labels, loss_mask, positions = stage_layout(
-        layout, device, (packed.tokens, packed.labels, packed.loss_mask, packed.position_ids))
+    # positions, which every layer then reuses (no per-layer or per-tensor host sync); the
+    # model's position ids are those positions (packed.position_ids holds the same values).
+    tokens, labels, loss_mask = stage_layout(
+        layout, device, (packed.tokens, packed.labels, packed.loss_mask))
     return MicroBatchInputs(
         input_ids=tokens[None], labels=labels[None], loss_mask=loss_mask[None],
-        position_ids=positions[None],
+        position_ids=staged_positions(layout, device)[None],
         packed_seq_params=SkrullPackedSeqParams(layout=layout, cp_group=groups.cp_group,
                                                 attention_backend=attention_backend))
 

@@ -51,7 +51,8 @@ from megatron.core.transformer.transformer_block import (TransformerBlockSubmodu
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from skrull_ext.attention import dacp_attention
-from skrull_ext.attention.layout import RankLayout, on_device
+from skrull_ext.attention.layout import RankLayout
+from skrull_ext.attention.meta import staged_positions
 from skrull_ext.attention.staging import device_key
 
 from megatron.skrull.arguments import ModelArgs, RecomputeArgs
@@ -134,8 +135,7 @@ def _layout_rotary_table(rope: RopeFrequencies, rope_key: tuple, layout: RankLay
     if key not in per_layout:
         # Positions staged with the micro-batch (skrull_ext.attention.meta.stage_layout),
         # frequencies moved once per run: no host-to-device copy per micro-batch here.
-        positions = on_device(layout, device, "position_ids",
-                              lambda lay, dev: lay.position_ids.to(dev))
+        positions = staged_positions(layout, device)
         per_layout[key] = rotary_table(_rope_on(rope, key), positions)
     return per_layout[key]
 

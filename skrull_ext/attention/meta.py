@@ -122,6 +122,13 @@ def stage_layout(layout, device, host: Sequence[torch.Tensor] = ()) -> list[torc
     return out
 
 
+def staged_positions(layout, device) -> torch.Tensor:
+    """``[T]`` int64 position of each token inside its sample, on ``device``: the copy
+    :func:`stage_layout` staged (else moved on first use), the one tensor that feeds both
+    RoPE and the model's ``position_ids``."""
+    return on_device(layout, device, "position_ids", lambda lay, dev: lay.position_ids.to(dev))
+
+
 def build_meta(layout, device, move=None) -> LayoutMeta:
     """:class:`LayoutMeta` of ``layout`` (``move`` as in
     :func:`~skrull_ext.attention.kernels.segments`)."""

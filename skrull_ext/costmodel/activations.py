@@ -154,8 +154,8 @@ def outside_terms(model: Any, *, elem: int, recompute: Optional[str] = None, tp:
     """
     v, d = model.vocab_size / tp, model.head_dim
     terms = _norm("final_layernorm", model.hidden_size, elem, norm, sp)
-    terms += [Term("micro-batch buffer: token ids, labels, position ids, RoPE positions "
-                   "(int64), loss mask (fp32)", 4 * 8 + 4, lasting=True),
+    terms += [Term("micro-batch buffer: token ids, labels, positions (int64; RoPE's and "
+                   "the model's position ids), loss mask (fp32)", 3 * 8 + 4, lasting=True),
               Term("cross-entropy target mask (bool) and target (int64)", 9),
               Term("logits softmax (fp32, kept by mcore's cross entropy)", 4 * v),
               Term("RoPE cos and sin ([T, head_dim] each, shared by the layers)", 2 * d * elem,
