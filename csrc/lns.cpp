@@ -19,6 +19,8 @@ constexpr int64_t kQmax = 40;                      // lns.QMAX
 constexpr double kTau0 = 2e-3;                     // lns.TAU0
 constexpr double kTargetNoise = 0.01;              // lns.TARGET_NOISE
 constexpr double kOrderNoise = 0.3;                // lns.ORDER_NOISE
+constexpr double kRefillFracs[] = {1.0, 0.95, 0.9};  // lns.REFILL_FRACS
+constexpr int64_t kPlaceWorkFactor = 8;            // refine.PLACE_WORK_FACTOR
 
 class Rng {  // lns._Rng: splitmix64
  public:
@@ -74,7 +76,7 @@ class Lns {
   }
 
   int64_t work() const { return work_; }
-  void reset_work() { work_ = 0; }
+  void reset_work(int64_t to) { work_ = to; }
   double makespan() const { return *std::max_element(rt_.begin(), rt_.end()); }
   double score() {
     work_ += static_cast<int64_t>(rt_.size());
@@ -413,16 +415,87 @@ std::optional<double> Lns::step(double best_ms, double cur_score) {
   return std::nullopt;
 }
 
+// lns.refill: each DP rank repacked first-fit decreasing (by cost, ties index) into
+// micro-batches of at most int(frac x N x bucket) tokens, each placed by place_group; kept
+// where its split_time falls strictly.  Adds its work to *work.
+std::vector<RankSplit> refill(const GdsContext& ctx, const std::vector<RankSplit>& splits,
+                              double overhead, int64_t limit, int64_t* work) {
+  const Batch& b = ctx.batch;
+  const int64_t n = ctx.cp_size, cap = ctx.bucket_size;
+  std::vector<RankSplit> out;
+  for (const auto& split : splits) {
+    std::vector<Index> pool;
+    int64_t full = 0;
+    for (const auto& p : split) {
+      if (p.empty()) continue;
+      ++full;
+      pool.insert(pool.end(), p.distributed.begin(), p.distributed.end());
+      for (const auto& r : p.local) pool.insert(pool.end(), r.begin(), r.end());
+    }
+    std::sort(pool.begin(), pool.end(), [&](Index x, Index y) {
+      return b.costs[x] != b.costs[y] ? b.costs[x] > b.costs[y] : x < y;
+    });
+    const int64_t size = static_cast<int64_t>(pool.size());
+    *work += size + n * full;
+    RankSplit best = split;
+    double best_t = ctx.split_time(split, overhead);
+    for (double frac : kRefillFracs) {
+      if (*work + size * (full + 1) >= limit) break;
+      const int64_t room = static_cast<int64_t>(frac * static_cast<double>(cap) *
+                                                static_cast<double>(n));
+      std::vector<std::vector<Index>> groups;
+      std::vector<int64_t> tokens;
+      for (Index i : pool) {
+        const int64_t s = b.lengths[i];
+        bool put = false;
+        for (size_t g = 0; g < groups.size(); ++g) {
+          ++*work;
+          if (tokens[g] + s <= room) {
+            groups[g].push_back(i);
+            tokens[g] += s;
+            put = true;
+            break;
+          }
+        }
+        if (!put) {
+          groups.push_back({i});
+          tokens.push_back(s);
+        }
+      }
+      RankSplit placed;
+      for (const auto& g : groups) {
+        *work += (kPlaceWorkFactor + 1) * (static_cast<int64_t>(g.size()) + n);
+        auto p = place_group(ctx, g);
+        if (!p) break;
+        placed.push_back(std::move(*p));
+      }
+      if (placed.size() < groups.size()) continue;
+      const double t = ctx.split_time(placed, overhead);
+      if (t < best_t) {
+        best = std::move(placed);
+        best_t = t;
+      }
+    }
+    out.push_back(std::move(best));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
                            double overhead, int64_t budget, double floor_t, int64_t* spent) {
   if (spent) *spent = 0;
   if (budget <= 0 || splits.empty()) return splits;
+  double input_ms = 0.0;
+  for (const auto& split : splits) input_ms = std::max(input_ms, ctx.split_time(split, overhead));
+  if (input_ms <= floor_t * (1.0 + 1e-9)) return splits;
+  int64_t refilled = 0;
+  splits = refill(ctx, splits, overhead, budget / 2, &refilled);
   Lns search(ctx, splits, overhead, budget);
   double best_ms = search.makespan();
   double best_score = search.score();
-  search.reset_work();
+  search.reset_work(refilled);
   double cur = best_score;
   std::optional<std::vector<RankSplit>> best;
   while (search.work() < budget && best_ms > floor_t * (1.0 + 1e-9)) {
@@ -437,7 +510,7 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
     }
   }
   if (spent) *spent = search.work();
-  if (!best) return splits;
+  if (!best) best = std::move(splits);
   size_t m = 1;
   for (const auto& s : *best) m = std::max(m, s.size());
   for (auto& s : *best) {
