@@ -21,6 +21,7 @@ constexpr double kTargetNoise = 0.01;              // lns.TARGET_NOISE
 constexpr double kOrderNoise = 0.3;                // lns.ORDER_NOISE
 constexpr double kRefillFracs[] = {1.0, 0.95, 0.9};  // lns.REFILL_FRACS
 constexpr int64_t kPlaceWorkFactor = 8;            // refine.PLACE_WORK_FACTOR
+constexpr int64_t kRefillEvery = 30;               // lns.REFILL_EVERY
 
 class Rng {  // lns._Rng: splitmix64
  public:
@@ -50,6 +51,11 @@ struct Mb {
   std::vector<int64_t> tok;
 };
 
+// lns.refill (defined below the search): each DP rank repacked; changed[d] whether it was.
+std::vector<RankSplit> refill(const GdsContext& ctx, const std::vector<RankSplit>& splits,
+                              double overhead, int64_t limit, int64_t* work,
+                              std::vector<char>* changed);
+
 struct Pick {
   size_t d, j;
   Index i;
@@ -72,11 +78,46 @@ class Lns {
     }
     for (size_t d = 0; d < ranks_.size(); ++d) rt_.push_back(rank_time(d));
     lens_.assign(ranks_.size(), -1);
+    dirty_.assign(ranks_.size(), 1);
     work_ = 0;
   }
 
+  // lns._Lns.refill: the ranks changed since their last refill, within half the budget
+  // left; true if one was repacked.
+  bool refill_dirty() {
+    std::vector<size_t> ds;
+    std::vector<RankSplit> splits;
+    for (size_t d = 0; d < ranks_.size(); ++d) {
+      if (!dirty_[d]) continue;
+      dirty_[d] = 0;
+      ds.push_back(d);
+      work_ += static_cast<int64_t>(ranks_[d].size());
+      RankSplit split;
+      for (const auto& mb : ranks_[d]) {
+        if (mb.size) split.push_back(mb.p);
+      }
+      splits.push_back(std::move(split));
+    }
+    std::vector<char> changed;
+    int64_t work = 0;
+    auto out = refill(ctx_, splits, ovh_, (budget_ - work_) / 2, &work, &changed);
+    work_ += work;
+    bool any = false;
+    for (size_t x = 0; x < ds.size(); ++x) {
+      if (!changed[x]) continue;
+      any = true;
+      const size_t d = ds[x];
+      std::vector<Mb> rank;
+      for (const auto& p : out[x]) rank.push_back(summed(p));
+      rank.push_back(summed(empty()));
+      ranks_[d] = std::move(rank);
+      rt_[d] = rank_time(d);
+    }
+    return any;
+  }
+
   int64_t work() const { return work_; }
-  void reset_work(int64_t to) { work_ = to; }
+  void reset_work() { work_ = 0; }
   double makespan() const { return *std::max_element(rt_.begin(), rt_.end()); }
   double score() {
     work_ += static_cast<int64_t>(rt_.size());
@@ -238,6 +279,7 @@ class Lns {
   std::vector<size_t> touched_;  // the ranks with lens_ set, in first-touch order
   std::vector<Pick> picks_;
   std::vector<char> picked_;  // [K]
+  std::vector<char> dirty_;   // [D] changed since its last refill
 };
 
 void Lns::ruin(size_t d0) {
@@ -374,6 +416,7 @@ void Lns::compact() {
     }
     rank.push_back(summed(empty()));
     ranks_[d] = std::move(rank);
+    dirty_[d] = 1;
   }
 }
 
@@ -419,7 +462,8 @@ std::optional<double> Lns::step(double best_ms, double cur_score) {
 // micro-batches of at most int(frac x N x bucket) tokens, each placed by place_group; kept
 // where its split_time falls strictly.  Adds its work to *work.
 std::vector<RankSplit> refill(const GdsContext& ctx, const std::vector<RankSplit>& splits,
-                              double overhead, int64_t limit, int64_t* work) {
+                              double overhead, int64_t limit, int64_t* work,
+                              std::vector<char>* changed) {
   const Batch& b = ctx.batch;
   const int64_t n = ctx.cp_size, cap = ctx.bucket_size;
   std::vector<RankSplit> out;
@@ -438,6 +482,7 @@ std::vector<RankSplit> refill(const GdsContext& ctx, const std::vector<RankSplit
     const int64_t size = static_cast<int64_t>(pool.size());
     *work += size + n * full;
     RankSplit best = split;
+    bool better = false;
     double best_t = ctx.split_time(split, overhead);
     for (double frac : kRefillFracs) {
       if (*work + size * (full + 1) >= limit) break;
@@ -474,9 +519,11 @@ std::vector<RankSplit> refill(const GdsContext& ctx, const std::vector<RankSplit
       if (t < best_t) {
         best = std::move(placed);
         best_t = t;
+        better = true;
       }
     }
     out.push_back(std::move(best));
+    changed->push_back(better ? 1 : 0);
   }
   return out;
 }
@@ -487,19 +534,21 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
                            double overhead, int64_t budget, double floor_t, int64_t* spent) {
   if (spent) *spent = 0;
   if (budget <= 0 || splits.empty()) return splits;
-  double input_ms = 0.0;
-  for (const auto& split : splits) input_ms = std::max(input_ms, ctx.split_time(split, overhead));
-  if (input_ms <= floor_t * (1.0 + 1e-9)) return splits;
-  int64_t refilled = 0;
-  splits = refill(ctx, splits, overhead, budget / 2, &refilled);
   Lns search(ctx, splits, overhead, budget);
   double best_ms = search.makespan();
   double best_score = search.score();
-  search.reset_work(refilled);
+  search.reset_work();
   double cur = best_score;
   std::optional<std::vector<RankSplit>> best;
+  int64_t steps = 0;
   while (search.work() < budget && best_ms > floor_t * (1.0 + 1e-9)) {
-    const auto got = search.step(best_ms, cur);
+    std::optional<double> got;
+    if (steps % kRefillEvery == 0) {  // the first step, then every kRefillEvery-th
+      if (search.refill_dirty()) got = search.score();
+    } else {
+      got = search.step(best_ms, cur);
+    }
+    ++steps;
     if (!got) continue;
     cur = *got;
     const double ms = search.makespan();
@@ -510,7 +559,7 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
     }
   }
   if (spent) *spent = search.work();
-  if (!best) best = std::move(splits);
+  if (!best) return splits;
   size_t m = 1;
   for (const auto& s : *best) m = std::max(m, s.size());
   for (auto& s : *best) {

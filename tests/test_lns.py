@@ -93,14 +93,14 @@ def test_refill_consolidates_and_never_slows_a_rank():
         lengths, dp, cp, bucket = random_batch(rng)
         cm, ctx = _context(lengths, cp, bucket, ("paper", "ring")[trial % 2])
         alone = [[ctx.place([i]) for i in range(d, lengths.size, dp)] for d in range(dp)]
-        out, work = refill(ctx, alone, OVERHEAD, 10**9)
+        out, work, changed = refill(ctx, alone, OVERHEAD, 10**9)
         m = max(len(s) for s in out)
         _check(ctx, [s + [([], [[] for _ in range(cp)])] * (m - len(s)) for s in out],
                lengths.size)
         for before, after in zip(alone, out):
             assert ctx.split_time(after, OVERHEAD) <= ctx.split_time(before, OVERHEAD)
             merged += len(after) < len(before)
-        assert work > 0
+        assert work > 0 and changed == [len(a) < len(b) for a, b in zip(out, alone)]
         assert refill(ctx, alone, OVERHEAD, 0)[0] == alone
     assert merged >= 6, merged
 

@@ -64,6 +64,8 @@ TARGET_NOISE = 0.01
 ORDER_NOISE = 0.3
 # refill(): token fill fractions tried (of N x bucket per micro-batch).
 REFILL_FRACS = (1.0, 0.95, 0.9)
+# Every this many steps (the first included) the ranks changed since are refilled.
+REFILL_EVERY = 30
 
 
 class _Rng:
@@ -142,7 +144,7 @@ def floor(ctx: GdsContext, dp_size: int, overhead: float) -> float:
 
 
 def refill(ctx: GdsContext, splits, overhead: float, limit: int
-           ) -> tuple[list[list[Placement]], int]:
+           ) -> tuple[list[list[Placement]], int, list[bool]]:
     """Each DP rank of ``splits`` repacked: its samples by descending cost (ties: index)
     into the first micro-batch whose tokens stay within ``int(frac x N x bucket)`` (else a
     new one), each micro-batch placed by ``place_group``; per ``frac`` of
@@ -152,9 +154,10 @@ def refill(ctx: GdsContext, splits, overhead: float, limit: int
     :data:`PLACE_WORK_FACTOR` ``x (s + N)`` per placed micro-batch and ``s + N`` per
     pricing; an attempt that would start at or above ``limit`` (counting its first-fit
     estimate, the samples times the rank's micro-batches plus one) is skipped.
-    Returns ``(splits, work)``; ranks are not padded to equal lengths.
+    Returns ``(splits, work, changed)``: ranks not padded to equal lengths, ``changed[d]``
+    whether rank ``d`` was repacked.
     """
-    n, cap, work, out = ctx.cp_size, ctx.bucket_size, 0, []
+    n, cap, work, out, changed = ctx.cp_size, ctx.bucket_size, 0, [], []
     for split in splits:
         full = [p for p in split if p[0] or any(p[1])]
         pool = [i for p in full for i in list(p[0]) + [x for r in p[1] for x in r]]
@@ -191,7 +194,8 @@ def refill(ctx: GdsContext, splits, overhead: float, limit: int
             if t < best_t:
                 best, best_t = placed, t
         out.append(best)
-    return out, work
+        changed.append(best is not split)
+    return out, work, changed
 
 
 class _Lns:
@@ -212,6 +216,7 @@ class _Lns:
         self.rng = _Rng()
         self.journal: dict[tuple[int, int], _Mb] = {}
         self.lens: dict[int, int] = {}
+        self.dirty = [True] * len(self.ranks)  # changed since its last refill
 
     # -- pricing ------------------------------------------------------------------------
     def _sum(self, mb: _Mb) -> _Mb:
@@ -409,6 +414,27 @@ class _Lns:
             rank = [mb for mb in self.ranks[d] if mb.size]
             rank.append(self._sum(_Mb([], [[] for _ in range(self.n)])))
             self.ranks[d] = rank
+            self.dirty[d] = True
+
+    def refill(self) -> bool:
+        """:func:`refill` of the ranks changed since their last one, within half the budget
+        left; ``True`` if one was repacked (always faster, so always kept)."""
+        ds = [d for d in range(len(self.ranks)) if self.dirty[d]]
+        splits = []
+        for d in ds:
+            self.dirty[d] = False
+            self.work += len(self.ranks[d])
+            splits.append([(list(mb.dist), [list(r) for r in mb.local])
+                           for mb in self.ranks[d] if mb.size])
+        out, work, changed = refill(self.ctx, splits, self.ovh, (self.budget - self.work) // 2)
+        self.work += work
+        for d, split, new in zip(ds, out, changed):
+            if new:
+                rank = [self._sum(_Mb(list(p[0]), [list(r) for r in p[1]])) for p in split]
+                rank.append(self._sum(_Mb([], [[] for _ in range(self.n)])))
+                self.ranks[d] = rank
+                self.rt[d] = self._rank_time(d)
+        return any(changed)
 
     def score(self) -> float:
         self.work += len(self.rt)
@@ -455,15 +481,17 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
     """
     if budget <= 0:
         return splits
-    if max(ctx.split_time(s, overhead) for s in splits) <= floor_t * (1.0 + 1e-9):
-        return splits
-    splits, spent = refill(ctx, splits, overhead, budget // 2)
     search = _Lns(ctx, splits, overhead, budget)
     best, best_key = None, (max(search.rt), search.score())
-    search.work = spent
+    search.work = 0
     cur = best_key[1]
+    steps = 0
     while search.work < search.budget and best_key[0] > floor_t * (1.0 + 1e-9):
-        got = search.step(best_key[0], cur)
+        if steps % REFILL_EVERY == 0:  # the first step, then every REFILL_EVERY-th
+            got = search.score() if search.refill() else None
+        else:
+            got = search.step(best_key[0], cur)
+        steps += 1
         if got is None:
             continue
         cur = got
@@ -471,11 +499,11 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
         if key < best_key:
             best, best_key = search.snapshot(), key
     if best is None:
-        best = splits
+        return splits
     m = max(1, max(len(s) for s in best))
     return [s + [([], [[] for _ in range(ctx.cp_size)]) for _ in range(m - len(s))]
             for s in best]
 
 
-__all__ = ["MAX_LNS_SAMPLES", "QMAX", "REFILL_FRACS", "SEED", "TAU0", "WORK_UNITS_PER_MS", "floor",
+__all__ = ["MAX_LNS_SAMPLES", "QMAX", "REFILL_EVERY", "REFILL_FRACS", "SEED", "TAU0", "WORK_UNITS_PER_MS", "floor",
            "lns", "refill"]
