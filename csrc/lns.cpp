@@ -19,8 +19,8 @@ constexpr int64_t kQmax = 40;                      // lns.QMAX
 constexpr double kTau0 = 2e-3;                     // lns.TAU0
 constexpr double kTargetNoise = 0.01;              // lns.TARGET_NOISE
 constexpr double kOrderNoise = 0.3;                // lns.ORDER_NOISE
-constexpr double kRefillFracs[] = {1.0, 0.95, 0.9};  // lns.REFILL_FRACS
-constexpr int64_t kPlaceWorkFactor = 8;            // refine.PLACE_WORK_FACTOR
+constexpr double kRefillFracs[] = {0.97};           // lns.REFILL_FRACS
+constexpr int64_t kRefillPlaceWork = 64;           // lns.REFILL_PLACE_WORK
 constexpr int64_t kRefillEvery = 30;               // lns.REFILL_EVERY
 
 class Rng {  // lns._Rng: splitmix64
@@ -91,7 +91,7 @@ class Lns {
       if (!dirty_[d]) continue;
       dirty_[d] = 0;
       ds.push_back(d);
-      work_ += static_cast<int64_t>(ranks_[d].size());
+      for (const auto& mb : ranks_[d]) work_ += mb.size + 1;
       RankSplit split;
       for (const auto& mb : ranks_[d]) {
         if (mb.size) split.push_back(mb.p);
@@ -468,24 +468,33 @@ std::vector<RankSplit> refill(const GdsContext& ctx, const std::vector<RankSplit
   const int64_t n = ctx.cp_size, cap = ctx.bucket_size;
   std::vector<RankSplit> out;
   for (const auto& split : splits) {
-    std::vector<Index> pool;
-    int64_t full = 0;
+    int64_t full = 0, size = 0;
     for (const auto& p : split) {
       if (p.empty()) continue;
       ++full;
-      pool.insert(pool.end(), p.distributed.begin(), p.distributed.end());
-      for (const auto& r : p.local) pool.insert(pool.end(), r.begin(), r.end());
+      size += static_cast<int64_t>(p.distributed.size());
+      for (const auto& r : p.local) size += static_cast<int64_t>(r.size());
     }
-    std::sort(pool.begin(), pool.end(), [&](Index x, Index y) {
-      return b.costs[x] != b.costs[y] ? b.costs[x] > b.costs[y] : x < y;
-    });
-    const int64_t size = static_cast<int64_t>(pool.size());
-    *work += size + n * full;
+    *work += static_cast<int64_t>(split.size());
+    const int64_t estimate = size * (full + 1) + kRefillPlaceWork * (size + n * full);
     RankSplit best = split;
-    bool better = false;
-    double best_t = ctx.split_time(split, overhead);
+    bool better = false, priced = false;
+    double best_t = 0.0;
+    std::vector<Index> pool;
     for (double frac : kRefillFracs) {
-      if (*work + size * (full + 1) >= limit) break;
+      if (*work + estimate >= limit) break;
+      if (!priced) {  // the rank's samples, costliest first, and its time
+        priced = true;
+        for (const auto& p : split) {
+          pool.insert(pool.end(), p.distributed.begin(), p.distributed.end());
+          for (const auto& r : p.local) pool.insert(pool.end(), r.begin(), r.end());
+        }
+        std::sort(pool.begin(), pool.end(), [&](Index x, Index y) {
+          return b.costs[x] != b.costs[y] ? b.costs[x] > b.costs[y] : x < y;
+        });
+        *work += 2 * (size + n * full);
+        best_t = ctx.split_time(split, overhead);
+      }
       const int64_t room = static_cast<int64_t>(frac * static_cast<double>(cap) *
                                                 static_cast<double>(n));
       std::vector<std::vector<Index>> groups;
@@ -509,7 +518,7 @@ std::vector<RankSplit> refill(const GdsContext& ctx, const std::vector<RankSplit
       }
       RankSplit placed;
       for (const auto& g : groups) {
-        *work += (kPlaceWorkFactor + 1) * (static_cast<int64_t>(g.size()) + n);
+        *work += kRefillPlaceWork * (static_cast<int64_t>(g.size()) + n);
         auto p = place_group(ctx, g);
         if (!p) break;
         placed.push_back(std::move(*p));

@@ -23,11 +23,12 @@ sample).  This pass then repeats, within a work budget:
    the other ranks counts) is below the current one times ``1 + tau``, ``tau`` falling
    linearly from :data:`TAU0` to 0 over the budget (threshold accepting); else undo.
 
-Before the first step, :func:`refill` repacks each DP rank: its samples first-fit
-decreasing (by cost) into micro-batches of at most :data:`REFILL_FRACS` of the CP group's
-tokens, each placed by ``refine.place_group``; a repacking is kept where the rank gets
-faster.  Full micro-batches hide the ring's transfers under local work, a structure the
-steps alone reach only after thousands of moves (ring objective, 2x buckets: 3-5% faster).
+Instead of the first step and of every :data:`REFILL_EVERY`-th, :func:`refill` repacks
+each DP rank changed since its last refill: its samples first-fit decreasing (by cost)
+into micro-batches of at most :data:`REFILL_FRACS` of the CP group's tokens, each placed
+by ``refine.place_group``; a repacking is kept (always) where the rank gets faster.  Full
+micro-batches hide the ring's transfers under local work, a structure the steps alone
+reach only after thousands of moves (7B, CP 16, GBS 1024, 2x buckets: 2-5% faster plans).
 
 It keeps the best plan seen (makespan, then score) and stops when the budget is spent or
 that makespan reaches the batch's lower bound (:func:`floor`, as the C++ core's
@@ -43,7 +44,7 @@ from __future__ import annotations
 from typing import Optional
 
 from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
-from skrull_ext.scheduler.refine import PLACE_WORK_FACTOR, place_group
+from skrull_ext.scheduler.refine import place_group
 from skrull_ext.sharding import shard_tokens
 
 MASK = (1 << 64) - 1
@@ -63,9 +64,12 @@ TARGET_NOISE = 0.01
 # Half of the recreates order samples by cost times a factor in [1, 1 + ORDER_NOISE).
 ORDER_NOISE = 0.3
 # refill(): token fill fractions tried (of N x bucket per micro-batch).
-REFILL_FRACS = (1.0, 0.95, 0.9)
+REFILL_FRACS = (0.97,)
 # Every this many steps (the first included) the ranks changed since are refilled.
 REFILL_EVERY = 30
+# Work units per sample and per CP rank of a micro-batch refill() places (DACP's five
+# variants and the pricing; bench_scheduler.py --calibrate --stage lns).
+REFILL_PLACE_WORK = 64
 
 
 class _Rng:
@@ -150,23 +154,29 @@ def refill(ctx: GdsContext, splits, overhead: float, limit: int
     new one), each micro-batch placed by ``place_group``; per ``frac`` of
     :data:`REFILL_FRACS`, kept where the rank's ``split_time`` falls strictly.
 
-    Work: per attempt the samples times the micro-batches opened (its first-fit checks),
-    :data:`PLACE_WORK_FACTOR` ``x (s + N)`` per placed micro-batch and ``s + N`` per
-    pricing; an attempt that would start at or above ``limit`` (counting its first-fit
-    estimate, the samples times the rank's micro-batches plus one) is skipped.
+    Work: per attempt the first-fit checks and :data:`REFILL_PLACE_WORK` ``x (s + N)``
+    per placed micro-batch, per rank its micro-batch count and, once, twice its samples
+    and CP ranks (sorting and pricing); an attempt whose estimate (the samples times the
+    rank's micro-batches plus one, plus the placements at that count) would reach
+    ``limit`` is skipped, and so are the rank's later ones.
     Returns ``(splits, work, changed)``: ranks not padded to equal lengths, ``changed[d]``
     whether rank ``d`` was repacked.
     """
     n, cap, work, out, changed = ctx.cp_size, ctx.bucket_size, 0, [], []
     for split in splits:
         full = [p for p in split if p[0] or any(p[1])]
-        pool = [i for p in full for i in list(p[0]) + [x for r in p[1] for x in r]]
-        pool.sort(key=lambda i: (-ctx.costs[i], i))
-        work += len(pool) + n * len(full)
-        best, best_t = split, ctx.split_time(split, overhead)
+        size = sum(len(p[0]) + sum(len(r) for r in p[1]) for p in full)
+        work += len(split)
+        estimate = size * (len(full) + 1) + REFILL_PLACE_WORK * (size + n * len(full))
+        best, best_t = split, None
         for frac in REFILL_FRACS:
-            if work + len(pool) * (len(full) + 1) >= limit:
+            if work + estimate >= limit:
                 break
+            if best_t is None:  # the rank's samples, costliest first, and its time
+                pool = [i for p in full for i in list(p[0]) + [x for r in p[1] for x in r]]
+                pool.sort(key=lambda i: (-ctx.costs[i], i))
+                work += 2 * (size + n * len(full))
+                best_t = ctx.split_time(split, overhead)
             room = int(frac * cap * n)
             groups: list[list[int]] = []
             tokens: list[int] = []
@@ -183,7 +193,7 @@ def refill(ctx: GdsContext, splits, overhead: float, limit: int
                     tokens.append(s)
             placed = []
             for g in groups:
-                work += (PLACE_WORK_FACTOR + 1) * (len(g) + n)
+                work += REFILL_PLACE_WORK * (len(g) + n)
                 p = place_group(ctx, g)
                 if p is None:
                     break
@@ -423,7 +433,7 @@ class _Lns:
         splits = []
         for d in ds:
             self.dirty[d] = False
-            self.work += len(self.ranks[d])
+            self.work += sum(mb.size + 1 for mb in self.ranks[d])
             splits.append([(list(mb.dist), [list(r) for r in mb.local])
                            for mb in self.ranks[d] if mb.size])
         out, work, changed = refill(self.ctx, splits, self.ovh, (self.budget - self.work) // 2)
@@ -505,5 +515,5 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
             for s in best]
 
 
-__all__ = ["MAX_LNS_SAMPLES", "QMAX", "REFILL_EVERY", "REFILL_FRACS", "SEED", "TAU0", "WORK_UNITS_PER_MS", "floor",
+__all__ = ["MAX_LNS_SAMPLES", "QMAX", "REFILL_EVERY", "REFILL_FRACS", "REFILL_PLACE_WORK", "SEED", "TAU0", "WORK_UNITS_PER_MS", "floor",
            "lns", "refill"]
