@@ -19,6 +19,9 @@ constexpr int64_t kQmax = 40;                      // lns.QMAX
 constexpr double kTau0 = 2e-3;                     // lns.TAU0
 constexpr double kTargetNoise = 0.01;              // lns.TARGET_NOISE
 constexpr double kOrderNoise = 0.3;                // lns.ORDER_NOISE
+constexpr double kRefillFracs[] = {0.97};           // lns.REFILL_FRACS
+constexpr int64_t kRefillPlaceWork = 64;           // lns.REFILL_PLACE_WORK
+constexpr int64_t kRefillEvery = 30;               // lns.REFILL_EVERY
 
 class Rng {  // lns._Rng: splitmix64
  public:
@@ -48,6 +51,11 @@ struct Mb {
   std::vector<int64_t> tok;
 };
 
+// lns.refill (defined below the search): each DP rank repacked; changed[d] whether it was.
+std::vector<RankSplit> refill(const GdsContext& ctx, const std::vector<RankSplit>& splits,
+                              double overhead, int64_t limit, int64_t* work,
+                              std::vector<char>* changed);
+
 struct Pick {
   size_t d, j;
   Index i;
@@ -70,7 +78,42 @@ class Lns {
     }
     for (size_t d = 0; d < ranks_.size(); ++d) rt_.push_back(rank_time(d));
     lens_.assign(ranks_.size(), -1);
+    dirty_.assign(ranks_.size(), 1);
     work_ = 0;
+  }
+
+  // lns._Lns.refill: the ranks changed since their last refill, within half the budget
+  // left; true if one was repacked.
+  bool refill_dirty() {
+    std::vector<size_t> ds;
+    std::vector<RankSplit> splits;
+    for (size_t d = 0; d < ranks_.size(); ++d) {
+      if (!dirty_[d]) continue;
+      dirty_[d] = 0;
+      ds.push_back(d);
+      for (const auto& mb : ranks_[d]) work_ += mb.size + 1;
+      RankSplit split;
+      for (const auto& mb : ranks_[d]) {
+        if (mb.size) split.push_back(mb.p);
+      }
+      splits.push_back(std::move(split));
+    }
+    std::vector<char> changed;
+    int64_t work = 0;
+    auto out = refill(ctx_, splits, ovh_, (budget_ - work_) / 2, &work, &changed);
+    work_ += work;
+    bool any = false;
+    for (size_t x = 0; x < ds.size(); ++x) {
+      if (!changed[x]) continue;
+      any = true;
+      const size_t d = ds[x];
+      std::vector<Mb> rank;
+      for (const auto& p : out[x]) rank.push_back(summed(p));
+      rank.push_back(summed(empty()));
+      ranks_[d] = std::move(rank);
+      rt_[d] = rank_time(d);
+    }
+    return any;
   }
 
   int64_t work() const { return work_; }
@@ -236,6 +279,7 @@ class Lns {
   std::vector<size_t> touched_;  // the ranks with lens_ set, in first-touch order
   std::vector<Pick> picks_;
   std::vector<char> picked_;  // [K]
+  std::vector<char> dirty_;   // [D] changed since its last refill
 };
 
 void Lns::ruin(size_t d0) {
@@ -372,6 +416,7 @@ void Lns::compact() {
     }
     rank.push_back(summed(empty()));
     ranks_[d] = std::move(rank);
+    dirty_[d] = 1;
   }
 }
 
@@ -413,6 +458,85 @@ std::optional<double> Lns::step(double best_ms, double cur_score) {
   return std::nullopt;
 }
 
+// lns.refill: each DP rank repacked first-fit decreasing (by cost, ties index) into
+// micro-batches of at most int(frac x N x bucket) tokens, each placed by place_group; kept
+// where its split_time falls strictly.  Adds its work to *work.
+std::vector<RankSplit> refill(const GdsContext& ctx, const std::vector<RankSplit>& splits,
+                              double overhead, int64_t limit, int64_t* work,
+                              std::vector<char>* changed) {
+  const Batch& b = ctx.batch;
+  const int64_t n = ctx.cp_size, cap = ctx.bucket_size;
+  std::vector<RankSplit> out;
+  for (const auto& split : splits) {
+    int64_t full = 0, size = 0;
+    for (const auto& p : split) {
+      if (p.empty()) continue;
+      ++full;
+      size += static_cast<int64_t>(p.distributed.size());
+      for (const auto& r : p.local) size += static_cast<int64_t>(r.size());
+    }
+    *work += static_cast<int64_t>(split.size());
+    const int64_t estimate = size * (full + 1) + kRefillPlaceWork * (size + n * full);
+    RankSplit best = split;
+    bool better = false, priced = false;
+    double best_t = 0.0;
+    std::vector<Index> pool;
+    for (double frac : kRefillFracs) {
+      if (*work + estimate >= limit) break;
+      if (!priced) {  // the rank's samples, costliest first, and its time
+        priced = true;
+        for (const auto& p : split) {
+          pool.insert(pool.end(), p.distributed.begin(), p.distributed.end());
+          for (const auto& r : p.local) pool.insert(pool.end(), r.begin(), r.end());
+        }
+        std::sort(pool.begin(), pool.end(), [&](Index x, Index y) {
+          return b.costs[x] != b.costs[y] ? b.costs[x] > b.costs[y] : x < y;
+        });
+        *work += 2 * (size + n * full);
+        best_t = ctx.split_time(split, overhead);
+      }
+      const int64_t room = static_cast<int64_t>(frac * static_cast<double>(cap) *
+                                                static_cast<double>(n));
+      std::vector<std::vector<Index>> groups;
+      std::vector<int64_t> tokens;
+      for (Index i : pool) {
+        const int64_t s = b.lengths[i];
+        bool put = false;
+        for (size_t g = 0; g < groups.size(); ++g) {
+          ++*work;
+          if (tokens[g] + s <= room) {
+            groups[g].push_back(i);
+            tokens[g] += s;
+            put = true;
+            break;
+          }
+        }
+        if (!put) {
+          groups.push_back({i});
+          tokens.push_back(s);
+        }
+      }
+      RankSplit placed;
+      for (const auto& g : groups) {
+        *work += kRefillPlaceWork * (static_cast<int64_t>(g.size()) + n);
+        auto p = place_group(ctx, g);
+        if (!p) break;
+        placed.push_back(std::move(*p));
+      }
+      if (placed.size() < groups.size()) continue;
+      const double t = ctx.split_time(placed, overhead);
+      if (t < best_t) {
+        best = std::move(placed);
+        best_t = t;
+        better = true;
+      }
+    }
+    out.push_back(std::move(best));
+    changed->push_back(better ? 1 : 0);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
@@ -425,8 +549,15 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
   search.reset_work();
   double cur = best_score;
   std::optional<std::vector<RankSplit>> best;
+  int64_t steps = 0;
   while (search.work() < budget && best_ms > floor_t * (1.0 + 1e-9)) {
-    const auto got = search.step(best_ms, cur);
+    std::optional<double> got;
+    if (steps % kRefillEvery == 0) {  // the first step, then every kRefillEvery-th
+      if (search.refill_dirty()) got = search.score();
+    } else {
+      got = search.step(best_ms, cur);
+    }
+    ++steps;
     if (!got) continue;
     cur = *got;
     const double ms = search.makespan();

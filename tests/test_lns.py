@@ -4,7 +4,7 @@ The reference and C++ return identical plans through the portfolio for budgets t
 the search early and late, both objectives; the search never returns a slower plan, keeps
 every sample once and every CP rank within the bucket, improves plans the converged local
 search cannot, stops at once on a plan at the batch's lower bound, and its floor is the C++
-core's bound.
+core's bound; its first pass (refill) merges half-empty micro-batches and never slows a rank.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import SchedulerConfig, portfolio, schedule
 from skrull_ext.scheduler.bound import lower_bound
-from skrull_ext.scheduler.lns import floor, lns
+from skrull_ext.scheduler.lns import floor, lns, refill
 from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.reference import GdsContext
 from skrull_ext.scheduler.refine import refine
@@ -81,6 +81,28 @@ def test_lns_parity_and_gain_over_the_local_search():
         assert after <= before
         gains += after < before
     assert gains >= 3, gains
+
+
+def test_refill_consolidates_and_never_slows_a_rank():
+    """One sample per micro-batch: the repacking merges them (fewer micro-batch
+    overheads), keeps every sample once within the bucket and never slows a DP rank;
+    a limit below its first attempt leaves the plan as it was."""
+    rng = np.random.default_rng(5)
+    merged = 0
+    for trial in range(12):
+        lengths, dp, cp, bucket = random_batch(rng)
+        cm, ctx = _context(lengths, cp, bucket, ("paper", "ring")[trial % 2])
+        alone = [[ctx.place([i]) for i in range(d, lengths.size, dp)] for d in range(dp)]
+        out, work, changed = refill(ctx, alone, OVERHEAD, 10**9)
+        m = max(len(s) for s in out)
+        _check(ctx, [s + [([], [[] for _ in range(cp)])] * (m - len(s)) for s in out],
+               lengths.size)
+        for before, after in zip(alone, out):
+            assert ctx.split_time(after, OVERHEAD) <= ctx.split_time(before, OVERHEAD)
+            merged += len(after) < len(before)
+        assert work > 0 and changed == [len(a) < len(b) for a, b in zip(out, alone)]
+        assert refill(ctx, alone, OVERHEAD, 0)[0] == alone
+    assert merged >= 6, merged
 
 
 @pytest.mark.parametrize("objective", ["paper", "ring"])
