@@ -18,7 +18,6 @@ is the spec; the C++ backend builds and prices the same plan in the core
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -27,7 +26,7 @@ from skrull_ext import _backend
 from skrull_ext.costmodel.model import CostModel
 from skrull_ext.scheduler.baselines import BASELINES
 from skrull_ext.scheduler.config import SchedulerConfig
-from skrull_ext.scheduler.hybrid import core_candidate_plan, subgroup_sizes
+from skrull_ext.scheduler.hybrid import core_candidate_plan, subgroup_sizes, winner
 from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.plan import MicroBatch, Plan
 from skrull_ext.scheduler.pricing import predict_arrays
@@ -61,13 +60,7 @@ def candidate(arr: np.ndarray, best: float, config: SchedulerConfig, cost_model:
         return None
     cpp = _backend.CPP if backend == "cpp" else None
     build = _build_cpp if hasattr(cpp, "dyncp_candidate") else _build_python
-    built = build(arr, config, cost_model, arrays, best)
-    if built is None or built[1]["iteration_time"] >= best:
-        return None
-    plan, predicted = built
-    out = dataclasses.replace(plan, predicted={**predicted, "candidate": "dynamic-cp"})
-    out.__dict__["flat"] = plan.flat
-    return out
+    return winner(build(arr, config, cost_model, arrays, best), best, "dynamic-cp")
 
 
 def _build_python(arr, config: SchedulerConfig, cost_model: CostModel, arrays, best):

@@ -62,11 +62,16 @@ def candidate(arr: np.ndarray, best: float, config: SchedulerConfig, cost_model:
     if best <= hybrid_bound(arr, config, cost_model, arrays, sub):
         return None
     build = _build_cpp if hasattr(cpp, "hybrid_candidate") else _build_python
-    built = build(arr, config, cost_model, arrays, sub, best)
+    return winner(build(arr, config, cost_model, arrays, sub, best), best, "hybrid-cp")
+
+
+def winner(built, best: float, name: str) -> Optional[Plan]:
+    """A sub-group candidate's ``(plan, predicted)`` as Skrull's plan (``predicted
+    ["candidate"] = name``, its flat arrays kept) when strictly faster than ``best``."""
     if built is None or built[1]["iteration_time"] >= best:
         return None
     cand, predicted = built
-    out = dataclasses.replace(cand, predicted={**predicted, "candidate": "hybrid-cp"})
+    out = dataclasses.replace(cand, predicted={**predicted, "candidate": name})
     out.__dict__["flat"] = cand.flat
     return out
 
@@ -178,4 +183,4 @@ def hybrid_bound(arr, config: SchedulerConfig, cost_model: CostModel, arrays,
     return (worst + cost_model.time.iteration_overhead) * (1.0 - 1e-12)
 
 
-__all__ = ["candidate", "core_candidate_plan", "hybrid_bound", "hybrid_floor", "subgroup_arrays", "subgroup_sizes"]
+__all__ = ["candidate", "core_candidate_plan", "hybrid_bound", "hybrid_floor", "subgroup_arrays", "subgroup_sizes", "winner"]
