@@ -42,12 +42,12 @@ def test_activation_bytes_by_recompute():
     assert none == Q7.activation_bytes_per_token()
     h, kv, f, v = Q7.hidden_size, Q7.kv_hidden_size, Q7.ffn_hidden_size, Q7.vocab_size
     # Per layer 14h + 6 h_kv + 10f bf16 bytes, plus two rstd (fp32) and the log-sum-exp
-    # (fp32 per head); outside: the final norm, the micro-batch buffer (4 int64 + the fp32
-    # loss mask), targets, the fp32 softmax and the bf16 logits, RoPE's cos and sin (bf16,
+    # (fp32 per head); outside: the final norm, the micro-batch buffer (3 int64: ids, labels,
+    # positions; the fp32 loss mask), targets, the fp32 softmax and the bf16 logits, RoPE's cos and sin (bf16,
     # shared by the layers) and its angle table (fp32).
     d = Q7.head_dim
     layer = 14 * h + 6 * kv + 10 * f + 8 + 4 * Q7.num_attention_heads
-    outside = 4 * h + 4 + 36 + 9 + 6 * v + 2 * d * 2 + 4 * d
+    outside = 4 * h + 4 + 28 + 9 + 6 * v + 2 * d * 2 + 4 * d
     assert none == Q7.num_layers * layer + outside
     # Selective (core_attn checkpointed): the key after RoPE and the log-sum-exp go; the
     # query after RoPE is replaced by mcore's query copy the checkpoint keeps.  RoPE's cos
@@ -69,7 +69,7 @@ def test_full_recompute_peak_is_the_larger_moment():
     layer = TrainingMemory(precision="bf16").layer_activation_bytes_per_token(small)
     h = small.hidden_size
     assert full.activation_bytes_per_token(small) == \
-        small.num_layers * 2 * h + layer - 2 * h + 36 + 2 * small.head_dim * 2 + 4 * small.head_dim
+        small.num_layers * 2 * h + layer - 2 * h + 28 + 2 * small.head_dim * 2 + 4 * small.head_dim
 
 
 def test_cpu_norm_saves_fp32_copies():
