@@ -23,9 +23,9 @@ in a slot no other sample can join and sets its micro-batch's time.  ``pack-spre
 (:data:`PACK_SPREAD`) places each long sample instead on the micro-batch with the least
 distributed work among those with room (ties: the lowest): every micro-batch then holds
 a share of the rings and room for local work beside them, which hides the ring's
-transfers (the ``paper`` objective's ``max(ring, local)``; measured on ChatQA2 and
-LMSYS-Chat lengths at CP 16, GBS 1024: 4-6% faster plans than the other candidates).  Every CP rank stays
-within the bucket: a micro-batch's shards leave ``bucket - shards`` tokens per rank, and a
+transfers (the ``paper`` objective's ``max(ring, local)``; ChatQA2 0.5B and LMSYS-Chat 7B
+at CP 16, GBS 1024: Skrull's plans 3.2% and 2.0% faster).  Every CP rank stays within the
+bucket: a micro-batch's shards leave ``bucket - shards`` tokens per rank, and a
 local sample only goes to a slot with that much room left.
 
 This module is the specification; ``csrc/pack.cpp`` mirrors it (``tests/test_pack.py``
