@@ -109,8 +109,9 @@ def test_gpu_tables_from_a_check_and_a_throughput_run(results):
     assert sum(line.startswith("| parity | ok | 1.0 | torch bf16: out 1.0e-03") and
                "01-02" in line and "bbbbbbb" in line for line in lines) == 1
     assert any(line.startswith("| cp_timing | not run | - | needs 2 GPUs |") for line in lines)
-    row = lambda system, variant, tok: {"system": system, "variant": variant, "tokens_per_s": tok,
-                                        "tflops_per_gpu": 1.0, "mfu": 0.5}
+    row = lambda system, variant, tok, iters=4: {
+        "system": system, "variant": variant, "tokens_per_s": tok, "tflops_per_gpu": 1.0,
+        "mfu": 0.5, "iterations": iters}
     _write(results, "bench_gpu", "2026-01-01T0000Z", [], {"models": {
         "m": {"rows": [row("ours", "torch", 300.0), row("transformers", "sdpa", 100.0),
                        row("transformers", "eager", 50.0),
@@ -118,8 +119,13 @@ def test_gpu_tables_from_a_check_and_a_throughput_run(results):
         "n": {"rows": [row("ours", "torch", 10.0),
                        {"system": "ours", "variant": "te", "skipped": "not installed"}]}}},
         quiet=True)
+    # A newer smoke run (2 timed iterations) goes to the history, not the table.
+    _write(results, "bench_gpu", "2026-01-02T0000Z", [], {"models": {
+        "m": {"rows": [row("ours", "torch", 200.0, 2), row("transformers", "sdpa", 100.0, 2)]}}},
+        quiet=True)
     lines = render_gpu.gpu_throughput(page)
     assert lines[0].endswith(" Not run (not installed): ours te.")
+    assert "2026-01-01T0000Z" in lines[0] and not any("**200**" in line for line in lines)
     assert "| m | ours | torch | **300** | 1.0 | 50.0% | 3.00x |" in lines
     assert "| m | transformers | eager | **50** | 1.0 | 50.0% | 0.50x |" in lines
     assert "| n | ours | torch | **10** | 1.0 | 50.0% | - |" in lines
@@ -166,10 +172,10 @@ def test_gpu_cost_model_memory_and_headline_tables(results):
     assert any(line.startswith("| 0.5B, selective | 2.00 / 1.00 (-0.3%) | 2.00 / 1.00 (-0.2%) "
                                "| 52,665: **2.00 / 1.00 (-0.1%)** | 9 / 10 |") for line in lines)
     assert any(line.startswith("| 1.5B, full | 2.00 / 1.00 (+0.4%) | - | "
-                               "131,669: **out of memory** |") for line in lines)
+                               "131,669: **out of memory (predicted 1.00)** |") for line in lines)
     assert not any("-9.0%" in line for line in lines)
     tput = lambda system, tok: {"system": system, "variant": "torch" if system == "ours"
-                                else "sdpa", "tokens_per_s": tok}
+                                else "sdpa", "tokens_per_s": tok, "iterations": 4}
     _write(results, "bench_gpu", "2026-01-01T0000Z", [], {"models": {
         "qwen2.5-0.5b": {"rows": [tput("ours", 320.0), tput("transformers", 100.0)]},
         "qwen2.5-1.5b": {"rows": [tput("ours", 340.0), tput("transformers", 100.0)]}}},
