@@ -47,11 +47,10 @@ std::vector<Index> sorted_by_length_desc(const Batch& b, std::vector<Index> ids)
 
 // Step 2, `pack-spread`: each long sample on the micro-batch with room and the least
 // distributed work (ties: the lowest), by a scan as the reference's; a new one when none.
+// dist and used come with m0 empty micro-batches.
 void spread_longs(const Batch& b, const std::vector<Index>& longs, int n, int64_t cap,
                   int64_t m0, std::vector<std::vector<Index>>& dist,
                   std::vector<int64_t>& used) {
-  dist.assign(static_cast<size_t>(m0), {});
-  used.assign(static_cast<size_t>(m0), 0);
   std::vector<double> work(static_cast<size_t>(m0), 0.0);
   for (Index i : longs) {
     const int64_t s = shard_tokens(b.lengths[i], n);
@@ -70,11 +69,10 @@ void spread_longs(const Batch& b, const std::vector<Index>& longs, int n, int64_
   }
 }
 
-// Step 2: the long samples first-fit decreasing; dist[k] and used[k] per micro-batch.
+// Step 2: the long samples first-fit decreasing; dist[k] and used[k] per micro-batch (m0
+// empty ones given).
 void pack_longs(const Batch& b, const std::vector<Index>& longs, int n, int64_t cap, int64_t m0,
                 std::vector<std::vector<Index>>& dist, std::vector<int64_t>& used) {
-  dist.assign(static_cast<size_t>(m0), {});
-  used.assign(static_cast<size_t>(m0), 0);
   FirstFit fit(static_cast<size_t>(m0) + longs.size());
   for (int64_t k = 0; k < m0; ++k) fit.set(static_cast<size_t>(k), cap);
   for (Index i : longs) {
@@ -108,8 +106,9 @@ RankSplit pack_rank(const Batch& b, const std::vector<Index>& seqs, int n, int64
   longs = sorted_by_length_desc(b, std::move(longs));
   shorts = sorted_by_length_desc(b, std::move(shorts));
   const int64_t m0 = std::max<int64_t>(1, (need + n * cap - 1) / (n * cap));
-  std::vector<std::vector<Index>> dist;
-  std::vector<int64_t> used;
+  // m0 empty micro-batches to start from; both steps may open more.
+  std::vector<std::vector<Index>> dist(static_cast<size_t>(m0));
+  std::vector<int64_t> used(static_cast<size_t>(m0), 0);
   if (spread) {
     spread_longs(b, longs, n, cap, m0, dist, used);
   } else {

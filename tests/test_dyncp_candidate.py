@@ -12,7 +12,7 @@ import pytest
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import SchedulerConfig, dyncp, schedule
-from skrull_ext.scheduler.plan import flatten_placements
+from tests._parity import assert_same_plan
 
 _C = pytest.importorskip("skrull_ext._C", reason="C++ extension not built")
 
@@ -41,12 +41,7 @@ def test_cpp_candidate_is_the_python_plan_bit_for_bit():
         arrays = _arrays(lengths, cfg, cm)
         plan, predicted = dyncp._build_cpp(lengths, cfg, cm, arrays, np.inf)
         ref, ref_predicted = dyncp._build_python(lengths, cfg, cm, arrays, np.inf)
-        assert plan.dp_ranks == ref.dp_ranks, (lengths.tolist(), cfg)
-        assert predicted == ref_predicted  # float64, exactly: the same float operations
-        flat, want = plan.flat, flatten_placements(ref.dp_ranks, cfg.cp_size)
-        assert flat.verified and flat.count == want.count and flat.grouped == want.grouped
-        for name in ("dist_ids", "dist_mb", "local_ids", "local_slot"):
-            np.testing.assert_array_equal(getattr(flat, name), getattr(want, name))
+        flat = assert_same_plan(plan, predicted, ref, ref_predicted, cfg)
         grouped += bool(flat.grouped)
         # The core hands nothing over when the plan cannot come within 1e-9 of the limit.
         limit = predicted["iteration_time"] * (1.0 - 1e-6)

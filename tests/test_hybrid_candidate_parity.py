@@ -14,7 +14,8 @@ from skrull_ext.scheduler import dyncp, hybrid
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import SchedulerConfig
-from skrull_ext.scheduler.plan import FlatPlan, flatten_placements
+from skrull_ext.scheduler.plan import FlatPlan
+from tests._parity import assert_same_plan
 
 _C = pytest.importorskip("skrull_ext._C", reason="C++ extension not built")
 
@@ -49,12 +50,7 @@ def test_cpp_candidate_is_the_python_plan_bit_for_bit(monkeypatch):
     grouped = 0
     for lengths, cfg, cm in _batches(0, 40):
         (plan, predicted), (ref, ref_predicted) = _both(monkeypatch, lengths, cfg, cm, np.inf)
-        assert plan.dp_ranks == ref.dp_ranks, (lengths.tolist(), cfg)
-        assert predicted == ref_predicted  # float64, exactly: the same float operations
-        flat, want = plan.flat, flatten_placements(ref.dp_ranks, cfg.cp_size)
-        assert flat.verified and flat.count == want.count and flat.grouped == want.grouped
-        for name in ("dist_ids", "dist_mb", "local_ids", "local_slot"):
-            np.testing.assert_array_equal(getattr(flat, name), getattr(want, name))
+        flat = assert_same_plan(plan, predicted, ref, ref_predicted, cfg)
         # The core's placement check agrees with the vectorised one; buckets hold.
         plan.__dict__["flat"] = dataclasses.replace(flat, verified=False)
         plan.validate()
