@@ -175,8 +175,68 @@ def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: 
             per = np.minimum(per, np.where(fits, g / n * sub, np.inf))
             ring = min(ring, g / n * ring_g)
         average = (float(per.sum()) + ring * ring_mbs) / d
+        if mu == 0.0 and not groups and cost_model.objective == "paper":
+            total = _exposed_total(s, costs, np.where(fits_dist, dist, np.inf), fits_local,
+                                   cost_model, n, c)
+            average = max(average, (total + ring * ring_mbs) / d)
         best = max(best, average + ovh * min_mbs / d, _indivisible(per, d) + ovh)
     return best
+
+
+# Per-rank counts q of the leaders' bound: samples longer than C / (q + 1) (q per rank).
+LEADER_COUNTS = (1, 2)
+
+
+def _exposed_total(s, costs, dist, keep_ok, cost_model, n: int, c: int) -> float:
+    """A larger stand-in for ``sum(per)`` of :func:`_forced_core` under ``paper`` at
+    ``mu = 0`` (local work free): it also counts the local work a long local sample leaves
+    exposed in its micro-batch (``-inf`` when no sample is long; the largest over
+    :data:`LEADER_COUNTS`).
+
+    Why it holds: with a full ring a micro-batch takes its overhead, the ring's latency
+    terms, ``sum dist`` over its ringed samples and ``max(0, X - R - L)``: ``X`` its
+    largest rank's local work, ``R`` the ring's exposed transfers (``3 (n - 1) beta``
+    per shard token per rank), ``L = 2 (n - 1) ell``.  A local sample ``i`` on a rank
+    leaves the ring at most ``C - S_i`` shard tokens per rank (the bucket) and ``X >=
+    cost_i``, so that last term is at least ``e_i = cost_i - 3 (n - 1) beta (C - S_i) - L``
+    (0 if less); without a ring the micro-batch takes ``X >= e_i``.  ``e`` grows with
+    ``S``.  A micro-batch holds at most ``cap = q n`` local samples longer than ``C / (q +
+    1)``; of those a plan keeps local, in descending length, the ones at positions ``k
+    cap + 1`` ("leaders") lie in ``k + 1`` different micro-batches, each exposing at least
+    its leader's ``e``.  Summed over all micro-batches the plan pays every leader's ``e``
+    and every ringed sample's ``dist``; the least of that over which long samples ring is
+    a DP over the kept count mod ``cap`` (``O(P cap)`` for ``P`` long samples); the other
+    samples take ``min(0 local, dist)`` as before.
+
+    Args:
+        s, costs: ``[K]`` lengths and whole-sample seconds.
+        dist: ``[K]`` each sample's ring term at ``mu = 0`` (``inf`` where it cannot ring).
+        keep_ok: ``[K]`` bool, samples that may stay local (fit, not forced).
+    """
+    beta, ell = cost_model.ring_terms[1:3]
+    exposed = np.maximum(costs - 3.0 * (n - 1) * beta * (c - s) - 2.0 * (n - 1) * ell, 0.0)
+    per = np.where(keep_ok, 0.0, dist)
+    best = -np.inf
+    for q in LEADER_COUNTS:
+        pick = keep_ok & (s > c // (q + 1)) & (exposed > 0.0)
+        if not pick.any():
+            continue
+        order = np.flatnonzero(pick)[np.argsort(-s[pick], kind="stable")]
+        kept = _kept_dp(dist[order], exposed[order], min(q * n, order.size))
+        best = max(best, float(per[~pick].sum()) + kept)
+    return best
+
+
+def _kept_dp(dist, lead, cap: int) -> float:
+    """Least total when each sample (in order) rings at ``dist`` or stays local, paying
+    ``lead`` if it is the ``(k cap + 1)``-th one kept."""
+    best = np.full(cap, np.inf)  # best[r]: least seconds so far with (kept count % cap) = r
+    best[0] = 0.0
+    step = np.zeros(cap)
+    for d_i, l_i in zip(dist.tolist(), lead.tolist()):
+        step[0] = l_i
+        best = np.minimum(best + d_i, np.roll(best + step, 1))
+    return float(best.min())
 
 
 def _subgroup_terms(s, cost_model, n: int) -> list:
