@@ -145,16 +145,19 @@ def _dist_terms(shares, comm, n: int, cost_model, mu: float):
 
 
 def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: int,
-                 groups=()) -> float:
+                 groups=(), limit: float = np.inf) -> float:
     """The largest average / indivisible term over :data:`MU_GRID` when the samples in
     ``forced`` (``[K]`` bool) must be distributed; ``inf`` when one of them cannot be.
 
-    ``groups``: ``(g, shares_g, comm_g)`` of the sub-group sizes ``1 < g < n`` a plan may
-    also ring a sample on (:func:`_subgroup_terms`); empty for DACP's plans."""
+    ``groups``: ``(g, shares_g, comm_g, alone_g)`` of the sub-group sizes ``1 < g < n`` a
+    plan may also ring a sample on (:func:`_subgroup_terms`); empty for DACP's plans.  A
+    sub-group placement whose ``alone_g`` exceeds ``limit`` (the slowest DP rank's time
+    being bounded) is not an option."""
     ovh = cost_model.micro_batch_overhead
     fits_local = (s <= c) & ~forced
     fits_dist = shard_tokens_array(s, n) <= c
-    fits_sub = [shard_tokens_array(s, g) <= c for g, _, _ in groups]
+    fits_sub = [(shard_tokens_array(s, g) <= c) & (alone_g <= limit)
+                for g, _, _, alone_g in groups]
     if not (fits_local | fits_dist | np.logical_or.reduce(fits_sub, initial=False)).all():
         return np.inf
     min_mbs = max(-(-int(s.sum()) // (c * n)), min(s.size, d))
@@ -169,7 +172,7 @@ def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: 
         dist, ring = _dist_terms(shares, comm, n, cost_model, mu)
         local = costs / n if cost_model.objective == "ring" else mu * costs / n
         per = np.minimum(np.where(fits_local, local, np.inf), np.where(fits_dist, dist, np.inf))
-        for (g, share_g, comm_g), fits in zip(groups, fits_sub):
+        for (g, share_g, comm_g, _), fits in zip(groups, fits_sub):
             sub, ring_g = _dist_terms(share_g, comm_g, g, cost_model,
                                       mu if cost_model.objective == "ring" else 0.0)
             per = np.minimum(per, np.where(fits, g / n * sub, np.inf))
@@ -240,14 +243,21 @@ def _kept_dp(dist, lead, cap: int) -> float:
 
 
 def _subgroup_terms(s, cost_model, n: int) -> list:
-    """``(g, shares_g, comm_g)`` (``[K]`` float64 seconds) of every power-of-two sub-group
-    size ``1 < g < n``.  A sub-group ring runs after the full ring with no local work beside
+    """``(g, shares_g, comm_g, alone_g)`` (``[K]`` float64 seconds) of every power-of-two
+    sub-group size ``1 < g < n``; ``alone_g``: the least time of a micro-batch holding the
+    sample on ``g`` ranks, overhead included (its ring's time on those ranks, alone:
+    ``rank_time`` is monotone, so other samples only add).  A sub-group ring runs after the full ring with no local work beside
     it (``pricing._grouped_times``), so under ``paper`` its transfers are exposed
     (``_dist_terms`` at ``mu = 0``); under ``ring`` the full ring's relaxation (valid for
     any local work, none included) applies on ``g`` ranks.  Each of its ``g`` ranks spends
     the per-rank term, so it adds ``g / n`` of it to the mean over the ``n`` CP ranks."""
-    return [(g, cost_model.share_seconds(s, g), cost_model.comm_seconds(s, g))
-            for g in _group_sizes(n)[1:-1]]
+    out = []
+    for g in _group_sizes(n)[1:-1]:
+        share, comm = cost_model.share_seconds(s, g), cost_model.comm_seconds(s, g)
+        alone = rank_times(0.0, comm + cost_model.comm_latency(g), share, g,
+                           objective_of(cost_model)) + cost_model.micro_batch_overhead
+        out.append((g, share, comm, alone))
+    return out
 
 
 def _indivisible(per, d: int) -> float:
@@ -280,10 +290,16 @@ def global_lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_s
       latencies and step overheads once per micro-batch with a ring (at least
       ``ceil(forced shards / C)`` of them).
 
+    * under ``paper`` a long sample kept local exposes work its micro-batch's ring cannot
+      hide (:func:`_exposed_total`);
+    * likewise a sub-group placement whose ring alone takes more than ``T`` is out
+      (``subgroups=True``).
+
     With those per-sample terms, the average and indivisible terms of :func:`lower_bound`
-    give ``f(T)``, non-increasing in ``T`` (fewer samples are forced); the best plan's
-    ``T`` satisfies ``T >= f(T)``, so the bound is the least such ``T`` (a binary search
-    over the samples' ``cost_i + overhead``), never below :func:`lower_bound`.
+    give ``f(T)``, non-increasing in ``T`` (fewer samples are forced, more placements
+    allowed); the best plan's ``T`` satisfies ``T >= f(T)``, so the bound is the least such
+    ``T`` (a binary search over the samples' ``cost_i + overhead`` and sub-group times),
+    never below :func:`lower_bound`.
     """
     s = np.asarray(lengths, dtype=np.int64)
     d, n, c = dp_size, cp_size, bucket_size
@@ -296,11 +312,12 @@ def global_lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_s
         return finish_bound(core, cost_model)
     groups = _subgroup_terms(s, cost_model, n) if subgroups else ()
     alone = np.where(s <= c, costs + cost_model.micro_batch_overhead, np.inf)
-    edges = np.concatenate([[0.0], np.unique(alone[np.isfinite(alone)]), [np.inf]])
+    times = np.concatenate([alone] + [g[3] for g in groups])
+    edges = np.concatenate([[0.0], np.unique(times[np.isfinite(times)]), [np.inf]])
 
     def f(q: int) -> float:  # f(T) for T in [edges[q], edges[q + 1])
         return _forced_core(s, costs, comm, shares, alone > edges[q], cost_model, d, n, c,
-                            groups)
+                            groups, edges[q])
 
     lo, hi = 0, edges.size - 2  # the first q with f(q) < edges[q + 1] (monotone)
     while lo < hi:
