@@ -67,14 +67,13 @@ def test_the_bound_sees_what_cannot_be_split():
     assert plan.predicted["iteration_time"] >= bound
 
 
-def test_paper_bound_sees_exposed_local_work_across_nodes():
+def test_paper_bound_sees_exposed_local_work_across_nodes(monkeypatch):
     """CP 16 across nodes under ``paper``: long samples that fit one rank either ring (its
     exposed transfers) or stay whole and expose their work (a micro-batch's ring holds at
     most ``C - S`` shard tokens beside them).  The exposure term lifts the bound above the
     old one here, and random and adversarial batches (few mid-length samples, all of them
-    mid-length, a tight bucket) still lie under every policy's plan."""
-    from skrull_ext.scheduler import bound as bound_mod
-
+    mid-length, a tight bucket) still lie under every policy's plan; so does the sub-group
+    bound, which no longer lets a sub-group ring take longer than the plan alone."""
     cost = _cost("qwen2.5-0.5b", 16, "paper")
     rng = np.random.default_rng(31)
     lifted = 0
@@ -86,19 +85,31 @@ def test_paper_bound_sees_exposed_local_work_across_nodes():
         lengths = np.concatenate([mid, long, short]).astype(np.int64)
         dp = int(rng.choice([1, 2, 4]))
         bound = global_lower_bound(lengths, cost, dp, 16, c)
-        counts, bound_mod.LEADER_COUNTS = bound_mod.LEADER_COUNTS, ()
-        try:
-            old = global_lower_bound(lengths, cost, dp, 16, c)
-        finally:
-            bound_mod.LEADER_COUNTS = counts
-        assert bound >= old
+        sub = global_lower_bound(lengths, cost, dp, 16, c, subgroups=True)
+        old, old_sub = _without_new_terms(monkeypatch, lengths, cost, dp, c)
+        assert bound >= old and sub >= old_sub
         lifted += bound > old * (1 + 1e-6)
         for policy in POLICIES:
             plan = schedule(lengths, SchedulerConfig(dp_size=dp, cp_size=16, bucket_size=c,
                                                      policy=policy, plan_budget_ms=0), cost)
-            if not any(mb.grouped for mbs in plan.dp_ranks for mb in mbs):
-                assert plan.predicted["iteration_time"] >= bound, (policy, trial)
+            grouped = any(mb.grouped for mbs in plan.dp_ranks for mb in mbs)
+            assert plan.predicted["iteration_time"] >= (sub if grouped else bound), (policy,
+                                                                                    trial)
     assert lifted >= 4, lifted
+
+
+def _without_new_terms(monkeypatch, lengths, cost, dp: int, c: int) -> tuple:
+    """``(DACP, sub-group)`` global bounds without the exposure term and with every
+    sub-group placement allowed (the bounds before them)."""
+    from skrull_ext.scheduler import bound as bound_mod
+
+    terms = bound_mod._subgroup_terms
+    with monkeypatch.context() as m:
+        m.setattr(bound_mod, "LEADER_COUNTS", ())
+        m.setattr(bound_mod, "_subgroup_terms", lambda *a: [
+            (g, share, comm, 0.0 * alone) for g, share, comm, alone in terms(*a)])
+        return (global_lower_bound(lengths, cost, dp, 16, c),
+                global_lower_bound(lengths, cost, dp, 16, c, subgroups=True))
 
 
 def test_kept_dp_matches_brute_force():
