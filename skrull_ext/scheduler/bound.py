@@ -145,14 +145,14 @@ def _dist_terms(shares, comm, n: int, cost_model, mu: float):
 
 
 def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: int,
-                 groups=(), limit: float = np.inf) -> float:
+                 groups=(), limit: float = np.inf, top: float = np.inf) -> float:
     """The largest average / indivisible term over :data:`MU_GRID` when the samples in
     ``forced`` (``[K]`` bool) must be distributed; ``inf`` when one of them cannot be.
 
     ``groups``: ``(g, shares_g, comm_g, alone_g)`` of the sub-group sizes ``1 < g < n`` a
     plan may also ring a sample on (:func:`_subgroup_terms`); empty for DACP's plans.  A
-    sub-group placement whose ``alone_g`` exceeds ``limit`` (the slowest DP rank's time
-    being bounded) is not an option."""
+    sub-group placement whose ``alone_g`` exceeds ``limit`` (the slowest DP rank's time,
+    at most ``top``, being bounded) is not an option."""
     ovh = cost_model.micro_batch_overhead
     fits_local = (s <= c) & ~forced
     fits_dist = shard_tokens_array(s, n) <= c
@@ -180,7 +180,7 @@ def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: 
         average = (float(per.sum()) + ring * ring_mbs) / d
         if mu == 0.0 and not groups and cost_model.objective == "paper":
             total = _exposed_total(s, costs, np.where(fits_dist, dist, np.inf), fits_local,
-                                   cost_model, n, c)
+                                   cost_model, n, c, top)
             average = max(average, (total + ring * ring_mbs) / d)
         best = max(best, average + ovh * min_mbs / d, _indivisible(per, d) + ovh)
     return best
@@ -190,7 +190,8 @@ def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: 
 LEADER_COUNTS = (1, 2)
 
 
-def _exposed_total(s, costs, dist, keep_ok, cost_model, n: int, c: int) -> float:
+def _exposed_total(s, costs, dist, keep_ok, cost_model, n: int, c: int,
+                   top: float = np.inf) -> float:
     """A larger stand-in for ``sum(per)`` of :func:`_forced_core` under ``paper`` at
     ``mu = 0`` (local work free): it also counts the local work a long local sample leaves
     exposed in its micro-batch (``-inf`` when no sample is long; the largest over
@@ -200,8 +201,11 @@ def _exposed_total(s, costs, dist, keep_ok, cost_model, n: int, c: int) -> float
     terms, ``sum dist`` over its ringed samples and ``max(0, X - R - L)``: ``X`` its
     largest rank's local work, ``R`` the ring's exposed transfers (``3 (n - 1) beta``
     per shard token per rank), ``L = 2 (n - 1) ell``.  A local sample ``i`` on a rank
-    leaves the ring at most ``C - S_i`` shard tokens per rank (the bucket) and ``X >=
-    cost_i``, so that last term is at least ``e_i = cost_i - 3 (n - 1) beta (C - S_i) - L``
+    leaves the ring at most ``C - S_i`` shard tokens per rank (the bucket), and at most
+    ``sigma_T = (T - overhead - latency) / shard_token_seconds(n)`` when the slowest DP
+    rank takes at most ``T = top`` (every ringed shard token costs its ranks at least
+    ``lam + beta`` of ``shares`` and ``3 (n - 1) beta`` of transfers); with ``X >= cost_i``
+    the last term is at least ``e_i = cost_i - 3 (n - 1) beta min(C - S_i, sigma_T) - L``
     (0 if less); without a ring the micro-batch takes ``X >= e_i``.  ``e`` grows with
     ``S``.  A micro-batch holds at most ``cap = q n`` local samples longer than ``C / (q +
     1)``; of those a plan keeps local, in descending length, the ones at positions ``k
@@ -215,9 +219,13 @@ def _exposed_total(s, costs, dist, keep_ok, cost_model, n: int, c: int) -> float
         s, costs: ``[K]`` lengths and whole-sample seconds.
         dist: ``[K]`` each sample's ring term at ``mu = 0`` (``inf`` where it cannot ring).
         keep_ok: ``[K]`` bool, samples that may stay local (fit, not forced).
+        top: ``T``, the most seconds of the slowest DP rank (iteration overhead excluded).
     """
     beta, ell = cost_model.ring_terms[1:3]
-    exposed = np.maximum(costs - 3.0 * (n - 1) * beta * (c - s) - 2.0 * (n - 1) * ell, 0.0)
+    sigma = (top - cost_model.micro_batch_overhead - cost_model.comm_latency(n)) / max(
+        cost_model.shard_token_seconds(n), 1e-300)
+    room = np.minimum(c - s, max(sigma, 0.0))
+    exposed = np.maximum(costs - 3.0 * (n - 1) * beta * room - 2.0 * (n - 1) * ell, 0.0)
     per = np.where(keep_ok, 0.0, dist)
     best = -np.inf
     for q in LEADER_COUNTS:
@@ -317,7 +325,7 @@ def global_lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_s
 
     def f(q: int) -> float:  # f(T) for T in [edges[q], edges[q + 1])
         return _forced_core(s, costs, comm, shares, alone > edges[q], cost_model, d, n, c,
-                            groups, edges[q])
+                            groups, edges[q], edges[q + 1])
 
     lo, hi = 0, edges.size - 2  # the first q with f(q) < edges[q + 1] (monotone)
     while lo < hi:
