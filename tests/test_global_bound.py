@@ -77,11 +77,11 @@ def test_paper_bound_sees_exposed_local_work_across_nodes(monkeypatch):
     cost = _cost("qwen2.5-0.5b", 16, "paper")
     rng = np.random.default_rng(31)
     lifted = 0
-    for trial in range(8):
+    for trial in range(5):
         c = int(rng.choice([6000, 14_228, 28_457]))
         mid = rng.integers(c // 2 + 1, c + 1, size=int(rng.integers(4, 40)))
         long = rng.integers(c + 1, 4 * c, size=int(rng.integers(0, 12)))
-        short = rng.integers(64, 2000, size=int(rng.integers(0, 200)))
+        short = rng.integers(64, 2000, size=int(rng.integers(0, 120)))
         lengths = np.concatenate([mid, long, short]).astype(np.int64)
         dp = int(rng.choice([1, 2, 4]))
         bound = global_lower_bound(lengths, cost, dp, 16, c)
@@ -95,7 +95,7 @@ def test_paper_bound_sees_exposed_local_work_across_nodes(monkeypatch):
             grouped = any(mb.grouped for mbs in plan.dp_ranks for mb in mbs)
             assert plan.predicted["iteration_time"] >= (sub if grouped else bound), (policy,
                                                                                     trial)
-    assert lifted >= 4, lifted
+    assert lifted >= 3, lifted
 
 
 def _without_new_terms(monkeypatch, lengths, cost, dp: int, c: int) -> tuple:
