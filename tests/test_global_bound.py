@@ -65,3 +65,64 @@ def test_the_bound_sees_what_cannot_be_split():
     over = cost.time.iteration_overhead
     assert (bound - over) > 1.15 * (base - over)
     assert plan.predicted["iteration_time"] >= bound
+
+
+def test_paper_bound_sees_exposed_local_work_across_nodes(monkeypatch):
+    """CP 16 across nodes under ``paper``: long samples that fit one rank either ring (its
+    exposed transfers) or stay whole and expose their work (a micro-batch's ring holds at
+    most ``C - S`` shard tokens beside them).  The exposure term lifts the bound above the
+    old one here, and random and adversarial batches (few mid-length samples, all of them
+    mid-length, a tight bucket) still lie under every policy's plan; so does the sub-group
+    bound, which no longer lets a sub-group ring take longer than the plan alone."""
+    cost = _cost("qwen2.5-0.5b", 16, "paper")
+    rng = np.random.default_rng(31)
+    lifted = 0
+    for trial in range(5):
+        c = int(rng.choice([6000, 14_228, 28_457]))
+        mid = rng.integers(c // 2 + 1, c + 1, size=int(rng.integers(4, 40)))
+        long = rng.integers(c + 1, 4 * c, size=int(rng.integers(0, 12)))
+        short = rng.integers(64, 2000, size=int(rng.integers(0, 120)))
+        lengths = np.concatenate([mid, long, short]).astype(np.int64)
+        dp = int(rng.choice([1, 2, 4]))
+        bound = global_lower_bound(lengths, cost, dp, 16, c)
+        sub = global_lower_bound(lengths, cost, dp, 16, c, subgroups=True)
+        old, old_sub = _without_new_terms(monkeypatch, lengths, cost, dp, c)
+        assert bound >= old and sub >= old_sub
+        lifted += bound > old * (1 + 1e-6)
+        for policy in POLICIES:
+            plan = schedule(lengths, SchedulerConfig(dp_size=dp, cp_size=16, bucket_size=c,
+                                                     policy=policy, plan_budget_ms=0), cost)
+            grouped = any(mb.grouped for mbs in plan.dp_ranks for mb in mbs)
+            assert plan.predicted["iteration_time"] >= (sub if grouped else bound), (policy,
+                                                                                    trial)
+    assert lifted >= 3, lifted
+
+
+def _without_new_terms(monkeypatch, lengths, cost, dp: int, c: int) -> tuple:
+    """``(DACP, sub-group)`` global bounds without the exposure term and with every
+    sub-group placement allowed (the bounds before them)."""
+    from skrull_ext.scheduler import bound as bound_mod
+
+    terms = bound_mod._subgroup_terms
+    with monkeypatch.context() as m:
+        m.setattr(bound_mod, "LEADER_COUNTS", ())
+        m.setattr(bound_mod, "_subgroup_terms", lambda *a: [
+            (g, share, comm, 0.0 * alone) for g, share, comm, alone in terms(*a)])
+        return (global_lower_bound(lengths, cost, dp, 16, c),
+                global_lower_bound(lengths, cost, dp, 16, c, subgroups=True))
+
+
+def test_kept_dp_matches_brute_force():
+    """The leaders' DP against every ring/keep choice of 7 samples, cap 1-3."""
+    from itertools import product
+
+    from skrull_ext.scheduler.bound import _kept_dp
+
+    rng = np.random.default_rng(5)
+    for cap in (1, 2, 3):
+        dist, lead = rng.random(7), np.sort(rng.random(7))[::-1]
+        brute = min(sum(dist[i] for i in range(7) if not keep[i])
+                    + sum(lead[i] for k, i in enumerate([j for j in range(7) if keep[j]])
+                          if k % cap == 0)
+                    for keep in product([False, True], repeat=7))
+        assert _kept_dp(dist, lead, cap) == pytest.approx(brute)

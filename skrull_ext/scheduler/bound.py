@@ -145,16 +145,19 @@ def _dist_terms(shares, comm, n: int, cost_model, mu: float):
 
 
 def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: int,
-                 groups=()) -> float:
+                 groups=(), limit: float = np.inf, top: float = np.inf) -> float:
     """The largest average / indivisible term over :data:`MU_GRID` when the samples in
     ``forced`` (``[K]`` bool) must be distributed; ``inf`` when one of them cannot be.
 
-    ``groups``: ``(g, shares_g, comm_g)`` of the sub-group sizes ``1 < g < n`` a plan may
-    also ring a sample on (:func:`_subgroup_terms`); empty for DACP's plans."""
+    ``groups``: ``(g, shares_g, comm_g, alone_g)`` of the sub-group sizes ``1 < g < n`` a
+    plan may also ring a sample on (:func:`_subgroup_terms`); empty for DACP's plans.  A
+    sub-group placement whose ``alone_g`` exceeds ``limit`` (the slowest DP rank's time,
+    at most ``top``, being bounded) is not an option."""
     ovh = cost_model.micro_batch_overhead
     fits_local = (s <= c) & ~forced
     fits_dist = shard_tokens_array(s, n) <= c
-    fits_sub = [shard_tokens_array(s, g) <= c for g, _, _ in groups]
+    fits_sub = [(shard_tokens_array(s, g) <= c) & (alone_g <= limit)
+                for g, _, _, alone_g in groups]
     if not (fits_local | fits_dist | np.logical_or.reduce(fits_sub, initial=False)).all():
         return np.inf
     min_mbs = max(-(-int(s.sum()) // (c * n)), min(s.size, d))
@@ -169,25 +172,100 @@ def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: 
         dist, ring = _dist_terms(shares, comm, n, cost_model, mu)
         local = costs / n if cost_model.objective == "ring" else mu * costs / n
         per = np.minimum(np.where(fits_local, local, np.inf), np.where(fits_dist, dist, np.inf))
-        for (g, share_g, comm_g), fits in zip(groups, fits_sub):
+        for (g, share_g, comm_g, _), fits in zip(groups, fits_sub):
             sub, ring_g = _dist_terms(share_g, comm_g, g, cost_model,
                                       mu if cost_model.objective == "ring" else 0.0)
             per = np.minimum(per, np.where(fits, g / n * sub, np.inf))
             ring = min(ring, g / n * ring_g)
         average = (float(per.sum()) + ring * ring_mbs) / d
+        if mu == 0.0 and not groups and cost_model.objective == "paper":
+            total = _exposed_total(s, costs, np.where(fits_dist, dist, np.inf), fits_local,
+                                   cost_model, n, c, top)
+            average = max(average, (total + ring * ring_mbs) / d)
         best = max(best, average + ovh * min_mbs / d, _indivisible(per, d) + ovh)
     return best
 
 
+# Per-rank counts q of the leaders' bound: samples longer than C / (q + 1) (q per rank).
+LEADER_COUNTS = (1, 2)
+
+
+def _exposed_total(s, costs, dist, keep_ok, cost_model, n: int, c: int,
+                   top: float = np.inf) -> float:
+    """A larger stand-in for ``sum(per)`` of :func:`_forced_core` under ``paper`` at
+    ``mu = 0`` (local work free): it also counts the local work a long local sample leaves
+    exposed in its micro-batch (``-inf`` when no sample is long; the largest over
+    :data:`LEADER_COUNTS`).
+
+    Why it holds: with a full ring a micro-batch takes its overhead, the ring's latency
+    terms, ``sum dist`` over its ringed samples and ``max(0, X - R - L)``: ``X`` its
+    largest rank's local work, ``R`` the ring's exposed transfers (``3 (n - 1) beta``
+    per shard token per rank), ``L = 2 (n - 1) ell``.  A local sample ``i`` on a rank
+    leaves the ring at most ``C - S_i`` shard tokens per rank (the bucket), and at most
+    ``sigma_T = (T - overhead - latency) / shard_token_seconds(n)`` when the slowest DP
+    rank takes at most ``T = top`` (every ringed shard token costs its ranks at least
+    ``lam + beta`` of ``shares`` and ``3 (n - 1) beta`` of transfers); with ``X >= cost_i``
+    the last term is at least ``e_i = cost_i - 3 (n - 1) beta min(C - S_i, sigma_T) - L``
+    (0 if less); without a ring the micro-batch takes ``X >= e_i``.  ``e`` grows with
+    ``S``.  A micro-batch holds at most ``cap = q n`` local samples longer than ``C / (q +
+    1)``; of those a plan keeps local, in descending length, the ones at positions ``k
+    cap + 1`` ("leaders") lie in ``k + 1`` different micro-batches, each exposing at least
+    its leader's ``e``.  Summed over all micro-batches the plan pays every leader's ``e``
+    and every ringed sample's ``dist``; the least of that over which long samples ring is
+    a DP over the kept count mod ``cap`` (``O(P cap)`` for ``P`` long samples); the other
+    samples take ``min(0 local, dist)`` as before.
+
+    Args:
+        s, costs: ``[K]`` lengths and whole-sample seconds.
+        dist: ``[K]`` each sample's ring term at ``mu = 0`` (``inf`` where it cannot ring).
+        keep_ok: ``[K]`` bool, samples that may stay local (fit, not forced).
+        top: ``T``, the most seconds of the slowest DP rank (iteration overhead excluded).
+    """
+    beta, ell = cost_model.ring_terms[1:3]
+    sigma = (top - cost_model.micro_batch_overhead - cost_model.comm_latency(n)) / max(
+        cost_model.shard_token_seconds(n), 1e-300)
+    room = np.minimum(c - s, max(sigma, 0.0))
+    exposed = np.maximum(costs - 3.0 * (n - 1) * beta * room - 2.0 * (n - 1) * ell, 0.0)
+    per = np.where(keep_ok, 0.0, dist)
+    best = -np.inf
+    for q in LEADER_COUNTS:
+        pick = keep_ok & (s > c // (q + 1)) & (exposed > 0.0)
+        if not pick.any():
+            continue
+        order = np.flatnonzero(pick)[np.argsort(-s[pick], kind="stable")]
+        kept = _kept_dp(dist[order], exposed[order], min(q * n, order.size))
+        best = max(best, float(per[~pick].sum()) + kept)
+    return best
+
+
+def _kept_dp(dist, lead, cap: int) -> float:
+    """Least total when each sample (in order) rings at ``dist`` or stays local, paying
+    ``lead`` if it is the ``(k cap + 1)``-th one kept."""
+    best = np.full(cap, np.inf)  # best[r]: least seconds so far with (kept count % cap) = r
+    best[0] = 0.0
+    step = np.zeros(cap)
+    for d_i, l_i in zip(dist.tolist(), lead.tolist()):
+        step[0] = l_i
+        best = np.minimum(best + d_i, np.roll(best + step, 1))
+    return float(best.min())
+
+
 def _subgroup_terms(s, cost_model, n: int) -> list:
-    """``(g, shares_g, comm_g)`` (``[K]`` float64 seconds) of every power-of-two sub-group
-    size ``1 < g < n``.  A sub-group ring runs after the full ring with no local work beside
+    """``(g, shares_g, comm_g, alone_g)`` (``[K]`` float64 seconds) of every power-of-two
+    sub-group size ``1 < g < n``; ``alone_g``: the least time of a micro-batch holding the
+    sample on ``g`` ranks, overhead included (its ring's time on those ranks, alone:
+    ``rank_time`` is monotone, so other samples only add).  A sub-group ring runs after the full ring with no local work beside
     it (``pricing._grouped_times``), so under ``paper`` its transfers are exposed
     (``_dist_terms`` at ``mu = 0``); under ``ring`` the full ring's relaxation (valid for
     any local work, none included) applies on ``g`` ranks.  Each of its ``g`` ranks spends
     the per-rank term, so it adds ``g / n`` of it to the mean over the ``n`` CP ranks."""
-    return [(g, cost_model.share_seconds(s, g), cost_model.comm_seconds(s, g))
-            for g in _group_sizes(n)[1:-1]]
+    out = []
+    for g in _group_sizes(n)[1:-1]:
+        share, comm = cost_model.share_seconds(s, g), cost_model.comm_seconds(s, g)
+        alone = rank_times(0.0, comm + cost_model.comm_latency(g), share, g,
+                           objective_of(cost_model)) + cost_model.micro_batch_overhead
+        out.append((g, share, comm, alone))
+    return out
 
 
 def _indivisible(per, d: int) -> float:
@@ -220,10 +298,16 @@ def global_lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_s
       latencies and step overheads once per micro-batch with a ring (at least
       ``ceil(forced shards / C)`` of them).
 
+    * under ``paper`` a long sample kept local exposes work its micro-batch's ring cannot
+      hide (:func:`_exposed_total`);
+    * likewise a sub-group placement whose ring alone takes more than ``T`` is out
+      (``subgroups=True``).
+
     With those per-sample terms, the average and indivisible terms of :func:`lower_bound`
-    give ``f(T)``, non-increasing in ``T`` (fewer samples are forced); the best plan's
-    ``T`` satisfies ``T >= f(T)``, so the bound is the least such ``T`` (a binary search
-    over the samples' ``cost_i + overhead``), never below :func:`lower_bound`.
+    give ``f(T)``, non-increasing in ``T`` (fewer samples are forced, more placements
+    allowed); the best plan's ``T`` satisfies ``T >= f(T)``, so the bound is the least such
+    ``T`` (a binary search over the samples' ``cost_i + overhead`` and sub-group times),
+    never below :func:`lower_bound`.
     """
     s = np.asarray(lengths, dtype=np.int64)
     d, n, c = dp_size, cp_size, bucket_size
@@ -236,11 +320,12 @@ def global_lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_s
         return finish_bound(core, cost_model)
     groups = _subgroup_terms(s, cost_model, n) if subgroups else ()
     alone = np.where(s <= c, costs + cost_model.micro_batch_overhead, np.inf)
-    edges = np.concatenate([[0.0], np.unique(alone[np.isfinite(alone)]), [np.inf]])
+    times = np.concatenate([alone] + [g[3] for g in groups])
+    edges = np.concatenate([[0.0], np.unique(times[np.isfinite(times)]), [np.inf]])
 
     def f(q: int) -> float:  # f(T) for T in [edges[q], edges[q + 1])
         return _forced_core(s, costs, comm, shares, alone > edges[q], cost_model, d, n, c,
-                            groups)
+                            groups, edges[q], edges[q + 1])
 
     lo, hi = 0, edges.size - 2  # the first q with f(q) < edges[q + 1] (monotone)
     while lo < hi:
