@@ -254,11 +254,12 @@ def _subgroup_terms(s, cost_model, n: int) -> list:
     """``(g, shares_g, comm_g, alone_g)`` (``[K]`` float64 seconds) of every power-of-two
     sub-group size ``1 < g < n``; ``alone_g``: the least time of a micro-batch holding the
     sample on ``g`` ranks, overhead included (its ring's time on those ranks, alone:
-    ``rank_time`` is monotone, so other samples only add).  A sub-group ring runs after the full ring with no local work beside
-    it (``pricing._grouped_times``), so under ``paper`` its transfers are exposed
-    (``_dist_terms`` at ``mu = 0``); under ``ring`` the full ring's relaxation (valid for
-    any local work, none included) applies on ``g`` ranks.  Each of its ``g`` ranks spends
-    the per-rank term, so it adds ``g / n`` of it to the mean over the ``n`` CP ranks."""
+    ``rank_time`` is monotone, so other samples only add).  A sub-group ring runs after
+    the full ring with no local work beside it (``pricing._grouped_times``), so under
+    ``paper`` its transfers are exposed (``_dist_terms`` at ``mu = 0``); under ``ring`` the
+    full ring's relaxation (valid for any local work, none included) applies on ``g``
+    ranks.  Each of its ``g`` ranks spends the per-rank term, so it adds ``g / n`` of it
+    to the mean over the ``n`` CP ranks."""
     out = []
     for g in _group_sizes(n)[1:-1]:
         share, comm = cost_model.share_seconds(s, g), cost_model.comm_seconds(s, g)
