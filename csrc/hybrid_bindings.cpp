@@ -247,6 +247,7 @@ py::tuple dyncp_candidate(I64Array lengths, F64Array costs, F64Array shares, F64
     sub.latency.assign(sub_latency.data(), sub_latency.data() + cp_size + 1);
     skrull::price_subgroup_plan(plan, batch, sub, latency, dp_size, cp_size, overhead);
     plan.valid = skrull::hybrid_valid(plan, batch, cp_size, bucket_size);
+    skrull::deal_micro_batches(plan, dp_size);
   }
   return handed_over(plan, fixed, limit, margin, dp_size, cp_size, micro_batch_cls);
 }

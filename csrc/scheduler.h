@@ -296,6 +296,9 @@ std::vector<std::vector<WorldGroup>> dynamic_cp_world(const int64_t* lengths, in
 // The dynamic_cp policy's plan (block = cp_size), sizes from its groups, unpriced.
 HybridPlan dynamic_cp_plan(const int64_t* lengths, int64_t k, int dp_size, int cp_size,
                            int64_t bucket_size);
+// Its priced micro-batches re-dealt to the DP ranks when the slowest gets faster (true then;
+// times and rank_times follow).
+bool deal_micro_batches(HybridPlan& plan, int dp_size);
 
 // DACP of one micro-batch, or all-distributed in `group` order when strictly faster
 // (reference refine.place_group).

@@ -12,6 +12,9 @@ import pytest
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import SchedulerConfig, dyncp, schedule
+from skrull_ext.scheduler.baselines import BASELINES
+from skrull_ext.scheduler.plan import MicroBatch, Plan
+from skrull_ext.scheduler.pricing import predict_arrays
 from tests._parity import assert_same_plan
 
 _C = pytest.importorskip("skrull_ext._C", reason="C++ extension not built")
@@ -36,17 +39,43 @@ def _arrays(lengths, cfg, cm):
 
 
 def test_cpp_candidate_is_the_python_plan_bit_for_bit():
-    grouped = 0
+    grouped = dealt = 0
     for lengths, cfg, cm in _batches(0, 48):
         arrays = _arrays(lengths, cfg, cm)
         plan, predicted = dyncp._build_cpp(lengths, cfg, cm, arrays, np.inf)
         ref, ref_predicted = dyncp._build_python(lengths, cfg, cm, arrays, np.inf)
         flat = assert_same_plan(plan, predicted, ref, ref_predicted, cfg)
         grouped += bool(flat.grouped)
+        # Megatron's own plan (the baseline) is never faster; re-dealt, it is slower.
+        megatron = _megatron_plan(lengths, cfg, cm, arrays)
+        assert predicted["iteration_time"] <= megatron["iteration_time"]
+        dealt += predicted["iteration_time"] < megatron["iteration_time"]
         # The core hands nothing over when the plan cannot come within 1e-9 of the limit.
         limit = predicted["iteration_time"] * (1.0 - 1e-6)
         assert dyncp._build_cpp(lengths, cfg, cm, arrays, limit) is None
     assert grouped >= 10  # sub-group rings were exercised, not only local / distributed
+    assert dealt >= 20  # the re-deal too (30 of the 36 batches with DP > 1)
+
+
+def _megatron_plan(lengths, cfg, cm, arrays):
+    """``predict`` of the ``dynamic-cp`` baseline's plan as Megatron deals it."""
+    costs, shares, comm = arrays
+    ranks = BASELINES["dynamic-cp"](lengths, costs, cfg.dp_size, cfg.cp_size, cfg.bucket_size)
+    m = max(1, max(len(r) for r in ranks))
+    ranks = tuple(tuple(r) + (MicroBatch.empty(cfg.cp_size),) * (m - len(r)) for r in ranks)
+    plan = Plan(lengths=lengths, dp_size=cfg.dp_size, cp_size=cfg.cp_size,
+                bucket_size=cfg.bucket_size, policy="dynamic-cp", dp_ranks=ranks)
+    return predict_arrays(plan, cm, costs, comm, shares)
+
+
+def test_dealing_is_longest_first_and_only_when_faster():
+    # 3 and 3 on rank 0, 1 and 1 on rank 1: dealt longest first -> 3 + 1 on each.
+    assert dyncp.dealt([[3.0, 3.0], [1.0, 1.0]]) == [[0, 2], [1, 3]]
+    # Ties go to the lower index and the lower rank; a full rank (M = 3) takes no more, so
+    # the empty micro-batches (0 s) fill rank 0.
+    assert dyncp.dealt([[4.0, 2.0, 1.0], [1.0, 0.0, 0.0]]) == [[0, 4, 5], [1, 2, 3]]
+    assert dyncp.dealt([[2.0, 1.0], [2.0, 1.0]]) is None  # balanced already
+    assert dyncp.dealt([[4.0, 0.0], [0.0, 0.0]]) is None  # one indivisible micro-batch
 
 
 def test_cpp_world_groups_match_the_reference_at_every_block():

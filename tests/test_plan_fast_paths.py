@@ -179,9 +179,10 @@ def test_core_plans_are_outside_the_cyclic_gc(monkeypatch):
     lengths = np.minimum(np.exp(rng.normal(6.8, 1.1, 400)).astype(np.int64) + 1, 7000)
     seen = set()
     sub = SchedulerConfig(dp_size=2, cp_size=8, bucket_size=1024)
+    own = SchedulerConfig(dp_size=1, cp_size=4, bucket_size=8192)
     for cfg, no_dyncp in ((sub, False),  # dynamic CP's plan wins
                           (sub, True),  # without it, hybrid CP's
-                          (SchedulerConfig(dp_size=2, cp_size=4, bucket_size=8192), False)):
+                          (own, False)):  # Skrull's own
         with monkeypatch.context() as patch:
             if no_dyncp:
                 patch.setattr(dyncp, "candidate", lambda *args: None)
