@@ -83,7 +83,8 @@ class Lns {
   }
 
   // lns._Lns.refill: the ranks changed since their last refill, within half the budget
-  // left; true if one was repacked.
+  // left, then resplit() of their pairs within half of what is left; true if one got
+  // faster.
   bool refill_dirty() {
     std::vector<size_t> ds;
     std::vector<RankSplit> splits;
@@ -102,9 +103,14 @@ class Lns {
     int64_t work = 0;
     auto out = refill(ctx_, splits, ovh_, (budget_ - work_) / 2, &work, &changed);
     work_ += work;
+    // then the pairs of the same ranks re-split (the refill's repacking, if kept)
+    std::vector<char> again;
+    work = 0;
+    out = resplit(ctx_, out, ovh_, (budget_ - work_) / 2, &work, &again);
+    work_ += work;
     bool any = false;
     for (size_t x = 0; x < ds.size(); ++x) {
-      if (!changed[x]) continue;
+      if (!changed[x] && !again[x]) continue;
       any = true;
       const size_t d = ds[x];
       std::vector<Mb> rank;

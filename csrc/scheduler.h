@@ -344,6 +344,13 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
                            double overhead, int64_t budget, double floor_t,
                            int64_t* spent = nullptr);
 
+// ---- resplit.cpp: (ours) pairs of each DP rank's micro-batches with their local samples
+// re-dealt over both (reference resplit.resplit), within `limit` work units (added to
+// *work); changed[d] whether rank d got faster (then its non-empty micro-batches only).
+std::vector<RankSplit> resplit(const GdsContext& ctx, const std::vector<RankSplit>& splits,
+                               double overhead, int64_t limit, int64_t* work,
+                               std::vector<char>* changed);
+
 // ---- bound.cpp: (C++ only) what schedule() checks and reports, without per-sample Python.
 // reference bound.lower_bound with subgroups=False, before the iteration overhead and
 // its 1e-12 slack (sums in another order than numpy's: equal up to rounding).

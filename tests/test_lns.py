@@ -4,7 +4,8 @@ The reference and C++ return identical plans through the portfolio for budgets t
 the search early and late, both objectives; the search never returns a slower plan, keeps
 every sample once and every CP rank within the bucket, improves plans the converged local
 search cannot, stops at once on a plan at the batch's lower bound, and its floor is the C++
-core's bound; its first pass (refill) merges half-empty micro-batches and never slows a rank.
+core's bound; its first pass (refill) merges half-empty micro-batches and never slows a rank,
+and the pair re-split after it (resplit) rebalances a DP rank's micro-batches, never slowing one.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from skrull_ext.scheduler.lns import floor, lns, refill
 from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.reference import GdsContext
 from skrull_ext.scheduler.refine import refine
+from skrull_ext.scheduler.resplit import resplit
 from skrull_ext.sharding import shard_tokens
 from tests.test_parity import random_batch
 
@@ -103,6 +105,40 @@ def test_refill_consolidates_and_never_slows_a_rank():
         assert work > 0 and changed == [len(a) < len(b) for a, b in zip(out, alone)]
         assert refill(ctx, alone, OVERHEAD, 0)[0] == alone
     assert merged >= 6, merged
+
+
+def test_resplit_rebalances_pairs_and_never_slows_a_rank():
+    """Two micro-batches each with a long and a short sample on their two CP ranks: the
+    re-split deals the long ones to one micro-batch and the short ones beside them, so the
+    other empties (one overhead saved).  On random plans (the portfolio's, one micro-batch
+    per sample) every sample stays once within the bucket, a rank changes only when it
+    gets strictly faster, and a limit of 0 changes nothing."""
+    lengths = np.array([4000, 3000, 500, 400], dtype=np.int64)
+    _, ctx = _context(lengths, 2, 4000, "ring")
+    crossed = [([], [[0], [2]]), ([], [[1], [3]])]
+    (out,), work, changed = resplit(ctx, [crossed], OVERHEAD, 10**6)
+    assert changed == [True] and work > 0 and out == [([], [[0], [1, 2, 3]])]
+    assert ctx.split_time(out, OVERHEAD) < ctx.split_time(crossed, OVERHEAD)
+    rng = np.random.default_rng(8)
+    faster = 0
+    for trial in range(12):
+        lengths, dp, cp, bucket = random_batch(rng)
+        _, ctx = _context(lengths, cp, bucket, ("paper", "ring")[trial % 2])
+        args = (lengths, ctx.costs, ctx.comm, ctx.latency, dp, cp, bucket)
+        plans = [portfolio.portfolio_schedule(*args, "auto", OVERHEAD, "auto", ctx.shares,
+                                              ctx.objective),
+                 [[ctx.place([i]) for i in range(d, lengths.size, dp)] for d in range(dp)]]
+        for splits in plans:
+            out, _, changed = resplit(ctx, splits, OVERHEAD, 10**9)
+            m = max(len(s) for s in out)
+            _check(ctx, [s + [([], [[] for _ in range(cp)])] * (m - len(s)) for s in out],
+                   lengths.size)
+            for before, after, new in zip(splits, out, changed):
+                t0, t1 = ctx.split_time(before, OVERHEAD), ctx.split_time(after, OVERHEAD)
+                assert (t1 < t0) if new else (after is before)
+                faster += new
+            assert resplit(ctx, splits, OVERHEAD, 0)[0] == splits
+    assert faster >= 4, faster
 
 
 @pytest.mark.parametrize("objective", ["paper", "ring"])

@@ -45,6 +45,7 @@ from typing import Optional
 
 from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
 from skrull_ext.scheduler.refine import place_group
+from skrull_ext.scheduler.resplit import resplit
 from skrull_ext.sharding import shard_tokens
 
 MASK = (1 << 64) - 1
@@ -428,7 +429,8 @@ class _Lns:
 
     def refill(self) -> bool:
         """:func:`refill` of the ranks changed since their last one, within half the budget
-        left; ``True`` if one was repacked (always faster, so always kept)."""
+        left, then :func:`~skrull_ext.scheduler.resplit.resplit` of their pairs within half
+        of what is left; ``True`` if one got faster (always kept)."""
         ds = [d for d in range(len(self.ranks)) if self.dirty[d]]
         splits = []
         for d in ds:
@@ -438,13 +440,17 @@ class _Lns:
                            for mb in self.ranks[d] if mb.size])
         out, work, changed = refill(self.ctx, splits, self.ovh, (self.budget - self.work) // 2)
         self.work += work
-        for d, split, new in zip(ds, out, changed):
-            if new:
+        # then the pairs of the same ranks re-split (the refill's repacking, if kept)
+        out, work, split_changed = resplit(self.ctx, out, self.ovh,
+                                           (self.budget - self.work) // 2)
+        self.work += work
+        for d, split, new, again in zip(ds, out, changed, split_changed):
+            if new or again:
                 rank = [self._sum(_Mb(list(p[0]), [list(r) for r in p[1]])) for p in split]
                 rank.append(self._sum(_Mb([], [[] for _ in range(self.n)])))
                 self.ranks[d] = rank
                 self.rt[d] = self._rank_time(d)
-        return any(changed)
+        return any(changed) or any(split_changed)
 
     def score(self) -> float:
         self.work += len(self.rt)
