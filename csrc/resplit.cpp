@@ -12,6 +12,8 @@
 namespace skrull {
 namespace {
 
+constexpr int64_t kDealWork = 2;  // resplit.DEAL_WORK
+
 int64_t size_of(const Placement& p) {
   int64_t s = static_cast<int64_t>(p.distributed.size());
   for (const auto& r : p.local) s += static_cast<int64_t>(r.size());
@@ -120,7 +122,7 @@ bool resplit_rank(const GdsContext& ctx, RankSplit& split, double overhead, int6
         const int64_t pool = locals_of(split[a]) + locals_of(split[c]);
         const int64_t size = size_of(split[a]) + size_of(split[c]);
         // sorting, dealing (2 N + 2 per sample), pricing both
-        const int64_t estimate = 2 * pool + (2 * n + 2) * pool + size + 2 * n;
+        const int64_t estimate = 2 * pool + kDealWork * (2 * n + 2) * pool + size + 2 * n;
         if (*work + estimate >= limit) {
           *stopped = true;
           return changed;

@@ -29,6 +29,9 @@ into micro-batches of at most :data:`REFILL_FRACS` of the CP group's tokens, eac
 by ``refine.place_group``; a repacking is kept (always) where the rank gets faster.  Full
 micro-batches hide the ring's transfers under local work, a structure the steps alone
 reach only after thousands of moves (7B, CP 16, GBS 1024, 2x buckets: 2-5% faster plans).
+After each refill, :func:`~skrull_ext.scheduler.resplit.resplit` re-deals the local samples
+of pairs of the same ranks' micro-batches within half of the budget left (kept where a
+rank gets faster).
 
 It keeps the best plan seen (makespan, then score) and stops when the budget is spent or
 that makespan reaches the batch's lower bound (:func:`floor`, as the C++ core's

@@ -34,6 +34,11 @@ from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
 from skrull_ext.scheduler.refine import placement_time
 from skrull_ext.sharding import shard_tokens
 
+# Work units per CP rank a dealt sample scans and per time it prices (with the pair's new
+# placements built, ~2x a ruin-and-recreate unit: `bench_scheduler.py --calibrate --stage
+# lns` fell from 375K to 306K units per ms at 1 unit).
+DEAL_WORK = 2
+
 
 def _size(p: Placement) -> int:
     return len(p[0]) + sum(len(r) for r in p[1])
@@ -108,7 +113,7 @@ def _rank(ctx: GdsContext, split: list[Placement], overhead: float, limit: int
                 pool = sum(len(r) for p in (split[a], split[b]) for r in p[1])
                 size = _size(split[a]) + _size(split[b])
                 # sorting, dealing (2 N + 2 per sample), pricing both
-                estimate = 2 * pool + (2 * n + 2) * pool + size + 2 * n
+                estimate = 2 * pool + DEAL_WORK * (2 * n + 2) * pool + size + 2 * n
                 if work + estimate >= limit:
                     return split, work, changed, True
                 work += estimate
@@ -134,9 +139,9 @@ def resplit(ctx: GdsContext, splits, overhead: float, limit: int
     """Each DP rank of ``splits`` with its micro-batch pairs re-split (module docstring).
 
     Work: per rank its micro-batches' pricing (samples + N each), per pair tried twice its
-    local samples (sorting), ``2 N + 2`` per local sample (dealing) and both micro-batches'
-    pricing; a pair whose work would reach ``limit`` (the pass's total) is not tried, nor
-    is any later pair or rank.
+    local samples (sorting), :data:`DEAL_WORK` ``x (2 N + 2)`` per local sample (dealing)
+    and both micro-batches' pricing; a pair whose work would reach ``limit`` (the pass's
+    total) is not tried, nor is any later pair or rank.
 
     Returns ``(splits, work, changed)``: each rank's non-empty micro-batches (in order,
     a re-split pair in its places), ``changed[d]`` whether rank ``d`` got faster.
@@ -153,4 +158,4 @@ def resplit(ctx: GdsContext, splits, overhead: float, limit: int
     return out, work, changed
 
 
-__all__ = ["resplit"]
+__all__ = ["DEAL_WORK", "resplit"]
