@@ -3,6 +3,7 @@
 // prediction with CP sub-group rings (scheduler.pricing.micro_batch_times / _grouped_times, the
 // same float operations: bit-identical); see scheduler.h.
 #include <algorithm>
+#include <numeric>
 #include <cstring>
 #include <utility>
 
@@ -300,6 +301,44 @@ void price_subgroup_plan(HybridPlan& plan, const Batch& batch, const SubgroupPri
   }
 }
 
+// (ours) Whole micro-batches re-dealt to the DP ranks (reference hybrid.dealt): the
+// slowest first (ties: lower index) to the least-loaded rank with fewer than per_rank
+// (ties: lower rank); kept only when the slowest rank gets strictly faster.
+bool deal_micro_batches(HybridPlan& plan, int dp_size) {
+  const size_t count = plan.times.size(), m = static_cast<size_t>(plan.per_rank);
+  const std::vector<double>& t = plan.times;
+  std::vector<size_t> order(count);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(),
+            [&t](size_t a, size_t b) { return t[a] > t[b] || (t[a] == t[b] && a < b); });
+  std::vector<double> load(static_cast<size_t>(dp_size), 0.0);
+  std::vector<std::vector<size_t>> deal(static_cast<size_t>(dp_size));
+  for (size_t g : order) {
+    size_t best = deal.size();
+    for (size_t r = 0; r < deal.size(); ++r) {
+      if (deal[r].size() < m && (best == deal.size() || load[r] < load[best])) best = r;
+    }
+    deal[best].push_back(g);
+    load[best] += t[g];  // the rank's left-to-right sum, as the reference's
+  }
+  const double before = *std::max_element(plan.rank_times.begin(), plan.rank_times.end());
+  if (!(*std::max_element(load.begin(), load.end()) < before)) return false;
+  HybridPlan out;
+  out.per_rank = plan.per_rank;
+  out.sizes = std::move(plan.sizes);
+  out.valid = plan.valid;
+  out.rank_times = load;
+  for (const auto& rank : deal) {
+    for (size_t g : rank) {
+      out.items.push_back(std::move(plan.items[g]));
+      out.firsts.push_back(std::move(plan.firsts[g]));
+      out.times.push_back(t[g]);
+    }
+  }
+  plan = std::move(out);
+  return true;
+}
+
 HybridPlan hybrid_candidate(const Batch& batch, const SubgroupPrices& sub, double latency,
                             int dp_size, int cp_size, int64_t bucket_size, double overhead) {
   HybridPlan plan;
@@ -318,6 +357,7 @@ HybridPlan hybrid_candidate(const Batch& batch, const SubgroupPrices& sub, doubl
   }
   price_subgroup_plan(plan, batch, sub, latency, dp_size, cp_size, overhead);
   plan.valid = hybrid_valid(plan, batch, cp_size, bucket_size);
+  deal_micro_batches(plan, dp_size);
   return plan;
 }
 

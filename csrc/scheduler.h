@@ -276,6 +276,9 @@ HybridPlan hybrid_candidate(const Batch& batch, const SubgroupPrices& sub, doubl
                             int dp_size, int cp_size, int64_t bucket_size, double overhead);
 // Every sample exactly once, blocks inside the CP group, no CP rank over the bucket.
 bool hybrid_valid(const HybridPlan& plan, const Batch& batch, int cp_size, int64_t bucket_size);
+// A priced plan's micro-batches re-dealt to the DP ranks when the slowest gets faster (true
+// then; times and rank_times follow).
+bool deal_micro_batches(HybridPlan& plan, int dp_size);
 // Fills plan.times and plan.rank_times from its items, firsts and sizes (per sample; where
 // 1 < size < cp_size, `sub` holds the sample's seconds on that size).
 void price_subgroup_plan(HybridPlan& plan, const Batch& batch, const SubgroupPrices& sub,
@@ -296,9 +299,6 @@ std::vector<std::vector<WorldGroup>> dynamic_cp_world(const int64_t* lengths, in
 // The dynamic_cp policy's plan (block = cp_size), sizes from its groups, unpriced.
 HybridPlan dynamic_cp_plan(const int64_t* lengths, int64_t k, int dp_size, int cp_size,
                            int64_t bucket_size);
-// Its priced micro-batches re-dealt to the DP ranks when the slowest gets faster (true then;
-// times and rank_times follow).
-bool deal_micro_batches(HybridPlan& plan, int dp_size);
 
 // DACP of one micro-batch, or all-distributed in `group` order when strictly faster
 // (reference refine.place_group).

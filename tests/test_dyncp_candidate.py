@@ -11,7 +11,7 @@ import pytest
 
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
-from skrull_ext.scheduler import SchedulerConfig, dyncp, schedule
+from skrull_ext.scheduler import SchedulerConfig, dyncp, hybrid, schedule
 from skrull_ext.scheduler.baselines import BASELINES
 from skrull_ext.scheduler.plan import MicroBatch, Plan
 from skrull_ext.scheduler.pricing import predict_arrays
@@ -70,12 +70,12 @@ def _megatron_plan(lengths, cfg, cm, arrays):
 
 def test_dealing_is_longest_first_and_only_when_faster():
     # 3 and 3 on rank 0, 1 and 1 on rank 1: dealt longest first -> 3 + 1 on each.
-    assert dyncp.dealt([[3.0, 3.0], [1.0, 1.0]]) == [[0, 2], [1, 3]]
+    assert hybrid.dealt([[3.0, 3.0], [1.0, 1.0]]) == [[0, 2], [1, 3]]
     # Ties go to the lower index and the lower rank; a full rank (M = 3) takes no more, so
     # the empty micro-batches (0 s) fill rank 0.
-    assert dyncp.dealt([[4.0, 2.0, 1.0], [1.0, 0.0, 0.0]]) == [[0, 4, 5], [1, 2, 3]]
-    assert dyncp.dealt([[2.0, 1.0], [2.0, 1.0]]) is None  # balanced already
-    assert dyncp.dealt([[4.0, 0.0], [0.0, 0.0]]) is None  # one indivisible micro-batch
+    assert hybrid.dealt([[4.0, 2.0, 1.0], [1.0, 0.0, 0.0]]) == [[0, 4, 5], [1, 2, 3]]
+    assert hybrid.dealt([[2.0, 1.0], [2.0, 1.0]]) is None  # balanced already
+    assert hybrid.dealt([[4.0, 0.0], [0.0, 0.0]]) is None  # one indivisible micro-batch
 
 
 def test_cpp_world_groups_match_the_reference_at_every_block():

@@ -32,8 +32,10 @@ def test_skrull_keeps_the_hybrid_cp_plan_when_predicted_faster(monkeypatch):
     hybrid = schedule(lengths, dataclasses.replace(CFG, policy="hybrid-cp"), cost)
     assert plan.policy == "skrull" and plan.predicted["candidate"] == "hybrid-cp"
     assert any(mb.grouped for mbs in plan.dp_ranks for mb in mbs)
-    assert plan.dp_ranks == hybrid.dp_ranks
-    assert plan.predicted["iteration_time"] == hybrid.predicted["iteration_time"]
+    # Hybrid CP's micro-batches, re-dealt over the DP ranks where that is faster.
+    every = lambda p: sorted(repr(mb) for mbs in p.dp_ranks for mb in mbs)
+    assert every(plan) == every(hybrid)
+    assert plan.predicted["iteration_time"] <= hybrid.predicted["iteration_time"]
     monkeypatch.setattr(hybrid_module, "candidate", lambda *args: None)
     alone = schedule(lengths, CFG, cost)
     assert "candidate" not in alone.predicted

@@ -84,8 +84,8 @@ def test_both_backends_pick_the_same_winner(monkeypatch):
             slow = hybrid.candidate(lengths, best, cfg, cm, arrays, "python")
             monkeypatch.setattr(_backend, "CPP", _C)
             assert (fast is None) == (slow is None)
-            if fast is None:
-                assert best <= t
+            if fast is None:  # it cannot win, or the gate bounding hybrid CP's own deal
+                assert best <= t or best <= hybrid.hybrid_bound(lengths, cfg, cm, arrays)
                 continue
             kept += 1
             assert fast.dp_ranks == slow.dp_ranks and fast.predicted == slow.predicted

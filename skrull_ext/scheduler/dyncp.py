@@ -12,13 +12,13 @@ ops first (the common case stops there), then the plan itself, priced by the sam
 strictly faster.  So Skrull's predicted time is never above the ``dynamic-cp`` baseline's
 on the same cost model, up to :data:`MAX_DYNCP_SAMPLES` samples.
 
-The Python build (:func:`_build_python`: the baseline's own code, then ``predict_arrays``)
+The Python build (:func:`_build_python`: the baseline's own code, then ``predict_arrays``
+and the re-deal of :func:`~skrull_ext.scheduler.hybrid.dealt`)
 is the spec; the C++ backend builds and prices the same plan in the core
 (``csrc/dyncp.cpp``, :func:`_build_cpp`) and hands over only a winning plan.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -27,10 +27,9 @@ from skrull_ext import _backend
 from skrull_ext.costmodel.model import CostModel
 from skrull_ext.scheduler.baselines import BASELINES
 from skrull_ext.scheduler.config import SchedulerConfig
-from skrull_ext.scheduler.hybrid import core_candidate_plan, subgroup_sizes, winner
+from skrull_ext.scheduler.hybrid import core_candidate_plan, redealt, subgroup_sizes, winner
 from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.plan import MicroBatch, Plan
-from skrull_ext.scheduler.pricing import predict_arrays
 
 # Above this many samples the candidate is skipped (a size rule, so the plan is the same
 # on every run): Megatron's grouping scans the remaining samples every micro-batch; the C++
@@ -75,44 +74,7 @@ def _build_python(arr, config: SchedulerConfig, cost_model: CostModel, arrays, b
     plan = Plan(lengths=arr, dp_size=config.dp_size, cp_size=n, bucket_size=config.bucket_size,
                 policy="skrull", dp_ranks=ranks)
     plan.validate()
-    predicted = predict_arrays(plan, cost_model, costs, comm, shares)
-    deal = dealt(predicted["micro_batch_times"])
-    if deal is None:
-        return plan, predicted
-    mbs = [mb for rank in ranks for mb in rank]
-    plan = dataclasses.replace(plan, dp_ranks=tuple(tuple(mbs[g] for g in r) for r in deal))
-    plan.validate()
-    return plan, predict_arrays(plan, cost_model, costs, comm, shares)
-
-
-def dealt(times) -> Optional[list[list[int]]]:
-    """(ours) Whole micro-batches re-dealt to the DP ranks, when that makes the slowest
-    rank strictly faster; else ``None``.
-
-    Megatron's grouping fills each round across all DP replicas at once and balances a
-    round's ``S^2 / g`` work, not the DP ranks' totals over the rounds, so one rank can
-    end 40% slower than another (user lengths, CP 16: 0.911 against 0.648 s).  A
-    micro-batch's time does not depend on its DP rank (its rings stay inside the replica),
-    so the ranks may trade whole micro-batches; each keeps ``M`` of them (empty ones
-    included), as every plan has.  Longest processing time first: each micro-batch, the
-    slowest first (ties: the lower index), goes to the least-loaded rank with fewer than
-    ``M`` (ties: the lower rank).  The C++ core (``csrc/dyncp.cpp``) deals the same way.
-
-    Args:
-        times: ``[D][M]`` micro-batch seconds of the plan (``predict``'s).
-
-    Returns:
-        ``[D][M]`` indices ``d M + j`` into the flat (DP rank major) micro-batches, in the
-        order each rank runs them, or ``None`` when the plan stays as it is.
-    """
-    d, m = len(times), len(times[0])
-    flat = [t for row in times for t in row]
-    load, deal = [0.0] * d, [[] for _ in range(d)]
-    for g in sorted(range(d * m), key=lambda g: (-flat[g], g)):
-        r = min((r for r in range(d) if len(deal[r]) < m), key=lambda r: (load[r], r))
-        deal[r].append(g)
-        load[r] += flat[g]  # the rank's left-to-right sum, as iteration_seconds adds
-    return deal if max(load) < max(sum(row) for row in times) else None
+    return redealt(plan, cost_model, costs, comm, shares)
 
 
 def _build_cpp(arr, config: SchedulerConfig, cost_model: CostModel, arrays, best):
@@ -158,4 +120,4 @@ def dyncp_floor(arr, config: SchedulerConfig, cost_model: CostModel, costs) -> f
     return (worst + cost_model.time.iteration_overhead) * (1.0 - 1e-12)
 
 
-__all__ = ["MAX_DYNCP_SAMPLES", "candidate", "dealt", "dyncp_floor"]
+__all__ = ["MAX_DYNCP_SAMPLES", "candidate", "dyncp_floor"]
