@@ -94,8 +94,12 @@ struct Round {
   void refresh() {
     before.resize(total + 1);
     after.resize(total + 1);
-    for (int r = 1; r <= total; ++r) before[r] = r == 1 ? work[0] : std::max(before[r - 1], work[r - 1]);
-    for (int r = total - 1; r >= 0; --r) after[r] = r == total - 1 ? work[r] : std::max(after[r + 1], work[r]);
+    for (int r = 1; r <= total; ++r) {
+      before[r] = r == 1 ? work[0] : std::max(before[r - 1], work[r - 1]);
+    }
+    for (int r = total - 1; r >= 0; --r) {
+      after[r] = r == total - 1 ? work[r] : std::max(after[r + 1], work[r]);
+    }
   }
 
   bool empty_in(int lo, int hi) const {
@@ -123,9 +127,8 @@ bool place(const Round& rnd, int64_t s, int64_t bucket, int block, double cap, C
   for (int g = cp_needed(s, bucket, block); g <= block; g *= 2) {
     const double w = square_over(s, g);
     for (const Group& grp : rnd.members) {
-      if (grp.size != g ||
-          grp.packed + static_cast<double>(s) / static_cast<double>(g) > static_cast<double>(bucket))
-        continue;
+      const double fill = grp.packed + static_cast<double>(s) / static_cast<double>(g);
+      if (grp.size != g || fill > static_cast<double>(bucket)) continue;
       consider(rnd.projected(grp.first, g, w), grp.gid, grp.first, g);
     }
     for (size_t b = 0; b < rnd.first_free.size(); ++b) {

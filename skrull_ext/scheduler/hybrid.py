@@ -99,9 +99,9 @@ def dealt(times) -> Optional[list[list[int]]]:
     (user lengths, CP 16: 0.911 against 0.648 s); hybrid CP gives each rank a contiguous
     slice of the batch.  A micro-batch's time does not depend on its DP rank (its rings
     stay inside the replica), so the ranks may trade whole micro-batches; each keeps ``M``
-    of them (empty ones included), as every plan has.  Longest processing time first: each micro-batch, the
-    slowest first (ties: the lower index), goes to the least-loaded rank with fewer than
-    ``M`` (ties: the lower rank).  The C++ core (``csrc/hybrid.cpp``) deals the same way.
+    of them (empty ones included), as every plan has.  Longest processing time first:
+    each micro-batch, the slowest first (ties: the lower index), goes to the least-loaded
+    rank with fewer than ``M`` (ties: the lower rank).  The C++ core (``csrc/hybrid.cpp``) deals the same way.
 
     Args:
         times: ``[D][M]`` micro-batch seconds of the plan (``predict``'s).
