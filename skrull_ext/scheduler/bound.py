@@ -152,7 +152,20 @@ def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: 
     ``groups``: ``(g, shares_g, comm_g, alone_g)`` of the sub-group sizes ``1 < g < n`` a
     plan may also ring a sample on (:func:`_subgroup_terms`); empty for DACP's plans.  A
     sub-group placement whose ``alone_g`` exceeds ``limit`` (the slowest DP rank's time,
-    at most ``top``, being bounded) is not an option."""
+    at most ``top``, being bounded) is not an option.
+
+    Under ``paper`` a sample kept local on rank ``r`` adds ``(mu cost_i + (1 - mu) e_i) /
+    n`` (``e_i``: :func:`_exposed`), valid with sub-group rings too: with a full ring rank
+    ``r`` takes ``out + blocks + max(c', x_r)`` (``c' = R + L``, see :func:`_exposed_total`)
+    and ``max(c', x) >= mu x + (1 - mu) (c' + max(0, x - c'))``; the ``c'`` part and ``out +
+    blocks`` are the ring's per-sample and per-ring terms (:func:`_dist_terms`), and
+    ``max(0, x_r - c') >= sum e_i`` over its local samples; without a full ring it takes
+    ``x_r >= sum cost_i >= sum e_i``.  Sub-group rings run after that on their ranks, so
+    their time adds on each of them; every term is a sum over one rank's samples, so the
+    mean over the ``n`` ranks (average term) and a DP rank's sum over its samples
+    (indivisible term) take them per sample.  The leaders' term (:func:`_exposed_total`)
+    takes a maximum over ranks instead, which a sub-group ring on another rank may
+    already be paying for: it stays DACP's."""
     ovh = cost_model.micro_batch_overhead
     fits_local = (s <= c) & ~forced
     fits_dist = shard_tokens_array(s, n) <= c
@@ -168,9 +181,11 @@ def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: 
     else:
         ring_mbs = -(-int(shard_tokens_array(s[forced], n).sum()) // c)
     best = 0.0
+    paper = cost_model.objective != "ring"
+    exposed = _exposed(s, costs, cost_model, n, c, top) if paper else None
     for mu in MU_GRID:
         dist, ring = _dist_terms(shares, comm, n, cost_model, mu)
-        local = costs / n if cost_model.objective == "ring" else mu * costs / n
+        local = (mu * costs + (1.0 - mu) * exposed) / n if paper else costs / n
         per = np.minimum(np.where(fits_local, local, np.inf), np.where(fits_dist, dist, np.inf))
         for (g, share_g, comm_g, _), fits in zip(groups, fits_sub):
             sub, ring_g = _dist_terms(share_g, comm_g, g, cost_model,
@@ -178,7 +193,7 @@ def _forced_core(s, costs, comm, shares, forced, cost_model, d: int, n: int, c: 
             per = np.minimum(per, np.where(fits, g / n * sub, np.inf))
             ring = min(ring, g / n * ring_g)
         average = (float(per.sum()) + ring * ring_mbs) / d
-        if mu == 0.0 and not groups and cost_model.objective == "paper":
+        if mu == 0.0 and not groups and paper:
             total = _exposed_total(s, costs, np.where(fits_dist, dist, np.inf), fits_local,
                                    cost_model, n, c, top)
             average = max(average, (total + ring * ring_mbs) / d)
@@ -221,11 +236,7 @@ def _exposed_total(s, costs, dist, keep_ok, cost_model, n: int, c: int,
         keep_ok: ``[K]`` bool, samples that may stay local (fit, not forced).
         top: ``T``, the most seconds of the slowest DP rank (iteration overhead excluded).
     """
-    beta, ell = cost_model.ring_terms[1:3]
-    sigma = (top - cost_model.micro_batch_overhead - cost_model.comm_latency(n)) / max(
-        cost_model.shard_token_seconds(n), 1e-300)
-    room = np.minimum(c - s, max(sigma, 0.0))
-    exposed = np.maximum(costs - 3.0 * (n - 1) * beta * room - 2.0 * (n - 1) * ell, 0.0)
+    exposed = _exposed(s, costs, cost_model, n, c, top)
     per = np.where(keep_ok, 0.0, dist)
     best = -np.inf
     for q in LEADER_COUNTS:
@@ -236,6 +247,22 @@ def _exposed_total(s, costs, dist, keep_ok, cost_model, n: int, c: int,
         kept = _kept_dp(dist[order], exposed[order], min(q * n, order.size))
         best = max(best, float(per[~pick].sum()) + kept)
     return best
+
+
+def _exposed(s, costs, cost_model, n: int, c: int, top: float) -> np.ndarray:
+    """``[K]`` ``e_i``: the local work sample ``i`` kept whole on a rank leaves exposed in
+    its micro-batch's time on that rank, beyond the full ring's (see
+    :func:`_exposed_total`); 0 where a ring may hide all of it.
+
+    Several samples on one rank expose at least the sum of their ``e`` (the rank's
+    exposed work is ``max(0, x_r - R - L)`` with ``R + L <= K_i`` for each of its samples
+    ``i``, ``e_i = max(0, cost_i - K_i)``, and ``max(0, a + b - K) >= max(0, a - K) +
+    max(0, b - K)`` for ``a, b, K >= 0``)."""
+    beta, ell = cost_model.ring_terms[1:3]
+    sigma = (top - cost_model.micro_batch_overhead - cost_model.comm_latency(n)) / max(
+        cost_model.shard_token_seconds(n), 1e-300)
+    room = np.minimum(c - s, max(sigma, 0.0))
+    return np.maximum(costs - 3.0 * (n - 1) * beta * room - 2.0 * (n - 1) * ell, 0.0)
 
 
 def _kept_dp(dist, lead, cap: int) -> float:
@@ -300,7 +327,9 @@ def global_lower_bound(lengths, cost_model, dp_size: int, cp_size: int, bucket_s
       ``ceil(forced shards / C)`` of them).
 
     * under ``paper`` a long sample kept local exposes work its micro-batch's ring cannot
-      hide (:func:`_exposed_total`);
+      hide: on its own rank (``e_i / n`` of the mean over CP ranks, also with sub-group
+      rings: :func:`_forced_core`), and as the leader of its micro-batch
+      (:func:`_exposed_total`, DACP's plans);
     * likewise a sub-group placement whose ring alone takes more than ``T`` is out
       (``subgroups=True``).
 
