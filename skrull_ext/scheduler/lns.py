@@ -52,7 +52,7 @@ from typing import Optional
 
 from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
 from skrull_ext.scheduler.refine import place_group
-from skrull_ext.scheduler.resplit import deal_best, resplit
+from skrull_ext.scheduler.resplit import deal_best, first_fit, resplit
 from skrull_ext.sharding import shard_tokens
 
 MASK = (1 << 64) - 1
@@ -185,20 +185,9 @@ def refill(ctx: GdsContext, splits, overhead: float, limit: int
                 pool.sort(key=lambda i: (-ctx.costs[i], i))
                 work += 2 * (size + n * len(full))
                 best_t = ctx.split_time(split, overhead)
-            room = int(frac * cap * n)
-            groups: list[list[int]] = []
-            tokens: list[int] = []
-            for i in pool:
-                s = int(ctx.lengths[i])
-                for g in range(len(groups)):
-                    work += 1
-                    if tokens[g] + s <= room:
-                        groups[g].append(i)
-                        tokens[g] += s
-                        break
-                else:
-                    groups.append([i])
-                    tokens.append(s)
+            groups, checks = first_fit(pool, [int(ctx.lengths[i]) for i in pool],
+                                       int(frac * cap * n))
+            work += checks
             placed = []
             for g in groups:
                 work += REFILL_PLACE_WORK * (len(g) + n)

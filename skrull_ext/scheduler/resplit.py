@@ -177,18 +177,16 @@ def resplit(ctx: GdsContext, splits, overhead: float, limit: int
     return out, work, changed
 
 
-def _rings(ctx: GdsContext, ids: list[int]) -> tuple[list[list[int]], int]:
-    """``ids`` first-fit decreasing by cost (ties: the lower index) into groups whose
-    shard tokens fit the bucket: ``(groups, first-fit checks)``."""
-    n, cap = ctx.cp_size, ctx.bucket_size
+def first_fit(ids, sizes, room: int) -> tuple[list[list[int]], int]:
+    """``ids`` in order, each into the first group whose ``sizes`` stay within ``room``
+    (else a new one): ``(groups, first-fit checks)``."""
     groups: list[list[int]] = []
     tokens: list[int] = []
     checks = 0
-    for i in sorted(ids, key=lambda i: (-ctx.costs[i], i)):
-        s = shard_tokens(int(ctx.lengths[i]), n)
+    for i, s in zip(ids, sizes):
         for g in range(len(groups)):
             checks += 1
-            if tokens[g] + s <= cap:
+            if tokens[g] + s <= room:
                 groups[g].append(i)
                 tokens[g] += s
                 break
@@ -196,6 +194,14 @@ def _rings(ctx: GdsContext, ids: list[int]) -> tuple[list[list[int]], int]:
             groups.append([i])
             tokens.append(s)
     return groups, checks
+
+
+def _rings(ctx: GdsContext, ids: list[int]) -> tuple[list[list[int]], int]:
+    """``ids`` first-fit decreasing by cost (ties: the lower index) into groups whose
+    shard tokens fit the bucket: ``(groups, first-fit checks)``."""
+    order = sorted(ids, key=lambda i: (-ctx.costs[i], i))
+    sizes = [shard_tokens(int(ctx.lengths[i]), ctx.cp_size) for i in order]
+    return first_fit(order, sizes, ctx.bucket_size)
 
 
 def _ring_time(ctx: GdsContext, dist: list[int]) -> tuple[float, float]:
@@ -310,4 +316,4 @@ def deal_best(ctx: GdsContext, splits, overhead: float, limit: int
     return best, work
 
 
-__all__ = ["DEAL_MODES", "DEAL_WORK", "deal", "deal_best", "resplit"]
+__all__ = ["DEAL_MODES", "DEAL_WORK", "deal", "deal_best", "first_fit", "resplit"]
