@@ -223,7 +223,10 @@ Skeleton skeleton(const GdsContext& ctx, const std::vector<RankSplit>& splits, i
       }
     }
   }
-  if (mode == 0) return out;
+  if (mode == 0) {  // and one empty micro-batch per DP rank, for what fits nowhere else
+    for (size_t r = 0; r < d; ++r) out.emplace_back(r, std::vector<Index>{});
+    return out;
+  }
   int64_t checks = 0;
   auto groups = rings(ctx, ids, &checks);
   const size_t ng = groups.size();
@@ -248,9 +251,12 @@ Skeleton skeleton(const GdsContext& ctx, const std::vector<RankSplit>& splits, i
     ++count[r];
     out.emplace_back(r, std::move(groups[g]));
   }
+  // the plan's micro-batches spread evenly, and one more
   const int64_t per = (full + static_cast<int64_t>(d) - 1) / static_cast<int64_t>(d);
   for (size_t r = 0; r < d; ++r) {
-    for (int64_t j = count[r]; j < per; ++j) out.emplace_back(r, std::vector<Index>{});
+    for (int64_t j = std::min(count[r], per); j <= per; ++j) {
+      out.emplace_back(r, std::vector<Index>{});
+    }
   }
   return out;
 }

@@ -47,11 +47,12 @@ from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
 from skrull_ext.scheduler.refine import placement_time
 from skrull_ext.sharding import shard_tokens
 
-# deal()'s micro-batches: ``keep`` each micro-batch's distributed samples; ``rings`` the
-# batch's distributed samples first-fit decreasing into the fewest rings (their shards
-# within the bucket), dealt longest ring first to the DP rank with the least ring time, and
-# empty micro-batches up to the plan's count per DP rank; ``long`` as ``rings`` with only
-# the samples longer than the bucket distributed (the rest dealt locally).
+# deal()'s micro-batches: ``keep`` each micro-batch's distributed samples (and one empty
+# micro-batch per DP rank); ``rings`` the batch's distributed samples first-fit decreasing
+# into the fewest rings (their shards within the bucket), dealt longest ring first to the
+# DP rank with the least ring time, and empty micro-batches up to one more than the plan's
+# count per DP rank; ``long`` as ``rings`` with only the samples longer than the bucket
+# distributed (the rest dealt locally).
 DEAL_MODES = ("keep", "rings", "long")
 # Work units per CP rank a dealt sample scans and per time it prices (with the pair's new
 # placements built, ~2x a ruin-and-recreate unit: `bench_scheduler.py --calibrate --stage
@@ -219,8 +220,8 @@ def _skeleton(ctx: GdsContext, splits, mode: str) -> tuple[list[tuple[int, list[
     d = len(splits)
     full = [(r, p) for r, split in enumerate(splits) for p in split if _size(p)]
     work = len(full) + sum(_size(p) for _, p in full)
-    if mode == "keep":
-        return [(r, list(p[0])) for r, p in full], work
+    if mode == "keep":  # and one empty micro-batch per DP rank, for what fits nowhere else
+        return [(r, list(p[0])) for r, p in full] + [(r, []) for r in range(d)], work
     ids = [i for _, p in full for i in p[0]
            if mode == "rings" or int(ctx.lengths[i]) > ctx.bucket_size]
     groups, checks = _rings(ctx, ids)
@@ -233,9 +234,9 @@ def _skeleton(ctx: GdsContext, splits, mode: str) -> tuple[list[tuple[int, list[
         load[r] += ring[g]
         count[r] += 1
         out.append((r, groups[g]))
-    per = -(-len(full) // d)  # the plan's micro-batches spread evenly
+    per = -(-len(full) // d)  # the plan's micro-batches spread evenly, and one more
     for r in range(d):
-        out.extend((r, []) for _ in range(per - count[r]))
+        out.extend((r, []) for _ in range(max(per - count[r], 0) + 1))
     return out, work
 
 
