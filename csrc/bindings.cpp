@@ -298,13 +298,16 @@ py::object portfolio_schedule(I64Array lengths, F64Array costs, F64Array comm,
 
 // (ours) Calibration of --skrull-plan-budget-ms (benchmarks/bench_scheduler.py
 // --calibrate): the portfolio's unrefined plan, then refine() (stage "refine") or lns()
-// (stage "lns", never stopped by a floor) alone with `budget` work units, timed here (no
+// (stage "lns", never stopped by a floor; "deal": its first pass, resplit.deal_best)
+// alone with `budget` work units, timed here (no
 // conversion); (work units counted, wall seconds of that stage).
 py::tuple refine_timing(I64Array lengths, F64Array costs, F64Array comm, double latency,
                         int dp_size, int cp_size, int64_t bucket_size, double overhead,
                         py::object shares, py::object objective, int64_t budget,
                         const std::string& stage) {
-  if (stage != "refine" && stage != "lns") throw py::value_error("stage: refine or lns");
+  if (stage != "refine" && stage != "lns" && stage != "deal") {
+    throw py::value_error("stage: refine, lns or deal");
+  }
   BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
   args.view.objective = skrull_py::to_objective(objective);
   check_positive(dp_size, "dp_size");
@@ -319,9 +322,14 @@ py::tuple refine_timing(I64Array lengths, F64Array costs, F64Array comm, double 
     auto splits = skrull::portfolio_schedule(args.view, latency, dp_size, cp_size, bucket_size,
                                              ctx.rollback, overhead, ctx.variant, 0);
     const auto start = std::chrono::steady_clock::now();
-    splits = stage == "lns"
-                 ? skrull::lns(ctx, std::move(splits), overhead, budget, -1.0, &spent)
-                 : skrull::refine(ctx, std::move(splits), overhead, budget, &spent);
+    if (stage == "deal") {  // resplit.deal_best alone, `budget` its limit
+      auto dealt = skrull::deal_best(ctx, splits, overhead, budget, &spent);
+      if (dealt) splits = std::move(*dealt);
+    } else {
+      splits = stage == "lns"
+                   ? skrull::lns(ctx, std::move(splits), overhead, budget, -1.0, &spent)
+                   : skrull::refine(ctx, std::move(splits), overhead, budget, &spent);
+    }
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   return py::make_tuple(spent, seconds);

@@ -543,12 +543,30 @@ std::vector<RankSplit> refill(const GdsContext& ctx, const std::vector<RankSplit
   return out;
 }
 
+// Every DP rank's micro-batches padded with empty ones to the longest list (at least 1).
+std::vector<RankSplit> padded(std::vector<RankSplit> splits, int cp_size) {
+  size_t m = 1;
+  for (const auto& s : splits) m = std::max(m, s.size());
+  Placement empty;
+  empty.local.resize(static_cast<size_t>(cp_size));
+  for (auto& s : splits) s.resize(m, empty);
+  return splits;
+}
+
 }  // namespace
 
 std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
                            double overhead, int64_t budget, double floor_t, int64_t* spent) {
   if (spent) *spent = 0;
   if (budget <= 0 || splits.empty()) return splits;
+  int64_t dealt_work = 0;
+  double start = 0.0;
+  for (const auto& split : splits) start = std::max(start, ctx.split_time(split, overhead));
+  if (start > floor_t * (1.0 + 1e-9)) {
+    auto dealt = deal_best(ctx, splits, overhead, budget / 2, &dealt_work);
+    if (dealt) splits = padded(std::move(*dealt), ctx.cp_size);  // faster: start there
+  }
+  budget -= dealt_work;
   Lns search(ctx, splits, overhead, budget);
   double best_ms = search.makespan();
   double best_score = search.score();
@@ -573,18 +591,8 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
       best = search.snapshot();
     }
   }
-  if (spent) *spent = search.work();
-  if (!best) return splits;
-  size_t m = 1;
-  for (const auto& s : *best) m = std::max(m, s.size());
-  for (auto& s : *best) {
-    while (s.size() < m) {
-      Placement p;
-      p.local.resize(static_cast<size_t>(ctx.cp_size));
-      s.push_back(std::move(p));
-    }
-  }
-  return std::move(*best);
+  if (spent) *spent = dealt_work + search.work();
+  return best ? padded(std::move(*best), ctx.cp_size) : splits;
 }
 
 }  // namespace skrull

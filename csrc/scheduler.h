@@ -351,6 +351,19 @@ std::vector<RankSplit> resplit(const GdsContext& ctx, const std::vector<RankSpli
                                double overhead, int64_t limit, int64_t* work,
                                std::vector<char>* changed);
 
+// resplit.deal: the batch's samples re-dealt costliest first over a skeleton of micro-batches
+// (mode 0 keep, 1 rings, 2 long: resplit.DEAL_MODES); nullopt when a sample fits nowhere or
+// the work would reach `limit` (work added to *work).  deal_best: the fastest of the three
+// when strictly faster than `splits` (reference resplit.deal_best).
+std::optional<std::vector<RankSplit>> deal(const GdsContext& ctx,
+                                           const std::vector<RankSplit>& splits,
+                                           double overhead, int mode, int64_t limit,
+                                           int64_t* work);
+std::optional<std::vector<RankSplit>> deal_best(const GdsContext& ctx,
+                                                const std::vector<RankSplit>& splits,
+                                                double overhead, int64_t limit,
+                                                int64_t* work);
+
 // ---- bound.cpp: (C++ only) what schedule() checks and reports, without per-sample Python.
 // reference bound.lower_bound with subgroups=False, before the iteration overhead and
 // its 1e-12 slack (sums in another order than numpy's: equal up to rounding).

@@ -5,7 +5,9 @@ the search early and late, both objectives; the search never returns a slower pl
 every sample once and every CP rank within the bucket, improves plans the converged local
 search cannot, stops at once on a plan at the batch's lower bound, and its floor is the C++
 core's bound; its first pass (refill) merges half-empty micro-batches and never slows a rank,
-and the pair re-split after it (resplit) rebalances a DP rank's micro-batches, never slowing one.
+and the pair re-split after it (resplit) rebalances a DP rank's micro-batches, never slowing one;
+the batch re-deal before the search (resplit.deal) consolidates rings, balances DP ranks and
+counts the same work on both backends.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from skrull_ext.scheduler.lns import floor, lns, refill
 from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.reference import GdsContext
 from skrull_ext.scheduler.refine import refine
-from skrull_ext.scheduler.resplit import resplit
+from skrull_ext.scheduler.resplit import DEAL_MODES, deal, deal_best, resplit
 from skrull_ext.sharding import shard_tokens
 from tests.test_parity import random_batch
 
@@ -139,6 +141,52 @@ def test_resplit_rebalances_pairs_and_never_slows_a_rank():
                 faster += new
             assert resplit(ctx, splits, OVERHEAD, 0)[0] == splits
     assert faster >= 4, faster
+
+
+def test_deal_consolidates_rings_and_balances_dp_ranks():
+    """Hand-checked: DP rank 0 holds two rings (one long sample each) and three short
+    samples, rank 1 one short sample.  ``rings`` puts both long samples on one ring of
+    rank 0 and deals the short ones to balance the ranks (faster than the input), ``keep``
+    keeps both rings; on random plans every mode keeps each sample once within the
+    bucket, deal_best never returns a slower plan, adopts one on some batches and counts
+    the same work as the C++ core (``_C.refine_timing(..., "deal")``)."""
+    lengths = np.array([3000, 2400, 900, 800, 700, 600], dtype=np.int64)
+    _, ctx = _context(lengths, 2, 4000, "ring")
+    start = [[([0], [[2], [3]]), ([1], [[4], []])], [([], [[5], []])]]
+    rings, _ = deal(ctx, start, OVERHEAD, "rings", 10**6)
+    assert [sorted(p[0]) for p in rings[0] if p[0]] == [[0, 1]]
+    assert sorted(i for s in rings for p in s for r in p[1] for i in r) == [2, 3, 4, 5]
+    keep, _ = deal(ctx, start, OVERHEAD, "keep", 10**6)
+    assert [p[0] for p in keep[0]] == [[0], [1]]
+    best, work = deal_best(ctx, start, OVERHEAD, 10**6)
+    assert work > 0 and best is not None
+    assert (portfolio.iteration_time(ctx, best, OVERHEAD)
+            < portfolio.iteration_time(ctx, start, OVERHEAD))
+    assert deal(ctx, start, OVERHEAD, "rings", 0)[0] is None
+    rng = np.random.default_rng(21)
+    adopted = 0
+    for trial in range(24):
+        lengths, dp, cp, bucket = random_batch(rng)
+        _, ctx = _context(lengths, cp, bucket, ("paper", "ring")[trial % 2])
+        args = (lengths, ctx.costs, ctx.comm, ctx.latency, dp, cp, bucket)
+        splits = portfolio.portfolio_schedule(*args, "auto", OVERHEAD, "auto", ctx.shares,
+                                              ctx.objective)
+        for mode in DEAL_MODES:
+            got, _ = deal(ctx, splits, OVERHEAD, mode, 10**9)
+            if got is not None:
+                m = max(1, max(len(s) for s in got))
+                _check(ctx, [s + [([], [[] for _ in range(cp)])] * (m - len(s)) for s in got],
+                       lengths.size)
+        best, work = deal_best(ctx, splits, OVERHEAD, 10**9)
+        if best is not None:
+            adopted += 1
+            assert (portfolio.iteration_time(ctx, best, OVERHEAD)
+                    < portfolio.iteration_time(ctx, splits, OVERHEAD))
+        spent, _ = _C.refine_timing(lengths, ctx.costs, ctx.comm, ctx.latency, dp, cp, bucket,
+                                    OVERHEAD, ctx.shares, objective_arg(ctx.objective), 10**9,
+                                    "deal")
+        assert spent == work, trial
+    assert adopted >= 3, adopted
 
 
 @pytest.mark.parametrize("objective", ["paper", "ring"])

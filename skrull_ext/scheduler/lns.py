@@ -33,6 +33,10 @@ After each refill, :func:`~skrull_ext.scheduler.resplit.resplit` re-deals the lo
 of pairs of the same ranks' micro-batches within half of the budget left (kept where a
 rank gets faster).
 
+Before all of it, :func:`~skrull_ext.scheduler.resplit.deal_best` re-deals the whole
+batch over a skeleton of rings (within half the budget; kept when the slowest DP rank gets
+faster), a structure the steps reach only after thousands of moves.
+
 It keeps the best plan seen (makespan, then score) and stops when the budget is spent or
 that makespan reaches the batch's lower bound (:func:`floor`, as the C++ core's
 ``plan_lower_bound``), so a plan already at the bound costs nothing.  Randomness comes
@@ -48,7 +52,7 @@ from typing import Optional
 
 from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
 from skrull_ext.scheduler.refine import place_group
-from skrull_ext.scheduler.resplit import resplit
+from skrull_ext.scheduler.resplit import deal_best, first_fit, resplit
 from skrull_ext.sharding import shard_tokens
 
 MASK = (1 << 64) - 1
@@ -181,20 +185,9 @@ def refill(ctx: GdsContext, splits, overhead: float, limit: int
                 pool.sort(key=lambda i: (-ctx.costs[i], i))
                 work += 2 * (size + n * len(full))
                 best_t = ctx.split_time(split, overhead)
-            room = int(frac * cap * n)
-            groups: list[list[int]] = []
-            tokens: list[int] = []
-            for i in pool:
-                s = int(ctx.lengths[i])
-                for g in range(len(groups)):
-                    work += 1
-                    if tokens[g] + s <= room:
-                        groups[g].append(i)
-                        tokens[g] += s
-                        break
-                else:
-                    groups.append([i])
-                    tokens.append(s)
+            groups, checks = first_fit(pool, [int(ctx.lengths[i]) for i in pool],
+                                       int(frac * cap * n))
+            work += checks
             placed = []
             for g in groups:
                 work += REFILL_PLACE_WORK * (len(g) + n)
@@ -500,7 +493,14 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
     """
     if budget <= 0:
         return splits
-    search = _Lns(ctx, splits, overhead, budget)
+    spent = 0
+    if max(ctx.split_time(s, overhead) for s in splits) > floor_t * (1.0 + 1e-9):
+        dealt, spent = deal_best(ctx, splits, overhead, budget // 2)
+        if dealt is not None:  # faster: the search starts from it
+            m = max(1, max(len(s) for s in dealt))
+            splits = [s + [([], [[] for _ in range(ctx.cp_size)]) for _ in range(m - len(s))]
+                      for s in dealt]
+    search = _Lns(ctx, splits, overhead, budget - spent)
     best, best_key = None, (max(search.rt), search.score())
     search.work = 0
     cur = best_key[1]
