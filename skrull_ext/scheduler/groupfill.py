@@ -143,7 +143,7 @@ def fill(order, share, tokens, sizes, d: int, m: int, n: int, c: int, target: fl
                 for o, g in enumerate(sizes):
                     t, p = int(tokens[o, i]), float(share[o, i])
                     w = g * p
-                    for first in range(0, n, g):
+                    for first in range(0, n - g + 1, g):  # aligned, inside the group
                         if any(toks[k] + t > c for k in range(first, first + g)):
                             continue
                         new = total[r] - top + max(top, max(row[first:first + g]) + p)
