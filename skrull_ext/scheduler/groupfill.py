@@ -129,41 +129,38 @@ def fill(order, share, tokens, sizes, d: int, m: int, n: int, c: int, target: fl
         The largest DP-rank estimate, and ``where``: ``[K, 5]`` int64 rows ``(sample, DP
         rank, micro-batch, group size, first rank)`` in placement order.
     """
-    load = [[[0.0] * n for _ in range(m)] for _ in range(d)]
-    used = [[[0] * n for _ in range(m)] for _ in range(d)]
-    peak = [[0.0] * m for _ in range(d)]
-    total = [0.0] * d
-    where = np.empty((len(order), 5), dtype=np.int64)
+    load, used = np.zeros((d, m, n)), np.zeros((d, m, n), dtype=np.int64)
+    peak, total = np.zeros((d, m)), np.zeros(d)
     sizes = [int(g) for g in sizes]
+    where = np.empty((len(order), 5), dtype=np.int64)
     for step, i in enumerate(order.tolist()):
-        key = pick = None
-        for r in range(d):
-            for j in range(m):
-                row, toks, top = load[r][j], used[r][j], peak[r][j]
-                for o, g in enumerate(sizes):
-                    t, p = int(tokens[o, i]), float(share[o, i])
-                    w = g * p
-                    for first in range(0, n - g + 1, g):  # aligned, inside the group
-                        if any(toks[k] + t > c for k in range(first, first + g)):
-                            continue
-                        new = total[r] - top + max(top, max(row[first:first + g]) + p)
-                        cand = (new > target, w, new - total[r] if best_fit else new)
-                        if key is None or cand < key:
-                            key, pick = cand, (r, j, o, first)
-        if pick is None:
+        # Every (DP rank, micro-batch, option, aligned first rank), in the core's scan order.
+        over = np.ones((d, m, len(sizes), n), dtype=bool)
+        work, fit = np.zeros(over.shape), np.zeros(over.shape)
+        valid = np.zeros(over.shape, dtype=bool)
+        for o, g in enumerate(sizes):
+            q, t, p = n // g, int(tokens[o, i]), float(share[o, i])
+            ranks = (d, m, q, g)  # the aligned groups inside the CP group
+            hi = load[:, :, :q * g].reshape(ranks).max(axis=-1) + p
+            new = total[:, None, None] - peak[:, :, None] + np.maximum(peak[:, :, None], hi)
+            valid[:, :, o, :q] = (used[:, :, :q * g].reshape(ranks) + t <= c).all(axis=-1)
+            over[:, :, o, :q] = new > target
+            work[:, :, o, :q] = g * p
+            fit[:, :, o, :q] = new - total[:, None, None] if best_fit else new
+        flat = np.flatnonzero(valid)
+        if not flat.size:
             return None
-        r, j, o, first = pick
+        # The first of the smallest keys (over the target, rank-seconds, fit) in scan order.
+        pick = flat[np.lexsort((fit.flat[flat], work.flat[flat], over.flat[flat]))[0]]
+        r, j, o, first = np.unravel_index(pick, over.shape)
         g, p, t = sizes[o], float(share[o, i]), int(tokens[o, i])
-        for k in range(first, first + g):
-            load[r][j][k] += p
-            used[r][j][k] += t
-        peak[r][j] = max(load[r][j])
-        acc = 0.0
-        for x in peak[r]:  # left to right, as the core adds
-            acc += x
-        total[r] = acc
+        first *= g
+        load[r, j, first:first + g] += p
+        used[r, j, first:first + g] += t
+        peak[r, j] = load[r, j].max()
+        total[r] = np.cumsum(peak[r])[-1]  # left to right, as the core adds
         where[step] = (i, r, j, g, first)
-    return max(total), where
+    return float(total.max()), where
 
 
 def _plan(arr, config: SchedulerConfig, where, m: int, sizes) -> Plan:
