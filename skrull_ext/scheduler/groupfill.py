@@ -50,15 +50,9 @@ RUNS = ((0, 1.0, False), (0, 1.03, True), (0, 1.15, False), (1, 1.06, True))
 
 def candidate(arr: np.ndarray, best: float, config: SchedulerConfig, cost_model: CostModel,
               arrays, backend: str = "python") -> Optional[Plan]:
-    """The best greedy plan of :data:`RUNS` when predicted strictly faster than ``best``.
-
-    Args:
-        arr: ``[K]`` int64 lengths of the global batch (checked).
-        best: The best plan's predicted iteration time so far (seconds).
-        config: The :class:`~skrull_ext.scheduler.SchedulerConfig`.
-        cost_model: The scheduler's cost model.
-        arrays: The batch's ``(costs, shares, comm)`` (as ``schedule`` computed them).
-        backend: ``cpp`` or ``python`` (as ``schedule``'s).
+    """The best greedy plan of :data:`RUNS` when predicted strictly faster than ``best``
+    (the best plan's predicted seconds so far); the arguments are
+    :func:`~skrull_ext.scheduler.dyncp.candidate`'s.
 
     Returns:
         The validated, predicted plan (policy ``skrull``, ``predicted["candidate"] =
