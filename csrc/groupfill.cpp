@@ -95,6 +95,8 @@ py::object groupfill(I64Array order, F64Array share, I64Array tokens, I64Array s
         for (int64_t o = 0; o < groups; ++o) {
           const int64_t g = gs[o], t = tk[o * width + i];
           const double p = sh[o * width + i], w = static_cast<double>(g) * p;
+          // Exact pruning: under the target already, a costlier option cannot win.
+          if (found && !key.over && w > key.work) continue;
           for (int64_t first = 0; first + g <= n; first += g) {  // aligned, inside
             bool fits = true;
             double hi = row[first];
