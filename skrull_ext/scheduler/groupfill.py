@@ -125,32 +125,29 @@ def fill(order, share, tokens, sizes, d: int, m: int, n: int, c: int, target: fl
     """
     load, used = np.zeros((d, m, n)), np.zeros((d, m, n), dtype=np.int64)
     peak, total = np.zeros((d, m)), np.zeros(d)
-    sizes = [int(g) for g in sizes]
+    # Every (option, aligned first rank) inside the CP group, in the core's scan order.
+    pos = [(o, int(g), f) for o, g in enumerate(sizes) for f in range(0, n - int(g) + 1, int(g))]
+    opt = np.array([o for o, _, _ in pos])
+    group = np.array([g for _, g, _ in pos])
+    mask = np.array([[f <= k < f + g for k in range(n)] for _, g, f in pos])  # [P, n]
+    shape = (d, m, len(pos))
     where = np.empty((len(order), 5), dtype=np.int64)
     for step, i in enumerate(order.tolist()):
-        # Every (DP rank, micro-batch, option, aligned first rank), in the core's scan order.
-        over = np.ones((d, m, len(sizes), n), dtype=bool)
-        work, fit = np.zeros(over.shape), np.zeros(over.shape)
-        valid = np.zeros(over.shape, dtype=bool)
-        for o, g in enumerate(sizes):
-            q, t, p = n // g, int(tokens[o, i]), float(share[o, i])
-            ranks = (d, m, q, g)  # the aligned groups inside the CP group
-            hi = load[:, :, :q * g].reshape(ranks).max(axis=-1) + p
-            new = total[:, None, None] - peak[:, :, None] + np.maximum(peak[:, :, None], hi)
-            valid[:, :, o, :q] = (used[:, :, :q * g].reshape(ranks) + t <= c).all(axis=-1)
-            over[:, :, o, :q] = new > target
-            work[:, :, o, :q] = g * p
-            fit[:, :, o, :q] = new - total[:, None, None] if best_fit else new
-        flat = np.flatnonzero(valid)
+        p, t = share[opt, i], tokens[opt, i]  # [P]
+        hi = np.where(mask, load[:, :, None, :], -np.inf).max(axis=-1) + p  # [d, m, P]
+        fits = np.where(mask, used[:, :, None, :], 0).max(axis=-1) + t <= c
+        new = total[:, None, None] - peak[:, :, None] + np.maximum(peak[:, :, None], hi)
+        fit = new - total[:, None, None] if best_fit else new
+        flat = np.flatnonzero(fits)
         if not flat.size:
             return None
         # The first of the smallest keys (over the target, rank-seconds, fit) in scan order.
-        pick = flat[np.lexsort((fit.flat[flat], work.flat[flat], over.flat[flat]))[0]]
-        r, j, o, first = np.unravel_index(pick, over.shape)
-        g, p, t = sizes[o], float(share[o, i]), int(tokens[o, i])
-        first *= g
-        load[r, j, first:first + g] += p
-        used[r, j, first:first + g] += t
+        work = np.broadcast_to(group * p, shape)
+        pick = flat[np.lexsort((fit.flat[flat], work.flat[flat], (new > target).flat[flat]))[0]]
+        r, j, q = np.unravel_index(pick, shape)
+        o, g, first = pos[q]
+        load[r, j, first:first + g] += share[o, i]
+        used[r, j, first:first + g] += tokens[o, i]
         peak[r, j] = load[r, j].max()
         total[r] = np.cumsum(peak[r])[-1]  # left to right, as the core adds
         where[step] = (i, r, j, g, first)
