@@ -272,7 +272,10 @@ py::list dyncp_world(I64Array lengths, int dp_size, int cp_size, int64_t bucket_
 
 }  // namespace
 
+void bind_groupfill(py::module_& mod);  // groupfill.cpp
+
 void bind_hybrid(py::module_& mod) {
+  bind_groupfill(mod);
   mod.def("dyncp_world", &dyncp_world, py::arg("lengths"), py::arg("dp_size"),
           py::arg("cp_size"), py::arg("bucket_size"), py::arg("block"),
           "Megatron's dynamic-CP groups per round over D x N ranks in blocks of `block`: "

@@ -119,10 +119,11 @@ def test_hybrid_floor_matches_python(k, dp):
 def test_plans_do_not_depend_on_where_the_arrays_are_computed(monkeypatch):
     """schedule() on the C++ backend (C++ arrays and floor) keeps the plans and predictions
     of the Python arrays fed to the same core, hybrid CP's candidate included."""
-    from skrull_ext.scheduler import dyncp
+    from skrull_ext.scheduler import dyncp, groupfill
 
     # Dynamic CP's candidate, re-dealt, would win both batches; hybrid CP's floor is tested.
     monkeypatch.setattr(dyncp, "candidate", lambda *args: None)
+    monkeypatch.setattr(groupfill, "candidate", lambda *args: None)  # tests/test_groupfill.py
     rng = np.random.default_rng(1)
     cost_model = get_hardware("cpu").cost_model(MODEL_PRESETS["qwen2.5-0.5b"], cp_size=8)
     candidates = set()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from skrull_ext.scheduler import dyncp as dyncp_module, hybrid as hybrid_module, pricing
+from skrull_ext.scheduler import groupfill
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import SchedulerConfig, micro_batch_seconds, schedule
@@ -26,6 +27,7 @@ CFG = SchedulerConfig(dp_size=2, cp_size=8, bucket_size=1024)
 def test_skrull_keeps_the_hybrid_cp_plan_when_predicted_faster(monkeypatch):
     # Megatron's dynamic-CP plan beats hybrid CP's here (tests/test_dyncp_candidate.py).
     monkeypatch.setattr(dyncp_module, "candidate", lambda *args: None)
+    monkeypatch.setattr(groupfill, "candidate", lambda *args: None)  # tests/test_groupfill.py
     cost = default_cost_model()
     lengths = _lengths(1)
     plan = schedule(lengths, CFG, cost)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import skrull_ext.scheduler as sched
-from skrull_ext.scheduler import dyncp, hybrid
+from skrull_ext.scheduler import dyncp, groupfill, hybrid
 from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import SchedulerConfig
@@ -115,6 +115,7 @@ def test_cpp_schedule_gates_hybrid_cp_before_building_skrulls_plan(monkeypatch):
     from skrull_ext.scheduler.plan import MicroBatch
 
     monkeypatch.setattr(dyncp, "candidate", lambda *args: None)  # hybrid CP's staging only
+    monkeypatch.setattr(groupfill, "candidate", lambda *args: None)  # tests/test_groupfill.py
     built = []
     trusted = MicroBatch.trusted.__func__
     monkeypatch.setattr(MicroBatch, "trusted",

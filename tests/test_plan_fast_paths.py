@@ -122,12 +122,16 @@ def test_core_flat_arrays_match_the_plan_walk(portfolio):
 
 @pytest.mark.skipif(__import__("skrull_ext")._backend.CPP is None, reason="needs skrull_ext._C")
 @pytest.mark.parametrize("objective", ["paper", "ring"])
-def test_core_bound_and_placement_check_match_the_python_ones(objective):
+def test_core_bound_and_placement_check_match_the_python_ones(objective, monkeypatch):
     """The C++ path takes the lower bound and the placement check from the core
     (skrull::plan_lower_bound / plan_valid): the Python bound up to float summation order,
     and a plan that Plan's own vectorised check accepts."""
+    from skrull_ext.scheduler import groupfill
     from skrull_ext.scheduler.bound import lower_bound
     from skrull_ext.scheduler.plan import _placements_valid
+
+    # The group-fill candidate's plans are built in Python (tests/test_groupfill.py).
+    monkeypatch.setattr(groupfill, "candidate", lambda *args: None)  # tests/test_groupfill.py
 
     cost_model = dataclasses.replace(default_cost_model(), objective=objective)
     rng = np.random.default_rng(11)
@@ -171,10 +175,12 @@ def test_core_plans_are_outside_the_cyclic_gc(monkeypatch):
     import gc
 
     from skrull_ext import _backend
-    from skrull_ext.scheduler import dyncp
+    from skrull_ext.scheduler import dyncp, groupfill
 
     if _backend.CPP is None:
         pytest.skip("C++ extension not built")
+    # The group-fill candidate (K <= 2,048) builds its plans in Python (tests/test_groupfill.py).
+    monkeypatch.setattr(groupfill, "candidate", lambda *args: None)
     rng = np.random.default_rng(9)
     lengths = np.minimum(np.exp(rng.normal(6.8, 1.1, 400)).astype(np.int64) + 1, 7000)
     seen = set()

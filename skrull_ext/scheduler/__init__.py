@@ -19,7 +19,7 @@ from skrull_ext import _backend
 from skrull_ext.costmodel.model import CostModel, default_cost_model
 from skrull_ext.scheduler.plan import FlatPlan, MicroBatch, Plan
 from skrull_ext.sharding import padded_length, shard_tokens
-from skrull_ext.scheduler import dyncp, hybrid, portfolio, reference
+from skrull_ext.scheduler import dyncp, groupfill, hybrid, portfolio, reference
 from skrull_ext.scheduler.baselines import BASELINES
 from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.pricing import (iteration_seconds, micro_batch_seconds, predict,
@@ -143,6 +143,9 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
             best = won.predicted["iteration_time"]
         won = dyncp.candidate(arr, best, config, cost_model, arrays, backend) or won
         if won is not None:
+            best = won.predicted["iteration_time"]
+        won = groupfill.candidate(arr, best, config, cost_model, arrays, backend) or won
+        if won is not None:
             return won
     trusted = MicroBatch.trusted
     ranks = [tuple([trusted(*p) for p in mbs]) for mbs in placements]
@@ -177,12 +180,16 @@ def _finish(arr, config: SchedulerConfig, ranks, cost_model: CostModel, arrays, 
 def _or_hybrid(plan: Plan, config: SchedulerConfig, cost_model: CostModel, arrays,
                backend: str) -> Plan:
     """Skrull's ``plan``, or hybrid CP's when predicted faster (:func:`hybrid.candidate`),
-    then Megatron's dynamic CP's when faster still (:func:`dyncp.candidate`)."""
+    then Megatron's dynamic CP's when faster still (:func:`dyncp.candidate`), then the
+    group-fill greedy's (:func:`groupfill.candidate`)."""
     won = hybrid.candidate(plan.lengths, plan.predicted["iteration_time"], config, cost_model,
                            arrays, backend)
     plan = plan if won is None else won
     won = dyncp.candidate(plan.lengths, plan.predicted["iteration_time"], config, cost_model,
                           arrays, backend)
+    plan = plan if won is None else won
+    won = groupfill.candidate(plan.lengths, plan.predicted["iteration_time"], config,
+                              cost_model, arrays, backend)
     return plan if won is None else won
 
 __all__ = ["DEFAULT_POLICIES", "POLICIES", "SchedulerConfig", "ScheduleInputError", "check_lengths",
