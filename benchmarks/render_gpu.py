@@ -404,12 +404,14 @@ def headline_row(page: str) -> Optional[list[str]]:
     models = " / ".join(m.replace("qwen2.5-", "").upper() for m in speed["rows"]["models"])
     worst = max(abs(r["error_pct"]) for _, s, _ in memory
                 for r in s["rows"] + [s.get("recommended") or {}] if r and not r["oom"])
-    gpu = str(speed["meta"].get("machine", "")).split(" (")[0].replace("NVIDIA ", "")
+    gpu, cal_gpu = (str(run["meta"].get("machine", "")).split(" (")[0].replace("NVIDIA ", "")
+                    for run in (speed, cal))
+    where = "" if cal_gpu == gpu else f", {cal_gpu}"  # the newest calibration ran elsewhere
     return [f"one GPU ({gpu}), Qwen2.5-{models} shapes, `torch` kernel",
             f"**{' / '.join(rt.num(r, 1) + 'x' for r in ratios if r)}** transformers' "
             f"tokens/s; iteration time predicted within "
             f"**{cal['rows']['validation']['summary']['median_abs_pct']:.1f}%** (median, "
-            f"held out), peak memory within **{worst:.1f}%**",
+            f"held out{where}), peak memory within **{worst:.1f}%**",
             rt._doc(page, "gpu.md", "latest-results")]
 
 

@@ -55,6 +55,17 @@ def test_dry_run_plans_every_section(tmp_path):
     assert "== train:" not in default.getvalue() and "== parity:" in default.getvalue()
 
 
+def test_calibration_fits_the_gpu():
+    """The calibrate_gpu hook's length and bucket follow the GPU's memory: 32768 ran out of
+    an 80 GB H100's memory in GPU run 7, and fits an H200."""
+    assert check_gpu.calibration_length(80 * 10**9) == 16384
+    assert check_gpu.calibration_length(int(139.8 * 2**30)) == 32768
+    _, _, args, _ = next(h for h in check_gpu.HOOKS if h[0] == "calibrate_gpu")
+    filled = [a.format(report="r", out="o", budget="9", calib_len="16384") for a in args]
+    for flag in ("--seq-length", "--skrull-bucket-size"):
+        assert filled[filled.index(flag) + 1] == "16384"
+
+
 def test_errors_exit_2(capsys):
     if not torch.cuda.is_available():
         assert check_gpu.main([]) == 2

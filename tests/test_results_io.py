@@ -145,7 +145,8 @@ def test_gpu_cost_model_memory_and_headline_tables(results):
                           "micro_batch_overhead": 0.09, "iteration_overhead": 0.034},
            "kernels": {"dense": {"tflops": 600.0}}}
     _write(results, "calibrate_gpu", "2026-01-01T0000Z", [], cal, quiet=True,
-           command="benchmarks/calibrate_gpu.py --skrull-bucket-size 32768")
+           command="benchmarks/calibrate_gpu.py --skrull-bucket-size 32768",
+           machine="NVIDIA H200 (140 GiB), 16 CPU cores")
     cpu = dict(cal, calibration=dict(cal["calibration"], device="cpu (x86_64, 1 threads)"),
                validation={"summary": summary(50.0, 60.0, 1.0, 8), "skipped_first": 2})
     _write(results, "calibrate_gpu", "2026-01-02T0000Z", [], cpu, quiet=True, command="x")
@@ -185,6 +186,12 @@ def test_gpu_cost_model_memory_and_headline_tables(results):
     assert head[1].startswith("**3.2x / 3.4x** transformers' tokens/s; iteration time "
                               "predicted within **1.8%** (median, held out), peak memory "
                               "within **0.4%**")
+    # A newer calibration on another GPU: the row names it.
+    _write(results, "calibrate_gpu", "2026-01-04T0000Z", [], dict(
+        cal, validation={"summary": summary(4.1, 5.5, -2.5, 8), "skipped_first": 2}),
+        quiet=True, command="x", machine="NVIDIA H100 80GB HBM3 (81559 MiB), 16 CPU cores")
+    head = render_gpu.headline_row(str(results.parent / "README.md"))
+    assert "within **4.1%** (median, held out, H100 80GB HBM3), peak" in head[1]
 
 
 def test_launcher_tables_pick_their_configuration(results):

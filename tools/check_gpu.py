@@ -72,8 +72,8 @@ QWEN_FLAGS = ["--num-layers", "24", "--hidden-size", "896", "--ffn-hidden-size",
 #: ``--out`` folder and ``{budget}`` the hook's own time budget (its timeout less start-up).
 HOOKS = (("calibrate_gpu", "benchmarks/calibrate_gpu.py",
           ["--shape", "qwen2.5-0.5b", "--device", "cuda", "--bf16", "--skrull-attention-kernel",
-           "auto", "--recompute-granularity", "selective", "--seq-length", "32768",
-           "--skrull-bucket-size", "32768", "--global-batch-size", "16", "--time-budget-s",
+           "auto", "--recompute-granularity", "selective", "--seq-length", "{calib_len}",
+           "--skrull-bucket-size", "{calib_len}", "--global-batch-size", "16", "--time-budget-s",
            "{budget}", "--json", "{report}", "--cost-model-config",
            "{out}/calibrated_cost_model.json"], 150),
          ("bench_memory", "benchmarks/bench_memory.py",
@@ -235,6 +235,13 @@ def section_train(kernels, dtypes, timeout) -> dict:
     return res
 
 
+def calibration_length(gpu_bytes: int) -> int:
+    """The calibration's sequence length and bucket on a GPU of ``gpu_bytes``: 32768 from
+    100 GiB on (an H200), 16384 below: at 32768 an 80 GB H100 runs out of memory in the loss
+    (fp32 logits of 32768 tokens x 151936 take 18.45 GiB; GPU run 7)."""
+    return 32768 if gpu_bytes >= 100 * 2**30 else 16384
+
+
 def section_hook(name, timeout) -> dict:
     _, script, args, _ = next(h for h in HOOKS if h[0] == name)
     if not os.path.exists(os.path.join(ROOT, script)):
@@ -242,7 +249,9 @@ def section_hook(name, timeout) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
         fill = {"report": report, "out": os.environ.get("SKRULL_GPU_OUT") or tmp,
-                "budget": str(max(10, int(timeout) - 40))}
+                "budget": str(max(10, int(timeout) - 40)),
+                "calib_len": str(calibration_length(torch.cuda.get_device_properties(0).total_memory
+                                                    if torch.cuda.is_available() else 0))}
         run = _spawn([sys.executable, os.path.join(ROOT, script),
                       *(a.format(**fill) for a in args)], timeout - 5,
                      {"SKRULL_GPU_REPORT": report, "SKRULL_GPU_BUDGET_S": fill["budget"]})
