@@ -138,13 +138,7 @@ def schedule(lengths: Sequence[int], config: SchedulerConfig,
         # where it wins (K = 65,536, bucket 2K: ~4,000 micro-batches) they are never built
         # (~6 ms with their release).  The same floats as the built plan's prediction.
         best = iteration_seconds(split_times(times, counts), cost_model)[1]
-        won = hybrid.candidate(arr, best, config, cost_model, arrays, backend)
-        if won is not None:
-            best = won.predicted["iteration_time"]
-        won = dyncp.candidate(arr, best, config, cost_model, arrays, backend) or won
-        if won is not None:
-            best = won.predicted["iteration_time"]
-        won = groupfill.candidate(arr, best, config, cost_model, arrays, backend) or won
+        won = _best_candidate(arr, best, config, cost_model, arrays, backend)
         if won is not None:
             return won
     trusted = MicroBatch.trusted
@@ -177,19 +171,30 @@ def _finish(arr, config: SchedulerConfig, ranks, cost_model: CostModel, arrays, 
     return plan
 
 
+# The candidates asked after Skrull's own plan, in this order (modules, so a test can
+# switch one off by patching its ``candidate``): hybrid CP, Megatron's dynamic CP, the
+# group-fill greedy.
+CANDIDATES = (hybrid, dyncp, groupfill)
+
+
+def _best_candidate(arr: np.ndarray, best: float, config: SchedulerConfig,
+                    cost_model: CostModel, arrays, backend: str) -> Optional[Plan]:
+    """The last of :data:`CANDIDATES`' plans that was strictly faster than the best so far
+    (``best``: Skrull's plan's predicted seconds, then each winner's), or ``None``."""
+    won = None
+    for module in CANDIDATES:
+        got = module.candidate(arr, best, config, cost_model, arrays, backend)
+        if got is not None:
+            won, best = got, got.predicted["iteration_time"]
+    return won
+
+
 def _or_hybrid(plan: Plan, config: SchedulerConfig, cost_model: CostModel, arrays,
                backend: str) -> Plan:
-    """Skrull's ``plan``, or hybrid CP's when predicted faster (:func:`hybrid.candidate`),
-    then Megatron's dynamic CP's when faster still (:func:`dyncp.candidate`), then the
-    group-fill greedy's (:func:`groupfill.candidate`)."""
-    won = hybrid.candidate(plan.lengths, plan.predicted["iteration_time"], config, cost_model,
-                           arrays, backend)
-    plan = plan if won is None else won
-    won = dyncp.candidate(plan.lengths, plan.predicted["iteration_time"], config, cost_model,
+    """Skrull's ``plan``, or the fastest candidate's when predicted faster
+    (:func:`_best_candidate`)."""
+    won = _best_candidate(plan.lengths, plan.predicted["iteration_time"], config, cost_model,
                           arrays, backend)
-    plan = plan if won is None else won
-    won = groupfill.candidate(plan.lengths, plan.predicted["iteration_time"], config,
-                              cost_model, arrays, backend)
     return plan if won is None else won
 
 __all__ = ["DEFAULT_POLICIES", "POLICIES", "SchedulerConfig", "ScheduleInputError", "check_lengths",
