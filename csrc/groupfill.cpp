@@ -154,7 +154,7 @@ struct Overlap {
 
 // The greedy over estimate S (Additive or Overlap): (estimate, where [K, 5]) or None.
 template <class S>
-py::object run(const Args& a, S& s) {
+py::object run(const Args& a, S& s, double overhead) {
   std::vector<int64_t> used(a.d * a.m * a.n, 0), where(a.k * 5);
   std::vector<int64_t> base(a.groups, 0);  // the first position index of each option
   for (int64_t o = 1; o < a.groups; ++o) base[o] = base[o - 1] + a.n / a.sizes[o - 1];
@@ -212,8 +212,18 @@ py::object run(const Args& a, S& s) {
     const int64_t out[5] = {i, pr, pj, g, pf};
     std::copy(out, out + 5, &where[step * 5]);
   }
-  double est = s.total[0];
-  for (int64_t r = 1; r < a.d; ++r) est = std::max(est, s.total[r]);
+  // Each non-empty micro-batch adds `overhead` to its DP rank's returned estimate.
+  std::vector<char> busy(a.d * a.m, 0);
+  for (int64_t step = 0; step < a.k; ++step) {
+    busy[where[step * 5 + 1] * a.m + where[step * 5 + 2]] = 1;
+  }
+  double est = 0.0;
+  for (int64_t r = 0; r < a.d; ++r) {
+    double count = 0.0;
+    for (int64_t j = 0; j < a.m; ++j) count += busy[r * a.m + j] ? 1.0 : 0.0;
+    const double t = s.total[r] + overhead * count;
+    est = r == 0 ? t : std::max(est, t);
+  }
   I64Array out({a.k, int64_t{5}});
   std::copy(where.begin(), where.end(), out.mutable_data());
   return py::make_tuple(est, out);
@@ -221,7 +231,7 @@ py::object run(const Args& a, S& s) {
 
 py::object groupfill(I64Array order, F64Array share, I64Array tokens, I64Array sizes,
                      int64_t d, int64_t m, int64_t n, int64_t c, double target, bool best_fit,
-                     py::object overlap) {
+                     py::object overlap, double overhead) {
   const int64_t k = order.size(), groups = sizes.size();
   if (share.ndim() != 2 || tokens.ndim() != 2 || share.shape(0) != groups ||
       tokens.shape(0) != groups || share.shape(1) != tokens.shape(1) || d < 1 || m < 1 ||
@@ -242,7 +252,7 @@ py::object groupfill(I64Array order, F64Array share, I64Array tokens, I64Array s
   }
   if (overlap.is_none()) {
     Additive s(a);
-    return run(a, s);
+    return run(a, s, overhead);
   }
   if (a.sizes[groups - 1] != n) throw py::value_error("groupfill: overlap needs the last size n");
   const auto t = overlap.cast<py::tuple>();
@@ -257,7 +267,7 @@ py::object groupfill(I64Array order, F64Array share, I64Array tokens, I64Array s
   int64_t positions = 0;
   for (int64_t o = 0; o < groups; ++o) positions += n / a.sizes[o];
   Overlap s(a, comm.data(), dist.data(), lat.data(), skrull_py::to_objective(t[3]), positions);
-  return run(a, s);
+  return run(a, s, overhead);
 }
 
 }  // namespace
@@ -266,6 +276,7 @@ void bind_groupfill(py::module_& mod) {
   mod.def("groupfill", &groupfill, py::arg("order"), py::arg("share"), py::arg("tokens"),
           py::arg("sizes"), py::arg("d"), py::arg("m"), py::arg("n"), py::arg("c"),
           py::arg("target"), py::arg("best_fit"), py::arg("overlap") = py::none(),
+          py::arg("overhead") = 0.0,
           "(ours) The group-fill greedy (scheduler.groupfill.fill): (estimate, where [K, 5]) "
           "or None when a sample fits nowhere; overlap = (comm, dist, lat, objective) composes "
           "each rank's time as the cost model does.");

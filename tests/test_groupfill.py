@@ -48,9 +48,9 @@ def _inputs(lengths, cfg, cost):
 @pytest.mark.parametrize("objective", ["paper", "ring"])
 def test_core_greedy_equals_the_reference(objective):
     """_C.groupfill places every sample where groupfill.fill does, with the same estimate
-    (float64, the same tie-breaks), on CP 3/4/8/16, with and without sub-groups, both
-    fits, both estimates (additive, overlap), targets from tight (most placements over it)
-    to loose, and None alike."""
+    (float64, the same tie-breaks, micro-batch overheads counted), on CP 3/4/8/16, with
+    and without sub-groups, both fits, both estimates (additive, overlap), targets from
+    tight (most placements over it) to loose, and None alike."""
     rng = np.random.default_rng(5)
     nones = 0
     for trial in range(16):
@@ -68,9 +68,10 @@ def test_core_greedy_equals_the_reference(objective):
                 ((1, 0.5, True), (1, 1.0, False), (2, 1.06, True), (3, 9.0, False)),
                 (False, True)):
             args = (order, share, tokens, sizes, d, m, n, bucket, factor * core, fit)
-            want = groupfill.fill(*args, (comm, dist, lat, obj) if overlap else None)
+            ovh = cost.micro_batch_overhead
+            want = groupfill.fill(*args, (comm, dist, lat, obj) if overlap else None, ovh)
             got = _backend.CPP.groupfill(
-                *args, (comm, dist, lat, objective_arg(obj)) if overlap else None)
+                *args, (comm, dist, lat, objective_arg(obj)) if overlap else None, ovh)
             assert (got is None) == (want is None), (trial, m)
             if want is None:
                 nones += 1
@@ -83,9 +84,9 @@ def test_core_greedy_equals_the_reference(objective):
 
 @pytest.mark.parametrize("objective", ["paper", "ring"])
 def test_overlap_estimate_is_the_cost_models(objective):
-    """With ``overlap`` the greedy's DP-rank estimate is the cost model's price of its plan
-    (predict, less the fixed per-micro-batch overheads): local work hiding the full ring's
-    transfers, each sub-group ring's latency once.  The additive estimate is never below
+    """With ``overlap`` (and the micro-batch overhead) the greedy's estimate is the cost
+    model's price of its plan's slowest DP rank (predict): local work hiding the full
+    ring's transfers, each sub-group ring's latency once.  The additive estimate is never below
     it, and under ``paper`` above it where one micro-batch mixes a ring with local work
     (the last case: one micro-batch, a sample only the full ring holds, eight short
     ones)."""
@@ -104,12 +105,12 @@ def test_overlap_estimate_is_the_cost_models(objective):
         est = {}
         for overlap in (False, True):
             got = groupfill.fill(order, share, tokens, sizes, d, m, n, bucket, target, True,
-                                 parts + (objective_of(cost),) if overlap else None)
+                                 parts + (objective_of(cost),) if overlap else None,
+                                 cost.micro_batch_overhead)
             if got is None:
                 break
             plan = groupfill._plan(lengths, cfg, got[1], m, sizes)
-            times = np.asarray(predict(plan, cost)["micro_batch_times"])
-            exact = np.max(np.sum(times - (times > 0) * cost.micro_batch_overhead, axis=1))
+            exact = max(predict(plan, cost)["dp_rank_times"])
             est[overlap] = (got[0], exact)
         if est:
             assert est[True][0] == pytest.approx(est[True][1], rel=1e-9), (n, d, m)

@@ -101,7 +101,7 @@ def candidate(arr: np.ndarray, best: float, config: SchedulerConfig, cost_model:
     found = None
     for extra, factor, best_fit, composed in RUNS:
         got = run(order, share, tokens, sizes, d, m0 + extra, n, c, factor * core, best_fit,
-                  overlap if composed else None)
+                  overlap if composed else None, cost_model.micro_batch_overhead)
         if got is not None and (found is None or got[0] < found[0]):
             found = (got[0], got[1], m0 + extra)
     if found is None:
@@ -153,7 +153,7 @@ def ring_parts(arr, config: SchedulerConfig, cost_model: CostModel, arrays):
 
 
 def fill(order, share, tokens, sizes, d: int, m: int, n: int, c: int, target: float,
-         best_fit: bool, overlap=None):
+         best_fit: bool, overlap=None, overhead: float = 0.0):
     """The greedy (the spec of ``_C.groupfill``): ``(estimate, where)`` or ``None`` when a
     sample fits nowhere.
 
@@ -169,6 +169,9 @@ def fill(order, share, tokens, sizes, d: int, m: int, n: int, c: int, target: fl
             :class:`_Additive`) or ``(comm, dist, lat, objective)`` (:func:`ring_parts`
             and the cost model's :class:`~skrull_ext.scheduler.objective.Objective`: each
             rank's time composed as the cost model does, :class:`_Overlap`).
+        overhead: Seconds each non-empty micro-batch adds to the returned estimate (the
+            cost model's ``micro_batch_overhead``: runs with more micro-batches compare
+            fairly); the placements do not see it.
 
     Returns:
         The largest DP-rank estimate, and ``where``: ``[K, 5]`` int64 rows ``(sample, DP
@@ -200,7 +203,9 @@ def fill(order, share, tokens, sizes, d: int, m: int, n: int, c: int, target: fl
         est.place(r, j, q, i)
         est.total[r] = np.cumsum(est.peak[r])[-1]  # left to right, as the core adds
         where[step] = (i, r, j, g, first)
-    return float(est.total.max()), where
+    counts = np.zeros(d)
+    np.add.at(counts, np.unique(where[:, 1] * m + where[:, 2]) // m, 1.0)
+    return float(np.max(est.total + overhead * counts)), where
 
 
 class _Additive:
