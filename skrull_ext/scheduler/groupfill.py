@@ -252,46 +252,51 @@ class _Overlap:
                       for o, g in sizes]
         self.full = len(pos) - 1
 
-    def _full(self, x, fc, fd):
-        """``rank_times`` of the full ring's part at local seconds ``x`` (``fc`` the ring's
-        summed comm, 0 when none; ``fd`` its summed shares)."""
-        return rank_times(x, fc[..., None], fd[..., None], self.n, self.objective)
-
     def peaks(self, i):
-        """``[d, m, P]`` as :meth:`_Additive.peaks`."""
+        """``[d, m, P]`` as :meth:`_Additive.peaks`; keeps the new rank and ring seconds
+        for :meth:`place` (the same float operations as recomputing them there)."""
         n, o_full = self.n, len(self.lat) - 1
         out = np.empty(self.peak.shape + (len(self.pos),))
-        tc = np.where(self.has, self.fc + self.lat[o_full], 0.0)
-        out[:, :, :n] = np.maximum(self.peak[:, :, None],
-                                   self._full(self.x + self.costs[i], tc, self.fd) + self.sub)
+        # One rank_times call for the local options ([0]) and the full ring ([1]).
+        tc = np.stack([np.where(self.has, self.fc + self.lat[o_full], 0.0),
+                       self.fc + self.comm[o_full, i] + self.lat[o_full]])
+        fd = np.stack([self.fd, self.fd + self.dist[o_full, i]])
+        x = np.stack([self.x + self.costs[i], self.x])
+        self._new = rank_times(x, tc[..., None], fd[..., None], n, self.objective) + self.sub
+        out[:, :, :n] = np.maximum(self.peak[:, :, None], self._new[0])
+        self._ring = {}
         for o, g, qs in self.rings:
             ring = rank_times(0.0, self.rc[:, :, qs] + self.comm[o, i] + self.lat[o],
                               self.rs[:, :, qs] + self.dist[o, i], g, self.objective)
             hi = self.time[:, :, :qs.size * g].reshape(self.peak.shape + (qs.size, g)).max(-1)
             out[:, :, qs] = np.maximum(self.peak[:, :, None], hi + (ring - self.rt[:, :, qs]))
-        tc = self.fc + self.comm[o_full, i] + self.lat[o_full]
-        out[:, :, self.full] = (self._full(self.x, tc, self.fd + self.dist[o_full, i])
-                                + self.sub).max(axis=-1)
+            self._ring[o] = (qs[0], ring)
+        out[:, :, self.full] = self._new[1].max(axis=-1)
         return out
 
     def place(self, r, j, q, i):
+        """Sample ``i`` at position ``q`` of micro-batch ``(r, j)``, right after
+        :meth:`peaks` of ``i``: every changed rank's seconds become ``rank_times(local,
+        full ring) + sub-group rings`` (unchanged ranks keep theirs, the same value)."""
         o, g, first = self.pos[q]
         if g == 1:
             self.x[r, j, first] += self.costs[i]
+            self.time[r, j, first] = self._new[0, r, j, first]
         elif g == self.n:
             self.fc[r, j] += self.comm[o, i]
             self.fd[r, j] += self.dist[o, i]
             self.has[r, j] = True
+            self.time[r, j] = self._new[1, r, j]
         else:
             self.rc[r, j, q] += self.comm[o, i]
             self.rs[r, j, q] += self.dist[o, i]
-            ring = float(rank_times(0.0, self.rc[r, j, q] + self.lat[o], self.rs[r, j, q], g,
-                                    self.objective))
+            ring = self._ring[o][1][r, j, q - self._ring[o][0]]
             self.sub[r, j, first:first + g] += ring - self.rt[r, j, q]
             self.rt[r, j, q] = ring
-        tc = self.fc[r, j] + self.lat[-1] if self.has[r, j] else 0.0
-        self.time[r, j] = rank_times(self.x[r, j], tc, self.fd[r, j], self.n,
-                                     self.objective) + self.sub[r, j]
+            tc = self.fc[r, j] + self.lat[-1] if self.has[r, j] else 0.0
+            self.time[r, j, first:first + g] = rank_times(
+                self.x[r, j, first:first + g], tc, self.fd[r, j], self.n,
+                self.objective) + self.sub[r, j, first:first + g]
         self.peak[r, j] = self.time[r, j].max()
 
 
