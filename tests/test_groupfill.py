@@ -4,6 +4,7 @@ and it beats Skrull's previous plan on issue 31's CP 16 case."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from skrull_ext.costmodel.hardware import get_hardware
 from skrull_ext.costmodel.model import MODEL_PRESETS
 from skrull_ext.scheduler import SchedulerConfig, groupfill, schedule
 from skrull_ext.scheduler.bound import lower_bound
+from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.pricing import predict
 
 HW = get_hardware("h100")
@@ -29,9 +31,15 @@ def _batch(rng, n: int, k: int):
     return lengths, bucket
 
 
+def _arrays(lengths, n: int, cost):
+    """``(costs, shares, comm)`` as schedule() hands them to the candidates."""
+    costs, comm, shares = cost.schedule_arrays(lengths, n)
+    return costs, shares, comm
+
+
 def _inputs(lengths, cfg, cost):
-    costs, comm, shares = cost.schedule_arrays(lengths, cfg.cp_size)
-    sizes, share, tokens = groupfill.options(lengths, cfg, cost, (costs, shares, comm))
+    sizes, share, tokens = groupfill.options(lengths, cfg, cost,
+                                             _arrays(lengths, cfg.cp_size, cost))
     work = np.min(np.where(tokens <= cfg.bucket_size, sizes[:, None] * share, np.inf), axis=0)
     return np.argsort(-work, kind="stable").astype(np.int64), share, tokens, sizes
 
@@ -40,8 +48,9 @@ def _inputs(lengths, cfg, cost):
 @pytest.mark.parametrize("objective", ["paper", "ring"])
 def test_core_greedy_equals_the_reference(objective):
     """_C.groupfill places every sample where groupfill.fill does, with the same estimate
-    (float64, the same tie-breaks), on CP 3/4/8/16, with and without sub-groups, both
-    fits, targets from tight (most placements over it) to loose, and None alike."""
+    (float64, the same tie-breaks, micro-batch overheads counted), on CP 3/4/8/16, with
+    and without sub-groups, both fits, both estimates (additive, overlap), targets from
+    tight (most placements over it) to loose, and None alike."""
     rng = np.random.default_rng(5)
     nones = 0
     for trial in range(16):
@@ -52,11 +61,17 @@ def test_core_greedy_equals_the_reference(objective):
                               subgroups=trial % 5 != 4)
         order, share, tokens, sizes = _inputs(lengths, cfg, cost)
         core = lower_bound(lengths, cost, d, n, bucket, subgroups=cfg.subgroups)
-        for m, factor, fit in ((1, 0.5, True), (1, 1.0, False), (2, 1.06, True), (3, 9.0, False)):
-            want = groupfill.fill(order, share, tokens, sizes, d, m, n, bucket, factor * core,
-                                  fit)
-            got = _backend.CPP.groupfill(order, share, tokens, sizes, d, m, n, bucket,
-                                         factor * core, fit)
+        comm, dist, lat = groupfill.ring_parts(lengths, cfg, cost,
+                                               _arrays(lengths, n, cost))[1:]
+        obj = objective_of(cost)
+        for (m, factor, fit), overlap in itertools.product(
+                ((1, 0.5, True), (1, 1.0, False), (2, 1.06, True), (3, 9.0, False)),
+                (False, True)):
+            args = (order, share, tokens, sizes, d, m, n, bucket, factor * core, fit)
+            ovh = cost.micro_batch_overhead
+            want = groupfill.fill(*args, (comm, dist, lat, obj) if overlap else None, ovh)
+            got = _backend.CPP.groupfill(
+                *args, (comm, dist, lat, objective_arg(obj)) if overlap else None, ovh)
             assert (got is None) == (want is None), (trial, m)
             if want is None:
                 nones += 1
@@ -65,6 +80,45 @@ def test_core_greedy_equals_the_reference(objective):
             np.testing.assert_array_equal(got[1], want[1])
             assert sorted(got[1][:, 0]) == list(range(lengths.size))
     assert nones > 0  # some batches need more than one micro-batch
+
+
+@pytest.mark.parametrize("objective", ["paper", "ring"])
+def test_overlap_estimate_is_the_cost_models(objective):
+    """With ``overlap`` (and the micro-batch overhead) the greedy's estimate is the cost
+    model's price of its plan's slowest DP rank (predict): local work hiding the full
+    ring's transfers, each sub-group ring's latency once.  The additive estimate is never below
+    it, and under ``paper`` above it where one micro-batch mixes a ring with local work
+    (the last case: one micro-batch, a sample only the full ring holds, eight short
+    ones)."""
+    rng = np.random.default_rng(7)
+    cases = []
+    for trial in range(6):
+        n, d = (4, 8, 16)[trial % 3], 1 + trial % 2
+        cases += [(n, d, m) + _batch(rng, n, 40) for m in (2, 3)]
+    cases.append((4, 1, 1, np.array([20000] + [1500] * 8, dtype=np.int64), 8192))
+    for n, d, m, lengths, bucket in cases:
+        cost = _cost(n, d, objective)
+        cfg = SchedulerConfig(dp_size=d, cp_size=n, bucket_size=bucket)
+        order, share, tokens, sizes = _inputs(lengths, cfg, cost)
+        parts = groupfill.ring_parts(lengths, cfg, cost, _arrays(lengths, n, cost))[1:]
+        target = 1.03 * lower_bound(lengths, cost, d, n, bucket)
+        est = {}
+        for overlap in (False, True):
+            got = groupfill.fill(order, share, tokens, sizes, d, m, n, bucket, target, True,
+                                 parts + (objective_of(cost),) if overlap else None,
+                                 cost.micro_batch_overhead)
+            if got is None:
+                break
+            plan = groupfill._plan(lengths, cfg, got[1], m, sizes)
+            exact = max(predict(plan, cost)["dp_rank_times"])
+            est[overlap] = (got[0], exact)
+        if est:
+            assert est[True][0] == pytest.approx(est[True][1], rel=1e-9), (n, d, m)
+            assert est[False][0] >= est[False][1] * (1 - 1e-9)
+    mixed = plan.dp_ranks[0][0]
+    assert mixed.distributed == (0,) and sum(map(len, mixed.local)) == 8
+    if objective == "paper":  # the ring's transfers counted, not hidden (under ``ring``
+        assert est[False][0] > est[False][1] * 1.01  # local work hides its first step only)
 
 
 @pytest.mark.parametrize("objective", ["paper", "ring"])
