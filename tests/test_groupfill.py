@@ -170,6 +170,32 @@ def test_group_fill_beats_skrulls_previous_plan_at_cp16(monkeypatch):
     assert any(mb.grouped for rank in plan.dp_ranks for mb in rank)
 
 
+def test_a_second_priced_run_can_win_after_the_re_deal(monkeypatch):
+    """Issue 31's chatqa2 setting (0.5B, ring, DP 4, CP 8, GBS 256, bucket 14,228): the
+    greedy's lowest estimate is not the fastest plan once re-dealt, so pricing the
+    :data:`groupfill.PRICED` = 2 lowest is faster than pricing one on some batch, and never
+    slower."""
+    from skrull_ext.planner.evaluate import max_fitting_length
+    from skrull_ext.planner.profiles import load_profile, sample_global_batches
+
+    assert groupfill.PRICED == 2
+    batches = sample_global_batches(load_profile("chatqa2-long-sft"), num_batches=2,
+                                    global_batch_size=256, seed=0,
+                                    max_length=max_fitting_length(8, 14228),
+                                    overflow="truncate").batches
+    cost = _cost(8, 4, "ring")
+    cfg = SchedulerConfig(dp_size=4, cp_size=8, bucket_size=14228)
+    gains = []
+    for lengths in batches:
+        two = schedule(lengths, cfg, cost).predicted["iteration_time"]
+        with monkeypatch.context() as patch:
+            patch.setattr(groupfill, "PRICED", 1)
+            one = schedule(lengths, cfg, cost).predicted["iteration_time"]
+        assert two <= one
+        gains.append(one / two)
+    assert max(gains) > 1.005, gains
+
+
 def test_size_rule_and_bound_gate():
     """Above MAX_GROUPFILL_SAMPLES, or with the best plan at the lower bound, or CP 1, no
     candidate is built."""
