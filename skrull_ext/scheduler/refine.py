@@ -57,9 +57,12 @@ TARGETS = 4
 WORK_UNITS_PER_MS = 225_000
 # Default --skrull-plan-budget-ms: keeps schedule() within the latency targets.
 DEFAULT_BUDGET_MS = 1.0
-# The budget applies up to this many samples and grows with K beyond, at most this factor
-# (budget_work): 4 ms by default from K = 1,024 on.
-BUDGET_SCALE_K, BUDGET_SCALE_MAX = 256, 4
+# The budget applies up to this many samples and grows with the square of K beyond, at
+# most this factor (budget_work): 4 ms by default at K = 512, 16 ms from K = 1,024 on.
+# Squared because both the steps a search needs and each step's cost grow with K (issue
+# 31's grid: at GBS 1,024, 4 ms left plans up to 1.8% slower than a 300-ms search's, 16 ms
+# at most 0.8% in 4 of those 5 settings); plan-ahead hides the milliseconds in training.
+BUDGET_SCALE_K, BUDGET_SCALE_MAX = 256, 16
 # A DACP placement (dacp_best, auto: five candidates) costs this many pricings.
 PLACE_WORK_FACTOR = 8
 
@@ -101,10 +104,11 @@ def budget_ms_arg(text: str) -> float:
 
 def budget_work(budget_ms: float, k: int = BUDGET_SCALE_K) -> int:
     """Work units of a ``budget_ms`` budget for a batch of ``k`` samples (0 disables
-    refinement): ``budget_ms`` up to :data:`BUDGET_SCALE_K` samples, growing in
-    proportion to ``k`` up to :data:`BUDGET_SCALE_MAX` times (larger batches gain more
-    from a search than its milliseconds cost, and plan-ahead hides them)."""
-    scale = min(float(BUDGET_SCALE_MAX), max(1.0, k / BUDGET_SCALE_K))
+    refinement): ``budget_ms`` up to :data:`BUDGET_SCALE_K` samples, growing with
+    ``(k / BUDGET_SCALE_K) ** 2`` up to :data:`BUDGET_SCALE_MAX` times (larger batches
+    gain more from a search than its milliseconds cost, and plan-ahead hides them)."""
+    ratio = max(1.0, k / BUDGET_SCALE_K)
+    scale = min(float(BUDGET_SCALE_MAX), ratio * ratio)
     return max(0, int(round(float(budget_ms) * scale * WORK_UNITS_PER_MS)))
 
 
