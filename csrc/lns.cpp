@@ -22,6 +22,7 @@ constexpr double kOrderNoise = 0.3;                // lns.ORDER_NOISE
 constexpr double kRefillFracs[] = {0.97};           // lns.REFILL_FRACS
 constexpr int64_t kRefillPlaceWork = 64;           // lns.REFILL_PLACE_WORK
 constexpr int64_t kRefillEvery = 30;               // lns.REFILL_EVERY
+constexpr int64_t kBalanceDiv = 8;                 // balance.BALANCE_DIV
 
 class Rng {  // lns._Rng: splitmix64
  public:
@@ -559,6 +560,8 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
                            double overhead, int64_t budget, double floor_t, int64_t* spent) {
   if (spent) *spent = 0;
   if (budget <= 0 || splits.empty()) return splits;
+  const int64_t polish = budget / kBalanceDiv;  // kept for balance() on the best plan
+  budget -= polish;
   int64_t dealt_work = 0;
   double start = 0.0;
   for (const auto& split : splits) start = std::max(start, ctx.split_time(split, overhead));
@@ -591,7 +594,11 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
       best = search.snapshot();
     }
   }
-  if (spent) *spent = dealt_work + search.work();
+  int64_t polished = 0;
+  if (best_ms > floor_t * (1.0 + 1e-9)) {
+    best = balance(ctx, best ? *best : splits, overhead, polish, &polished);
+  }
+  if (spent) *spent = dealt_work + search.work() + polished;
   return best ? padded(std::move(*best), ctx.cp_size) : splits;
 }
 

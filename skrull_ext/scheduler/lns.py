@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from skrull_ext.scheduler.balance import BALANCE_DIV, balance
 from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
 from skrull_ext.scheduler.refine import place_group
 from skrull_ext.scheduler.resplit import deal_best, first_fit, resplit
@@ -493,6 +494,8 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
     """
     if budget <= 0:
         return splits
+    polish = budget // BALANCE_DIV  # kept for balance() on the best plan
+    budget -= polish
     spent = 0
     if max(ctx.split_time(s, overhead) for s in splits) > floor_t * (1.0 + 1e-9):
         dealt, spent = deal_best(ctx, splits, overhead, budget // 2)
@@ -517,7 +520,9 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
         key = (max(search.rt), got)
         if key < best_key:
             best, best_key = search.snapshot(), key
-    if best is None:
+    if best_key[0] > floor_t * (1.0 + 1e-9):
+        best, _ = balance(ctx, splits if best is None else best, overhead, polish)
+    elif best is None:
         return splits
     m = max(1, max(len(s) for s in best))
     return [s + [([], [[] for _ in range(ctx.cp_size)]) for _ in range(m - len(s))]
