@@ -39,7 +39,10 @@ faster), a structure the steps reach only after thousands of moves.
 
 It keeps the best plan seen (makespan, then score) and stops when the budget is spent or
 that makespan reaches the batch's lower bound (:func:`floor`, as the C++ core's
-``plan_lower_bound``), so a plan already at the bound costs nothing.  Randomness comes
+``plan_lower_bound``), so a plan already at the bound costs nothing.  A plan above the
+bound then gets :func:`~skrull_ext.scheduler.balance.balance`, its DP ranks' local samples
+re-balanced over their micro-batches' CP ranks, with the ``1 / BALANCE_DIV`` of the budget
+kept for it from the start (the steps leave a micro-batch's CP ranks up to ~12% apart).  Randomness comes
 from a splitmix64 stream with a fixed seed, and the budget counts work, not time (see
 :data:`WORK`), so every rank and every run gets the same plan.
 
@@ -488,6 +491,9 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
         ) -> list[list[Placement]]:
     """Ruin and recreate on ``splits`` (``[D][M]`` placements) within ``budget`` work
     units, stopping once the best makespan is at most ``floor_t`` (:func:`floor`).
+
+    ``budget // BALANCE_DIV`` of it goes to the final
+    :func:`~skrull_ext.scheduler.balance.balance` (not run at the floor).
 
     Returns equally long micro-batch lists whose slowest DP rank is at most the input's;
     ``budget <= 0`` returns ``splits`` unchanged.
