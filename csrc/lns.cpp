@@ -1,7 +1,6 @@
 // (ours) Large-neighbourhood search after the local search: ruin and recreate.
-// Mirrors skrull_ext/scheduler/lns.py step for step (same splitmix64 draws, same move
-// order, same float operations, same work count), so both return identical plans; see
-// that module's docstring.
+// Mirrors skrull_ext/scheduler/lns.py step for step (same splitmix64 draws, same move order,
+// same float operations, same work count), so both return identical plans; see its docstring.
 #include <algorithm>
 #include <cstdint>
 #include <cstddef>
@@ -22,7 +21,6 @@ constexpr double kOrderNoise = 0.3;                // lns.ORDER_NOISE
 constexpr double kRefillFracs[] = {0.97};           // lns.REFILL_FRACS
 constexpr int64_t kRefillPlaceWork = 64;           // lns.REFILL_PLACE_WORK
 constexpr int64_t kRefillEvery = 30;               // lns.REFILL_EVERY
-constexpr int64_t kBalanceDiv = 8;                 // balance.BALANCE_DIV
 
 class Rng {  // lns._Rng: splitmix64
  public:
@@ -83,9 +81,8 @@ class Lns {
     work_ = 0;
   }
 
-  // lns._Lns.refill: the ranks changed since their last refill, within half the budget
-  // left, then resplit() of their pairs within half of what is left; true if one got
-  // faster.
+  // lns._Lns.refill: the ranks changed since their last refill, within half the budget left,
+  // then resplit() of their pairs within half of what is left; true if one got faster.
   bool refill_dirty() {
     std::vector<size_t> ds;
     std::vector<RankSplit> splits;
@@ -560,16 +557,15 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
                            double overhead, int64_t budget, double floor_t, int64_t* spent) {
   if (spent) *spent = 0;
   if (budget <= 0 || splits.empty()) return splits;
-  const int64_t polish = budget / kBalanceDiv;  // kept for balance() on the best plan
-  budget -= polish;
+  const int64_t polish = balance_share(budget);  // kept for balance() on the best plan
   int64_t dealt_work = 0;
   double start = 0.0;
   for (const auto& split : splits) start = std::max(start, ctx.split_time(split, overhead));
   if (start > floor_t * (1.0 + 1e-9)) {
-    auto dealt = deal_best(ctx, splits, overhead, budget / 2, &dealt_work);
+    auto dealt = deal_best(ctx, splits, overhead, (budget - polish) / 2, &dealt_work);
     if (dealt) splits = padded(std::move(*dealt), ctx.cp_size);  // faster: start there
   }
-  budget -= dealt_work;
+  budget -= dealt_work + polish;
   Lns search(ctx, splits, overhead, budget);
   double best_ms = search.makespan();
   double best_score = search.score();
@@ -594,10 +590,9 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
       best = search.snapshot();
     }
   }
-  int64_t polished = 0;
-  if (best_ms > floor_t * (1.0 + 1e-9)) {
-    best = balance(ctx, best ? *best : splits, overhead, polish, &polished);
-  }
+  int64_t polished = 0;  // then balance() on the best plan, unless at the floor
+  if (best_ms > floor_t * (1.0 + 1e-9)) best = balance(ctx, best ? *best : splits, overhead,
+                                                        polish, &polished);
   if (spent) *spent = dealt_work + search.work() + polished;
   return best ? padded(std::move(*best), ctx.cp_size) : splits;
 }
