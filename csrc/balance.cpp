@@ -20,6 +20,7 @@ constexpr int64_t kEvalWork = 4;  // balance.EVAL_WORK
 constexpr int64_t kPairWork = 2;  // balance.PAIR_WORK
 constexpr int64_t kApplyWork = 8; // balance.APPLY_WORK
 constexpr int64_t kBalanceDiv = 8; // balance.BALANCE_DIV
+constexpr int64_t kBalanceMinSamples = 256;  // balance.BALANCE_MIN_SAMPLES
 
 using Keyed = std::pair<double, Index>;  // (cost, sample): a slot's cost order
 
@@ -271,7 +272,9 @@ void Rank::apply(const Step& st) {
 
 }  // namespace
 
-int64_t balance_share(int64_t budget) { return budget / kBalanceDiv; }
+int64_t balance_share(int64_t budget, int64_t k) {
+  return k >= kBalanceMinSamples ? budget / kBalanceDiv : 0;
+}
 
 std::vector<RankSplit> balance(const GdsContext& ctx, const std::vector<RankSplit>& splits,
                                double overhead, int64_t limit, int64_t* work_out) {

@@ -557,7 +557,7 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
                            double overhead, int64_t budget, double floor_t, int64_t* spent) {
   if (spent) *spent = 0;
   if (budget <= 0 || splits.empty()) return splits;
-  const int64_t polish = balance_share(budget);  // kept for balance() on the best plan
+  const int64_t polish = balance_share(budget, ctx.batch.size);  // kept for balance()
   int64_t dealt_work = 0;
   double start = 0.0;
   for (const auto& split : splits) start = std::max(start, ctx.split_time(split, overhead));

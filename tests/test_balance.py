@@ -4,7 +4,8 @@ Hand-made: a swap reaches the best split of one micro-batch's two CP ranks, a bu
 without room blocks it; two CP ranks tied at the top are crossed (the plateau).  On random plans (the portfolio's, one sample per
 micro-batch, everything on CP rank 0) it never slows a DP rank, keeps every sample once
 within the bucket, keeps the distributed samples in place, stays within its work limit and
-gives the same plans and work counts on both backends.
+gives the same plans and work counts on both backends; hooked at the end of ruin and
+recreate from 256 samples, the portfolio's plans stay the same on both backends.
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import pytest
 
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import portfolio
-from skrull_ext.scheduler.balance import balance
+from skrull_ext.scheduler.balance import (BALANCE_DIV, BALANCE_MIN_SAMPLES, balance,
+                                          balance_share)
 from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.reference import GdsContext
 from skrull_ext.sharding import shard_tokens
-from tests.test_parity import random_batch
+from tests.test_parity import random_batch, random_bucket, random_lengths
 
 _C = pytest.importorskip("skrull_ext._C", reason="C++ extension not built")
 OVERHEAD = 2e-3
@@ -129,3 +131,24 @@ def test_random_plans_never_slower_within_limit_and_parity():
                 faster += sum(ctx.split_time(a, OVERHEAD) < ctx.split_time(b, OVERHEAD)
                               for a, b in zip(out, plan))
     assert faster >= 20, faster
+
+
+def test_hook_in_lns_same_plans_on_both_backends():
+    """From :data:`BALANCE_MIN_SAMPLES` samples ruin and recreate keeps a share of its budget
+    for the polish of its best plan: the portfolio's plans stay identical on both backends
+    (both objectives), and below that size the share is 0."""
+    assert balance_share(80_000, BALANCE_MIN_SAMPLES - 1) == 0
+    assert balance_share(80_000, BALANCE_MIN_SAMPLES) == 80_000 // BALANCE_DIV
+    rng = np.random.default_rng(23)
+    for objective in ("paper", "ring"):
+        k = BALANCE_MIN_SAMPLES + int(rng.integers(0, 64))
+        lengths = random_lengths(rng, k)
+        cp, dp = 4, 2
+        bucket = int(random_bucket(rng, lengths, cp))
+        ctx = _context(lengths, cp, bucket, objective)
+        args = (lengths, ctx.costs, ctx.comm, ctx.latency, dp, cp, bucket)
+        want = portfolio.portfolio_schedule(*args, "auto", OVERHEAD, "auto", ctx.shares,
+                                            ctx.objective, budget=150_000)
+        got = _C.portfolio_schedule(*args, 2, OVERHEAD, 3, ctx.shares,
+                                    objective=objective_arg(ctx.objective), budget=150_000)
+        assert got == want, objective

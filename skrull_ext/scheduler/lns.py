@@ -41,8 +41,9 @@ It keeps the best plan seen (makespan, then score) and stops when the budget is 
 that makespan reaches the batch's lower bound (:func:`floor`, as the C++ core's
 ``plan_lower_bound``), so a plan already at the bound costs nothing.  A plan above the
 bound then gets :func:`~skrull_ext.scheduler.balance.balance`, its DP ranks' local samples
-re-balanced over their micro-batches' CP ranks, with the ``1 / BALANCE_DIV`` of the budget
-kept for it from the start (the steps leave a micro-batch's CP ranks up to ~12% apart).  Randomness comes
+re-balanced over their micro-batches' CP ranks, with the part of the budget kept for it
+from the start (:func:`~skrull_ext.scheduler.balance.balance_share`: 1/8 from 256 samples;
+the steps leave a micro-batch's CP ranks up to ~12% apart).  Randomness comes
 from a splitmix64 stream with a fixed seed, and the budget counts work, not time (see
 :data:`WORK`), so every rank and every run gets the same plan.
 
@@ -53,7 +54,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from skrull_ext.scheduler.balance import BALANCE_DIV, balance
+from skrull_ext.scheduler.balance import balance, balance_share
 from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
 from skrull_ext.scheduler.refine import place_group
 from skrull_ext.scheduler.resplit import deal_best, first_fit, resplit
@@ -492,7 +493,7 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
     """Ruin and recreate on ``splits`` (``[D][M]`` placements) within ``budget`` work
     units, stopping once the best makespan is at most ``floor_t`` (:func:`floor`).
 
-    ``budget // BALANCE_DIV`` of it goes to the final
+    :func:`~skrull_ext.scheduler.balance.balance_share` of it goes to the final
     :func:`~skrull_ext.scheduler.balance.balance` (not run at the floor).
 
     Returns equally long micro-batch lists whose slowest DP rank is at most the input's;
@@ -500,7 +501,7 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
     """
     if budget <= 0:
         return splits
-    polish = budget // BALANCE_DIV  # kept for balance() on the best plan
+    polish = balance_share(budget, len(ctx.lengths))  # kept for balance() on the best plan
     budget -= polish
     spent = 0
     if max(ctx.split_time(s, overhead) for s in splits) > floor_t * (1.0 + 1e-9):
