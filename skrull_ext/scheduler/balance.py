@@ -10,23 +10,26 @@ many single-sample moves that each change one micro-batch's time by little, or n
 all where two CP ranks tie at the top.
 
 :func:`balance` does them directly, on the slowest DP rank (ties: the lowest index) until
-no move improves it or the work limit is reached (a rank that cannot improve ends the pass:
-the makespan cannot fall further).  One step is the best move or swap of the rank by the
-key ``(sum over micro-batches of max_r t_r, sum of t_r^2)`` (lexicographic; ``t_r`` the
-CP rank's :func:`~skrull_ext.scheduler.objective.rank_time`): the first term is the rank's
-time without overheads, the second lets a step cross a plateau where CP ranks tie at the
-top (one of them unloaded, the time unchanged).  A step must lower the key.
+no step improves it or the work limit is reached (a rank that cannot improve ends the pass:
+the makespan cannot fall further).  A step must lower the rank's key ``(sum over
+micro-batches of max_r t_r, sum of t_r^2)`` (lexicographic; ``t_r`` the CP rank's
+:func:`~skrull_ext.scheduler.objective.rank_time`): the first term is the rank's time
+without overheads, the second lets a step cross a plateau where CP ranks tie at the top
+(one of them unloaded, the time unchanged).
 
-The neighbourhood, per source, the most loaded CP rank of each micro-batch (ties: the
-lower rank): as destination the :data:`DESTS` least loaded CP ranks of every micro-batch
-of the rank, each with a target transfer ``delta``, half the time gap within the
-micro-batch; across micro-batches the source's margin over its second rank, capped at the
-destination's room under its own micro-batch's top (half the time gap when that is not
-positive).  Moves try the :data:`WINDOW` samples on either side of ``delta`` in the
-source's cost order, swaps for each source sample ``i`` the :data:`WINDOW` on either side of
-``cost_i - delta`` in the destination's (cheaper than ``i`` only).  Every candidate keeps
-its CP ranks within the bucket (the micro-batch's shard tokens counted).  Distributed
-samples stay where they are.
+The source is the most loaded CP rank of a micro-batch (CP ranks ordered by time, then
+load, descending; ties: the lower rank), the micro-batches tried widest load spread first
+(ties: the lower index); the first with an improving candidate gives the step, its best
+one (ties: the first found).  Destinations: the :data:`DESTS` least loaded CP ranks of
+every micro-batch of the rank, each with a target transfer ``delta``: half the load gap
+within the micro-batch; across micro-batches the source's time margin over its second
+rank, capped at the destination's room under its own micro-batch's top (half the load gap
+when that is not positive).  Moves try the :data:`WINDOW` samples on either side of
+``delta`` in the source's cost order, swaps for each source sample ``i`` the
+:data:`WINDOW` on either side of ``cost_i - delta`` in the destination's (cheaper than
+``i`` only).  Every candidate keeps its CP ranks within the bucket (the micro-batch's
+shard tokens counted).  Distributed samples stay where they are.  (Swaps of one sample for
+two were tried: no gain on issue 31's settings, where token-full CP ranks limit it.)
 
 Each rank that changed is kept only where :meth:`GdsContext.split_time` says it got
 strictly faster, so no DP rank gets slower.  The work count (the same in both backends):
