@@ -1,11 +1,12 @@
 """The CP-balance polish of a plan (skrull_ext/scheduler/balance.py, csrc/balance.cpp).
 
 Hand-made: a swap reaches the best split of one micro-batch's two CP ranks, a bucket
-without room blocks it; two CP ranks tied at the top are crossed (the plateau).  On random plans (the portfolio's, one sample per
-micro-batch, everything on CP rank 0) it never slows a DP rank, keeps every sample once
-within the bucket, keeps the distributed samples in place, stays within its work limit and
-gives the same plans and work counts on both backends; hooked at the end of ruin and
-recreate from 256 samples, the portfolio's plans stay the same on both backends.
+without room blocks it; two CP ranks tied at the top are crossed (the plateau).  On random
+plans (the portfolio's, one sample per micro-batch, local samples lumped on CP rank 0) it
+never slows a DP rank, keeps every sample once within the bucket, keeps the distributed
+samples in place, stays within its work limit and gives the same plans and work counts on
+both backends; hooked at the end of ruin and recreate from 256 samples, the portfolio's
+plans stay the same on both backends.
 """
 from __future__ import annotations
 

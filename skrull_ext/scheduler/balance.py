@@ -148,7 +148,8 @@ class _Rank:
     def source_work(self, m: int) -> int:
         """What :meth:`best_from` counts for source micro-batch ``m``."""
         s = len(self.loc[m][self.order[m][0]])
-        return 1 + len(self.js) * min(DESTS, self.n) * (PAIR_WORK + s + EVAL_WORK * 2 * WINDOW * (1 + s))
+        pairs = len(self.js) * min(DESTS, self.n)
+        return 1 + pairs * (PAIR_WORK + s + EVAL_WORK * 2 * WINDOW * (1 + s))
 
     def _price(self, m, r, m2, r2, xs, xd):
         """``(d primary, d secondary, new t source, new t destination)``."""
@@ -294,4 +295,5 @@ def balance(ctx: GdsContext, splits, overhead: float, limit: int
     return out, work + check
 
 
-__all__ = ["APPLY_WORK", "BALANCE_DIV", "BALANCE_MIN_SAMPLES", "balance_share", "DESTS", "EVAL_WORK", "PAIR_WORK", "WINDOW", "balance"]
+__all__ = ["APPLY_WORK", "BALANCE_DIV", "BALANCE_MIN_SAMPLES", "DESTS", "EVAL_WORK", "PAIR_WORK",
+           "WINDOW", "balance", "balance_share"]
