@@ -335,6 +335,37 @@ py::tuple refine_timing(I64Array lengths, F64Array costs, F64Array comm, double 
   return py::make_tuple(spent, seconds);
 }
 
+// (ours) balance.balance on a given plan, for tests: (splits, work units counted).
+py::tuple balance(py::object splits, I64Array lengths, F64Array costs, F64Array comm,
+                  double latency, int cp_size, int64_t bucket_size, double overhead,
+                  py::object shares, py::object objective, int64_t limit) {
+  BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
+  args.view.objective = skrull_py::to_objective(objective);
+  check_positive(cp_size, "cp_size");
+  const int64_t k = args.view.size;
+  std::vector<skrull::RankSplit> in;
+  for (auto split : splits) {
+    skrull::RankSplit rank;
+    for (auto item : split) {
+      auto pair = item.cast<py::tuple>();
+      skrull::Placement p;
+      p.distributed = to_indices(pair[0].cast<I64Array>(), k);
+      for (auto r : pair[1]) p.local.push_back(to_indices(r.cast<I64Array>(), k));
+      rank.push_back(std::move(p));
+    }
+    in.push_back(std::move(rank));
+  }
+  int64_t work = 0;
+  std::vector<skrull::RankSplit> out;
+  {
+    py::gil_scoped_release release;
+    const skrull::GdsContext ctx{args.view, latency, cp_size, bucket_size,
+                                 skrull::Rollback::kAuto, skrull::Variant::kAuto};
+    out = skrull::balance(ctx, in, overhead, limit, &work);
+  }
+  return py::make_tuple(splits_list(out), work);
+}
+
 // (ours) The portfolio's pack candidate alone (reference pack.pack_schedule), for tests.
 py::list pack_schedule(I64Array lengths, F64Array costs, py::object shares, int dp_size,
                        int cp_size, int64_t bucket_size, int64_t threshold, bool spread) {
@@ -474,6 +505,10 @@ PYBIND11_MODULE(_C, mod) {
           py::arg("budget"), py::arg("stage") = "refine",
           "(work units counted, seconds) of refining the unrefined portfolio plan by one "
           "stage: the local search (`refine`) or ruin and recreate (`lns`).");
+  mod.def("balance", &balance, py::arg("splits"), py::arg("lengths"), py::arg("costs"),
+          py::arg("comm"), py::arg("latency"), py::arg("cp_size"), py::arg("bucket_size"),
+          py::arg("overhead"), py::arg("shares"), py::arg("objective"), py::arg("limit"),
+          "(splits, work): each DP rank's CP balance polish (scheduler.balance).");
   mod.def("baseline_groups", &baseline_groups, py::arg("lengths"), py::arg("costs"),
           py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"), py::arg("name"),
           "A baseline's samples per DP rank and micro-batch (scheduler.baselines.GROUPINGS).");

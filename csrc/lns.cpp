@@ -1,7 +1,6 @@
 // (ours) Large-neighbourhood search after the local search: ruin and recreate.
-// Mirrors skrull_ext/scheduler/lns.py step for step (same splitmix64 draws, same move
-// order, same float operations, same work count), so both return identical plans; see
-// that module's docstring.
+// Mirrors skrull_ext/scheduler/lns.py step for step (same splitmix64 draws, same move order,
+// same float operations, same work count), so both return identical plans; see its docstring.
 #include <algorithm>
 #include <cstdint>
 #include <cstddef>
@@ -82,9 +81,8 @@ class Lns {
     work_ = 0;
   }
 
-  // lns._Lns.refill: the ranks changed since their last refill, within half the budget
-  // left, then resplit() of their pairs within half of what is left; true if one got
-  // faster.
+  // lns._Lns.refill: the ranks changed since their last refill, within half the budget left,
+  // then resplit() of their pairs within half of what is left; true if one got faster.
   bool refill_dirty() {
     std::vector<size_t> ds;
     std::vector<RankSplit> splits;
@@ -559,14 +557,15 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
                            double overhead, int64_t budget, double floor_t, int64_t* spent) {
   if (spent) *spent = 0;
   if (budget <= 0 || splits.empty()) return splits;
+  const int64_t polish = balance_share(budget, ctx.batch.size);  // kept for balance()
   int64_t dealt_work = 0;
   double start = 0.0;
   for (const auto& split : splits) start = std::max(start, ctx.split_time(split, overhead));
   if (start > floor_t * (1.0 + 1e-9)) {
-    auto dealt = deal_best(ctx, splits, overhead, budget / 2, &dealt_work);
+    auto dealt = deal_best(ctx, splits, overhead, (budget - polish) / 2, &dealt_work);
     if (dealt) splits = padded(std::move(*dealt), ctx.cp_size);  // faster: start there
   }
-  budget -= dealt_work;
+  budget -= dealt_work + polish;
   Lns search(ctx, splits, overhead, budget);
   double best_ms = search.makespan();
   double best_score = search.score();
@@ -591,7 +590,10 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
       best = search.snapshot();
     }
   }
-  if (spent) *spent = dealt_work + search.work();
+  int64_t polished = 0;  // then balance() on the best plan, unless at the floor
+  if (best_ms > floor_t * (1.0 + 1e-9)) best = balance(ctx, best ? *best : splits, overhead,
+                                                        polish, &polished);
+  if (spent) *spent = dealt_work + search.work() + polished;
   return best ? padded(std::move(*best), ctx.cp_size) : splits;
 }
 

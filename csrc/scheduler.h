@@ -344,6 +344,15 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
                            double overhead, int64_t budget, double floor_t,
                            int64_t* spent = nullptr);
 
+// ---- balance.cpp: (ours) each DP rank's local samples moved and swapped between its
+// (micro-batch, CP rank) slots, the slowest rank first (reference balance.balance), within
+// `limit` work units (*work: the units counted); a rank changed only where it got faster.
+std::vector<RankSplit> balance(const GdsContext& ctx, const std::vector<RankSplit>& splits,
+                               double overhead, int64_t limit, int64_t* work = nullptr);
+// The part of ruin and recreate's `budget` kept for balance() on k samples
+// (balance.balance_share).
+int64_t balance_share(int64_t budget, int64_t k);
+
 // ---- resplit.cpp: (ours) pairs of each DP rank's micro-batches with their local samples
 // re-dealt over both (reference resplit.resplit), within `limit` work units (added to
 // *work); changed[d] whether rank d got faster (then its non-empty micro-batches only).

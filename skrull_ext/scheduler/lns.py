@@ -39,7 +39,11 @@ faster), a structure the steps reach only after thousands of moves.
 
 It keeps the best plan seen (makespan, then score) and stops when the budget is spent or
 that makespan reaches the batch's lower bound (:func:`floor`, as the C++ core's
-``plan_lower_bound``), so a plan already at the bound costs nothing.  Randomness comes
+``plan_lower_bound``), so a plan already at the bound costs nothing.  A plan above the
+bound then gets :func:`~skrull_ext.scheduler.balance.balance`, its DP ranks' local samples
+re-balanced over their micro-batches' CP ranks, with the part of the budget kept for it
+from the start (:func:`~skrull_ext.scheduler.balance.balance_share`: 1/8 from 256 samples;
+the steps leave a micro-batch's CP ranks up to ~12% apart).  Randomness comes
 from a splitmix64 stream with a fixed seed, and the budget counts work, not time (see
 :data:`WORK`), so every rank and every run gets the same plan.
 
@@ -50,6 +54,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from skrull_ext.scheduler.balance import balance, balance_share
 from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
 from skrull_ext.scheduler.refine import place_group
 from skrull_ext.scheduler.resplit import deal_best, first_fit, resplit
@@ -488,11 +493,16 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
     """Ruin and recreate on ``splits`` (``[D][M]`` placements) within ``budget`` work
     units, stopping once the best makespan is at most ``floor_t`` (:func:`floor`).
 
+    :func:`~skrull_ext.scheduler.balance.balance_share` of it goes to the final
+    :func:`~skrull_ext.scheduler.balance.balance` (not run at the floor).
+
     Returns equally long micro-batch lists whose slowest DP rank is at most the input's;
     ``budget <= 0`` returns ``splits`` unchanged.
     """
     if budget <= 0:
         return splits
+    polish = balance_share(budget, len(ctx.lengths))  # kept for balance() on the best plan
+    budget -= polish
     spent = 0
     if max(ctx.split_time(s, overhead) for s in splits) > floor_t * (1.0 + 1e-9):
         dealt, spent = deal_best(ctx, splits, overhead, budget // 2)
@@ -517,7 +527,9 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
         key = (max(search.rt), got)
         if key < best_key:
             best, best_key = search.snapshot(), key
-    if best is None:
+    if best_key[0] > floor_t * (1.0 + 1e-9):
+        best, _ = balance(ctx, splits if best is None else best, overhead, polish)
+    elif best is None:
         return splits
     m = max(1, max(len(s) for s in best))
     return [s + [([], [[] for _ in range(ctx.cp_size)]) for _ in range(m - len(s))]

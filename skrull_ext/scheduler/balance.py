@@ -1,0 +1,299 @@
+"""(ours) CP-balance polish of a plan: one DP rank's local samples moved and swapped
+between the (micro-batch, CP rank) slots of that rank.
+
+A micro-batch's time is set by its most loaded CP rank, a DP rank's time is the sum of its
+micro-batches'.  Ruin and recreate (:mod:`skrull_ext.scheduler.lns`) places whole samples
+by a rank-level key and leaves the CP ranks of a micro-batch up to ~12% apart where the
+300 ms search's plans have them within ~0.1% (lmsyschat1m, 7B, CP 16, GBS 1024: a
+micro-batch's CP ranks at 77-103 ms against 110-111 ms balanced).  Closing that gap takes
+many single-sample moves that each change one micro-batch's time by little, or nothing at
+all where two CP ranks tie at the top.
+
+:func:`balance` does them directly, on the slowest DP rank (ties: the lowest index) until
+no step improves it or the work limit is reached (a rank that cannot improve ends the pass:
+the makespan cannot fall further).  A step must lower the rank's key ``(sum over
+micro-batches of max_r t_r, sum of t_r^2)`` (lexicographic; ``t_r`` the CP rank's
+:func:`~skrull_ext.scheduler.objective.rank_time`): the first term is the rank's time
+without overheads, the second lets a step cross a plateau where CP ranks tie at the top
+(one of them unloaded, the time unchanged).
+
+The source is the most loaded CP rank of a micro-batch (CP ranks ordered by time, then
+load, descending; ties: the lower rank), the micro-batches tried widest load spread first
+(ties: the lower index); the first with an improving candidate gives the step, its best
+one (ties: the first found).  Destinations: the :data:`DESTS` least loaded CP ranks of
+every micro-batch of the rank, each with a target transfer ``delta``: half the load gap
+within the micro-batch; across micro-batches the source's time margin over its second
+rank, capped at the destination's room under its own micro-batch's top (half the load gap
+when that is not positive).  Moves try the :data:`WINDOW` samples on either side of
+``delta`` in the source's cost order, swaps for each source sample ``i`` the
+:data:`WINDOW` on either side of ``cost_i - delta`` in the destination's (cheaper than
+``i`` only).  Every candidate keeps its CP ranks within the bucket (the micro-batch's
+shard tokens counted).  Distributed samples stay where they are.  (Swaps of one sample for
+two were tried: no gain on issue 31's settings, where token-full CP ranks limit it.)
+
+Each rank that changed is kept only where :meth:`GdsContext.split_time` says it got
+strictly faster, so no DP rank gets slower.  The work count (the same in both backends):
+per rank's slots ``size + N`` to build, per step an estimate from the slot sizes
+(:data:`PAIR_WORK` per source-destination pair plus its source's samples,
+:data:`EVAL_WORK` per candidate), per applied step :data:`APPLY_WORK` ``+ 2 N``, and twice
+every micro-batch's samples and CP ranks for the final checks (reserved first: a limit
+below twice that does nothing); a search whose estimate would reach the limit is not
+started.
+
+This module is the specification; ``csrc/balance.cpp`` mirrors it (same candidate order,
+same float operations, same work count; ``tests/test_balance.py``).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+
+from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
+from skrull_ext.sharding import shard_tokens
+
+# Least loaded CP ranks of each micro-batch tried as destinations.
+DESTS = 16
+# Candidates on either side of the target transfer in a slot's cost order.
+WINDOW = 1
+# Work units per candidate priced and per source-destination pair (two bisections).
+EVAL_WORK = 4
+PAIR_WORK = 2
+# Work units of an applied step besides sorting its micro-batches' CP ranks (2 N).
+APPLY_WORK = 8
+# Share of ruin and recreate's budget kept for this pass (lns.lns: 1 / BALANCE_DIV).
+BALANCE_DIV = 8
+# Batches below this many samples keep the whole budget for ruin and recreate (issue 31's
+# grid, GBS 64: never faster with the polish, up to 0.12% slower with the budget it takes).
+BALANCE_MIN_SAMPLES = 256
+
+
+def balance_share(budget: int, k: int) -> int:
+    """The part of ruin and recreate's ``budget`` kept for :func:`balance` on a batch of
+    ``k`` samples: ``budget // BALANCE_DIV``, 0 below :data:`BALANCE_MIN_SAMPLES`."""
+    return budget // BALANCE_DIV if k >= BALANCE_MIN_SAMPLES else 0
+
+
+class _Rank:
+    """One DP rank's non-empty micro-batches: slots, sums, times, CP ranks by time."""
+
+    def __init__(self, ctx: GdsContext, split: list[Placement]):
+        self.ctx, n = ctx, ctx.cp_size
+        self.n, self.work = n, 0
+        self.split = split
+        self.js = [j for j, p in enumerate(split) if p[0] or any(p[1])]
+        self.comm, self.share, self.loc, self.srt = [], [], [], []
+        self.load, self.tok, self.t, self.order = [], [], [], []
+        for j in self.js:
+            dist, local = split[j]
+            comm = share = 0.0
+            dtok = 0
+            for i in dist:
+                comm += float(ctx.comm[i])
+                share += float(ctx.costs[i]) / n if ctx.shares is None else float(ctx.shares[i])
+                dtok += shard_tokens(int(ctx.lengths[i]), n)
+            if dist:
+                comm += ctx.latency
+            self.comm.append(comm)
+            self.share.append(share)
+            self.loc.append([list(r) for r in local])
+            self.srt.append([sorted((float(ctx.costs[i]), i) for i in r) for r in local])
+            loads, toks = [], []
+            for r in local:
+                x, tk = 0.0, dtok
+                for i in r:
+                    x += float(ctx.costs[i])
+                    tk += int(ctx.lengths[i])
+                loads.append(x)
+                toks.append(tk)
+                self.work += len(r)
+            self.load.append(loads)
+            self.tok.append(toks)
+            self.t.append([self.rt(len(self.t), x) for x in loads])
+            self.order.append(self._order(len(self.order)))
+            self.work += len(dist) + 2 * n
+        self.changed = False
+        self.est = self.estimate()
+
+    def rt(self, m: int, x: float) -> float:
+        return rank_time(x, self.comm[m], self.share[m], self.n, self.ctx.objective)
+
+    def _order(self, m: int) -> list[int]:
+        t, x = self.t[m], self.load[m]
+        return sorted(range(self.n), key=lambda r: (-t[r], -x[r], r))
+
+    def top(self, m: int) -> float:
+        return self.t[m][self.order[m][0]]
+
+    def other(self, m: int, a: int, b: int) -> float:
+        """The highest time in micro-batch ``m`` but CP ranks ``a`` and ``b``."""
+        for r in self.order[m][:3]:
+            if r != a and r != b:
+                return self.t[m][r]
+        return -math.inf
+
+    def estimate(self) -> float:
+        """The rank's time without overheads: its micro-batches' tops summed in order."""
+        s = 0.0
+        for m in range(len(self.js)):
+            s += self.top(m)
+        return s
+
+    def sources(self) -> list[int]:
+        """The micro-batches by load spread (most loaded minus least loaded CP rank), widest
+        first (ties: the lower index)."""
+        n = self.n
+        return sorted(range(len(self.js)), key=lambda m: (
+            -(self.load[m][self.order[m][0]] - self.load[m][self.order[m][n - 1]]), m))
+
+    def source_work(self, m: int) -> int:
+        """What :meth:`best_from` counts for source micro-batch ``m``."""
+        s = len(self.loc[m][self.order[m][0]])
+        pairs = len(self.js) * min(DESTS, self.n)
+        return 1 + pairs * (PAIR_WORK + s + EVAL_WORK * 2 * WINDOW * (1 + s))
+
+    def _price(self, m, r, m2, r2, xs, xd):
+        """``(d primary, d secondary, new t source, new t destination)``."""
+        ts, td = self.rt(m, xs), self.rt(m2, xd)
+        if m == m2:
+            dp = max(ts, td, self.other(m, r, r2)) - self.top(m)
+        else:
+            dp = ((max(ts, self.other(m, r, -1)) - self.top(m))
+                  + (max(td, self.other(m2, r2, -1)) - self.top(m2)))
+        os, od = self.t[m][r], self.t[m2][r2]
+        return dp, (ts * ts - os * os) + (td * td - od * od), ts, td
+
+    def best_from(self, m: int):
+        """The best step from micro-batch ``m``'s most loaded CP rank:
+        ``(m, r, m2, r2, i, j, xs, xd, ts, td)`` (``j`` -1: a move) or ``None``."""
+        cap, lengths = self.ctx.bucket_size, self.ctx.lengths
+        best, key = None, (0.0, 0.0)
+        r = self.order[m][0]
+        src = self.srt[m][r]
+        if not src:
+            return None
+        ls, toks = self.load[m][r], self.tok[m][r]
+        second = self.other(m, r, -1)
+        for m2 in range(len(self.js)):
+            for q in range(1, min(DESTS, self.n) + 1):
+                r2 = self.order[m2][self.n - q]
+                if m2 == m and r2 == r:
+                    continue
+                ld, tokd = self.load[m2][r2], self.tok[m2][r2]
+                delta = (ls - ld) / 2.0
+                if m2 != m:
+                    room = min(self.t[m][r] - second, self.top(m2) - self.t[m2][r2])
+                    if room > 0.0:
+                        delta = room
+                if not delta > 0.0:
+                    continue
+                dst = self.srt[m2][r2]
+                lo = bisect.bisect_left(src, (delta, -1))
+                for k in range(max(0, lo - WINDOW), min(len(src), lo + WINDOW)):
+                    ci, i = src[k]
+                    if tokd + int(lengths[i]) > cap:
+                        continue
+                    got = self._price(m, r, m2, r2, ls - ci, ld + ci)
+                    if got[:2] < key:
+                        key, best = got[:2], (m, r, m2, r2, i, -1, ls - ci, ld + ci) + got[2:]
+                for ci, i in src:
+                    si = int(lengths[i])
+                    lo = bisect.bisect_left(dst, (ci - delta, -1))
+                    for k in range(max(0, lo - WINDOW), min(len(dst), lo + WINDOW)):
+                        cj, j = dst[k]
+                        sj = int(lengths[j])
+                        if not cj < ci or toks - si + sj > cap or tokd + si - sj > cap:
+                            continue
+                        xs, xd = ls - ci + cj, ld + ci - cj
+                        got = self._price(m, r, m2, r2, xs, xd)
+                        if got[:2] < key:
+                            key, best = got[:2], (m, r, m2, r2, i, j, xs, xd) + got[2:]
+        return best
+
+    def apply(self, step) -> None:
+        m, r, m2, r2, i, j, xs, xd, ts, td = step
+        lengths, costs = self.ctx.lengths, self.ctx.costs
+        for a, b, x in ((m, r, i), (m2, r2, j)) if j >= 0 else ((m, r, i),):
+            self.loc[a][b].remove(x)
+            self.srt[a][b].remove((float(costs[x]), x))
+        self.loc[m2][r2].append(i)
+        bisect.insort(self.srt[m2][r2], (float(costs[i]), i))
+        si = int(lengths[i])
+        self.tok[m][r] -= si
+        self.tok[m2][r2] += si
+        if j >= 0:
+            self.loc[m][r].append(j)
+            bisect.insort(self.srt[m][r], (float(costs[j]), j))
+            sj = int(lengths[j])
+            self.tok[m][r] += sj
+            self.tok[m2][r2] -= sj
+        self.load[m][r], self.load[m2][r2] = xs, xd
+        self.t[m][r], self.t[m2][r2] = ts, td
+        self.order[m] = self._order(m)
+        if m2 != m:
+            self.order[m2] = self._order(m2)
+        self.work += APPLY_WORK + 2 * self.n
+        self.changed = True
+        self.est = self.estimate()
+
+    def result(self) -> list[Placement]:
+        out = list(self.split)
+        for m, j in enumerate(self.js):
+            out[j] = (list(self.split[j][0]), [list(r) for r in self.loc[m]])
+        return out
+
+
+def balance(ctx: GdsContext, splits, overhead: float, limit: int
+            ) -> tuple[list[list[Placement]], int]:
+    """The polish of ``splits`` (``[D][M]`` placements) within ``limit`` work units (see
+    the module docstring).
+
+    Returns ``(splits, work)``: the same micro-batches (empty ones untouched), a DP rank
+    changed only where its ``split_time`` fell strictly; ``limit <= 0`` or one CP rank
+    returns ``splits`` unchanged.
+    """
+    if limit <= 0 or ctx.cp_size < 2 or not splits:
+        return splits, 0
+    check = 2 * sum(len(p[0]) + sum(len(r) for r in p[1]) + ctx.cp_size
+                    for split in splits for p in split)
+    if 2 * check >= limit:  # building the ranks costs at most `check`
+        return splits, 0
+    limit -= check  # the final split_time checks
+    ranks = [_Rank(ctx, s) for s in splits]
+    work = sum(rk.work for rk in ranks)
+    for rk in ranks:
+        rk.work = 0
+    while work < limit:
+        d = 0
+        for x in range(1, len(ranks)):
+            if (ranks[x].est + overhead * len(ranks[x].js)
+                    > ranks[d].est + overhead * len(ranks[d].js)):
+                d = x
+        rk = ranks[d]
+        work += len(ranks) + len(rk.js)
+        step = None
+        for m in rk.sources():
+            cost = rk.source_work(m)
+            if work + cost + APPLY_WORK + 2 * ctx.cp_size >= limit:
+                break
+            work += cost
+            step = rk.best_from(m)
+            if step is not None:
+                break
+        if step is None:
+            break
+        rk.apply(step)
+        work += rk.work
+        rk.work = 0
+    out = []
+    for split, rk in zip(splits, ranks):
+        new = split
+        if rk.changed:
+            cand = rk.result()
+            if ctx.split_time(cand, overhead) < ctx.split_time(split, overhead):
+                new = cand
+        out.append(new)
+    return out, work + check
+
+
+__all__ = ["APPLY_WORK", "BALANCE_DIV", "BALANCE_MIN_SAMPLES", "DESTS", "EVAL_WORK", "PAIR_WORK",
+           "WINDOW", "balance", "balance_share"]
