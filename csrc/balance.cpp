@@ -40,14 +40,9 @@ class Rank {
       const Placement& p = split[j];
       if (p.empty()) continue;
       js.push_back(j);
-      double comm = 0.0, share = 0.0;
+      const auto [comm, share] = ring_sums(ctx, p.distributed);
       int64_t dtok = 0;
-      for (Index i : p.distributed) {
-        comm += b.comm[i];
-        share += b.share(i, n_);
-        dtok += shard_tokens(b.lengths[i], n_);
-      }
-      if (!p.distributed.empty()) comm += ctx.latency;
+      for (Index i : p.distributed) dtok += shard_tokens(b.lengths[i], n_);
       comm_.push_back(comm);
       share_.push_back(share);
       loc_.push_back(p.local);

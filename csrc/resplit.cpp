@@ -193,7 +193,8 @@ std::vector<std::vector<Index>> rings(const GdsContext& ctx, std::vector<Index> 
   return groups;
 }
 
-// resplit._ring_time: (t_comm, t_dist) of distributed samples (latency included if any).
+}  // namespace
+
 std::pair<double, double> ring_sums(const GdsContext& ctx, const std::vector<Index>& dist) {
   double t_comm = 0.0, t_dist = 0.0;
   for (Index i : dist) {
@@ -202,6 +203,8 @@ std::pair<double, double> ring_sums(const GdsContext& ctx, const std::vector<Ind
   }
   return {dist.empty() ? t_comm : t_comm + ctx.latency, t_dist};
 }
+
+namespace {
 
 using Skeleton = std::vector<std::pair<size_t, std::vector<Index>>>;
 

@@ -353,6 +353,10 @@ std::vector<RankSplit> balance(const GdsContext& ctx, const std::vector<RankSpli
 // (balance.balance_share).
 int64_t balance_share(int64_t budget, int64_t k);
 
+// resplit.ring_time: (t_comm, t_dist) of distributed samples `dist` (latency included if
+// any), summed in list order.
+std::pair<double, double> ring_sums(const GdsContext& ctx, const std::vector<Index>& dist);
+
 // ---- resplit.cpp: (ours) pairs of each DP rank's micro-batches with their local samples
 // re-dealt over both (reference resplit.resplit), within `limit` work units (added to
 // *work); changed[d] whether rank d got faster (then its non-empty micro-batches only).

@@ -49,6 +49,7 @@ import bisect
 import math
 
 from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
+from skrull_ext.scheduler.resplit import ring_time
 from skrull_ext.sharding import shard_tokens
 
 # Least loaded CP ranks of each micro-batch tried as destinations.
@@ -85,14 +86,8 @@ class _Rank:
         self.load, self.tok, self.t, self.order = [], [], [], []
         for j in self.js:
             dist, local = split[j]
-            comm = share = 0.0
-            dtok = 0
-            for i in dist:
-                comm += float(ctx.comm[i])
-                share += float(ctx.costs[i]) / n if ctx.shares is None else float(ctx.shares[i])
-                dtok += shard_tokens(int(ctx.lengths[i]), n)
-            if dist:
-                comm += ctx.latency
+            comm, share = ring_time(ctx, dist)
+            dtok = sum(shard_tokens(int(ctx.lengths[i]), n) for i in dist)
             self.comm.append(comm)
             self.share.append(share)
             self.loc.append([list(r) for r in local])

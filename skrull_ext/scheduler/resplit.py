@@ -205,7 +205,7 @@ def _rings(ctx: GdsContext, ids: list[int]) -> tuple[list[list[int]], int]:
     return first_fit(order, sizes, ctx.bucket_size)
 
 
-def _ring_time(ctx: GdsContext, dist: list[int]) -> tuple[float, float]:
+def ring_time(ctx: GdsContext, dist: list[int]) -> tuple[float, float]:
     """``(t_comm, t_dist)`` of distributed samples ``dist`` (latency included if any)."""
     n, t_comm, t_dist = ctx.cp_size, 0.0, 0.0
     for i in dist:
@@ -225,7 +225,7 @@ def _skeleton(ctx: GdsContext, splits, mode: str) -> tuple[list[tuple[int, list[
     ids = [i for _, p in full for i in p[0]
            if mode == "rings" or int(ctx.lengths[i]) > ctx.bucket_size]
     groups, checks = _rings(ctx, ids)
-    ring = [rank_time(0.0, *_ring_time(ctx, g), ctx.cp_size, ctx.objective) for g in groups]
+    ring = [rank_time(0.0, *ring_time(ctx, g), ctx.cp_size, ctx.objective) for g in groups]
     work += checks + 2 * len(ids) + d * len(groups)
     load, out = [0.0] * d, []
     count = [0] * d
@@ -258,7 +258,7 @@ def deal(ctx: GdsContext, splits, overhead: float, mode: str, limit: int
     rt = [0.0] * len(splits)
     mbs = []  # per micro-batch: placement, t_comm, t_dist, loads, tokens, time so far
     for r, dist in skel:
-        t_comm, t_dist = _ring_time(ctx, dist)
+        t_comm, t_dist = ring_time(ctx, dist)
         dtok = sum(shard_tokens(int(lengths[i]), n) for i in dist)
         top = rank_time(0.0, t_comm, t_dist, n, ctx.objective) + overhead if dist else 0.0
         rt[r] += top
@@ -317,4 +317,4 @@ def deal_best(ctx: GdsContext, splits, overhead: float, limit: int
     return best, work
 
 
-__all__ = ["DEAL_MODES", "DEAL_WORK", "deal", "deal_best", "first_fit", "resplit"]
+__all__ = ["DEAL_MODES", "DEAL_WORK", "deal", "deal_best", "first_fit", "resplit", "ring_time"]
