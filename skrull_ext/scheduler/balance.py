@@ -160,49 +160,54 @@ class _Rank:
     def best_from(self, m: int):
         """The best step from micro-batch ``m``'s most loaded CP rank:
         ``(m, r, m2, r2, i, j, xs, xd, ts, td)`` (``j`` -1: a move) or ``None``."""
-        cap, lengths = self.ctx.bucket_size, self.ctx.lengths
         best, key = None, (0.0, 0.0)
         r = self.order[m][0]
-        src = self.srt[m][r]
-        if not src:
+        if not self.srt[m][r]:
             return None
-        ls, toks = self.load[m][r], self.tok[m][r]
         second = self.other(m, r, -1)
         for m2 in range(len(self.js)):
             for q in range(1, min(DESTS, self.n) + 1):
                 r2 = self.order[m2][self.n - q]
                 if m2 == m and r2 == r:
                     continue
-                ld, tokd = self.load[m2][r2], self.tok[m2][r2]
-                delta = (ls - ld) / 2.0
+                delta = (self.load[m][r] - self.load[m2][r2]) / 2.0
                 if m2 != m:
                     room = min(self.t[m][r] - second, self.top(m2) - self.t[m2][r2])
                     if room > 0.0:
                         delta = room
-                if not delta > 0.0:
-                    continue
-                dst = self.srt[m2][r2]
-                lo = bisect.bisect_left(src, (delta, -1))
-                for k in range(max(0, lo - WINDOW), min(len(src), lo + WINDOW)):
-                    ci, i = src[k]
-                    if tokd + int(lengths[i]) > cap:
-                        continue
-                    got = self._price(m, r, m2, r2, ls - ci, ld + ci)
-                    if got[:2] < key:
-                        key, best = got[:2], (m, r, m2, r2, i, -1, ls - ci, ld + ci) + got[2:]
-                for ci, i in src:
-                    si = int(lengths[i])
-                    lo = bisect.bisect_left(dst, (ci - delta, -1))
-                    for k in range(max(0, lo - WINDOW), min(len(dst), lo + WINDOW)):
-                        cj, j = dst[k]
-                        sj = int(lengths[j])
-                        if not cj < ci or toks - si + sj > cap or tokd + si - sj > cap:
-                            continue
-                        xs, xd = ls - ci + cj, ld + ci - cj
-                        got = self._price(m, r, m2, r2, xs, xd)
-                        if got[:2] < key:
-                            key, best = got[:2], (m, r, m2, r2, i, j, xs, xd) + got[2:]
+                if delta > 0.0:
+                    key, best = self._pair(m, r, m2, r2, delta, key, best)
         return best
+
+    def _pair(self, m: int, r: int, m2: int, r2: int, delta: float, key, best):
+        """:meth:`best_from`'s candidates from CP rank ``r`` of ``m`` to ``r2`` of ``m2``:
+        the moves of the sources whose work is nearest ``delta``, then the swaps whose
+        difference is; returns the improved ``(key, best)`` (strictly lower keys only)."""
+        cap, lengths = self.ctx.bucket_size, self.ctx.lengths
+        src, dst = self.srt[m][r], self.srt[m2][r2]
+        ls, toks = self.load[m][r], self.tok[m][r]
+        ld, tokd = self.load[m2][r2], self.tok[m2][r2]
+        lo = bisect.bisect_left(src, (delta, -1))
+        for k in range(max(0, lo - WINDOW), min(len(src), lo + WINDOW)):
+            ci, i = src[k]
+            if tokd + int(lengths[i]) > cap:
+                continue
+            got = self._price(m, r, m2, r2, ls - ci, ld + ci)
+            if got[:2] < key:
+                key, best = got[:2], (m, r, m2, r2, i, -1, ls - ci, ld + ci) + got[2:]
+        for ci, i in src:
+            si = int(lengths[i])
+            lo = bisect.bisect_left(dst, (ci - delta, -1))
+            for k in range(max(0, lo - WINDOW), min(len(dst), lo + WINDOW)):
+                cj, j = dst[k]
+                sj = int(lengths[j])
+                if not cj < ci or toks - si + sj > cap or tokd + si - sj > cap:
+                    continue
+                xs, xd = ls - ci + cj, ld + ci - cj
+                got = self._price(m, r, m2, r2, xs, xd)
+                if got[:2] < key:
+                    key, best = got[:2], (m, r, m2, r2, i, j, xs, xd) + got[2:]
+        return key, best
 
     def apply(self, step) -> None:
         m, r, m2, r2, i, j, xs, xd, ts, td = step
