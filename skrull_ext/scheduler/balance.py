@@ -57,6 +57,10 @@ DESTS = 16
 # Candidates on either side of the target transfer in a slot's cost order.
 WINDOW = 1
 # Work units per candidate priced and per source-destination pair (two bisections).
+# Checked against ruin and recreate's 300K units per ms (2026-11-26, `_C.balance` on
+# unrefined plans of issue 31's user file, 0.5B CP 8 and 7B CP 16 at GBS 1024, min of 5,
+# the Python-to-C++ conversion included): 370-840K units per ms, so the pass spends at
+# most its share of the budget in time, up to ~2.7x less; kept (lowering them changes plans).
 EVAL_WORK = 4
 PAIR_WORK = 2
 # Work units of an applied step besides sorting its micro-batches' CP ranks (2 N).
