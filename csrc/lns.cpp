@@ -21,6 +21,7 @@ constexpr double kOrderNoise = 0.3;                // lns.ORDER_NOISE
 constexpr double kRefillFracs[] = {0.97};           // lns.REFILL_FRACS
 constexpr int64_t kRefillPlaceWork = 64;           // lns.REFILL_PLACE_WORK
 constexpr int64_t kRefillEvery = 30;               // lns.REFILL_EVERY
+constexpr int64_t kPinRankWork = 8;                // lns.PIN_RANK_WORK
 
 class Rng {  // lns._Rng: splitmix64
  public:
@@ -189,7 +190,7 @@ class Lns {
       return;
     }
     // pinned rings: each CP rank's own time plus its rings', its tokens plus their shards
-    work_ += n_;
+    work_ += kPinRankWork / 2 * n_;
     const auto& seconds = pins_->seconds[static_cast<size_t>(mb.p.pin)];
     const auto& tokens = pins_->tokens[static_cast<size_t>(mb.p.pin)];
     mb.times.resize(static_cast<size_t>(n_));
@@ -241,7 +242,7 @@ class Lns {
   // lns._Lns._insert_pinned: whole on the CP rank (with room) whose new time against the
   // others' is least, or distributed.
   std::optional<std::pair<double, int>> insert_pinned(const Mb& mb, Index i) {
-    work_ += 2 * n_ + 1;
+    work_ += kPinRankWork * n_ + 1;
     const int64_t s = b_.lengths[i], cap = ctx_.bucket_size;
     const auto& seconds = pins_->seconds[static_cast<size_t>(mb.p.pin)];
     std::optional<std::pair<double, int>> best;

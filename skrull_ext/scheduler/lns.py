@@ -83,6 +83,11 @@ REFILL_EVERY = 30
 # Work units per sample and per CP rank of a micro-batch refill() places (DACP's five
 # variants and the pricing; bench_scheduler.py --calibrate --stage lns).
 REFILL_PLACE_WORK = 64
+# Work units per CP rank an insertion into a micro-batch with pinned rings prices (each
+# rank's time, twice: distributed and whole there; half of it per rank to sum one):
+# ~300K units per ms with it on group-fill's plans of issue 31's user file and chatqa2
+# (7B, CP 16, GBS 1024, every micro-batch pinned: 81K per ms when charged 2 per rank).
+PIN_RANK_WORK = 8
 
 
 class _Rng:
@@ -269,7 +274,7 @@ class _Lns:
             return mb
         # pinned rings: each CP rank's own time plus its rings' (so no longer the most
         # loaded rank's alone), its tokens plus their shards
-        self.work += n
+        self.work += PIN_RANK_WORK // 2 * n
         _, seconds, tokens = mb.pin
         mb.tok = [t + x for t, x in zip(mb.tok, tokens)]
         mb.times = [self._time(comm, share, x, mb.has_dist) + y
@@ -317,7 +322,7 @@ class _Lns:
         """:meth:`insert_cost` where pinned rings make the CP ranks' times differ: whole on
         the CP rank (with room) whose new time against the others' is least."""
         c, n = self.ctx, self.n
-        self.work += 2 * n + 1
+        self.work += PIN_RANK_WORK * n + 1
         s, cap, seconds = int(c.lengths[i]), c.bucket_size, mb.pin[1]
         best = None
         if n > 1 and max(mb.tok) + shard_tokens(s, n) <= cap:
