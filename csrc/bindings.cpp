@@ -143,6 +143,7 @@ py::list nested_list(const std::vector<std::vector<Index>>& v) {
 
 py::object placement_obj(const std::optional<skrull::Placement>& p) {
   if (!p) return py::none();
+  if (p->pin >= 0) return py::make_tuple(int_list(p->distributed), nested_list(p->local), p->pin);
   return py::make_tuple(int_list(p->distributed), nested_list(p->local));
 }
 
@@ -336,25 +337,75 @@ py::tuple refine_timing(I64Array lengths, F64Array costs, F64Array comm, double 
 }
 
 // (ours) balance.balance on a given plan, for tests: (splits, work units counted).
+// list[DP] of list[micro-batch] of (distributed, local) or, with pinned rings (lns),
+// (distributed, local, pin): pin in [0, pins).
+std::vector<skrull::RankSplit> parse_splits(py::object splits, int64_t k, int64_t pins) {
+  std::vector<skrull::RankSplit> in;
+  for (auto split : splits) {
+    skrull::RankSplit rank;
+    for (auto item : split) {
+      auto t = item.cast<py::tuple>();
+      skrull::Placement p;
+      p.distributed = to_indices(t[0].cast<I64Array>(), k);
+      for (auto r : t[1]) p.local.push_back(to_indices(r.cast<I64Array>(), k));
+      if (t.size() > 2) {
+        p.pin = t[2].cast<int64_t>();
+        if (p.pin < 0 || p.pin >= pins) throw py::value_error("pin id out of range");
+      }
+      rank.push_back(std::move(p));
+    }
+    in.push_back(std::move(rank));
+  }
+  return in;
+}
+
+// (ours) Ruin and recreate with pinned sub-group rings (reference lns.lns with `pins`):
+// (splits, work); pin_seconds / pin_tokens [P, N].
+py::tuple lns_pinned(py::object splits, F64Array pin_seconds, I64Array pin_tokens,
+                     I64Array lengths, F64Array costs, F64Array comm, double latency,
+                     int cp_size, int64_t bucket_size, int rollback, int variant,
+                     double overhead, py::object shares, py::object objective,
+                     int64_t budget, double floor_t) {
+  BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
+  args.view.objective = skrull_py::to_objective(objective);
+  check_positive(cp_size, "cp_size");
+  check_positive(bucket_size, "bucket_size");
+  if (pin_seconds.ndim() != 2 || pin_tokens.ndim() != 2 ||
+      pin_seconds.shape(0) != pin_tokens.shape(0) || pin_seconds.shape(1) != cp_size ||
+      pin_tokens.shape(1) != cp_size) {
+    throw py::value_error("pin_seconds and pin_tokens: [P, cp_size] each");
+  }
+  skrull::Pins pins;
+  const auto ps = pin_seconds.unchecked<2>();
+  const auto pt = pin_tokens.unchecked<2>();
+  for (py::ssize_t x = 0; x < pin_seconds.shape(0); ++x) {
+    pins.seconds.emplace_back();
+    pins.tokens.emplace_back();
+    for (int r = 0; r < cp_size; ++r) {
+      pins.seconds.back().push_back(ps(x, r));
+      pins.tokens.back().push_back(pt(x, r));
+    }
+  }
+  auto in = parse_splits(splits, args.view.size, pin_seconds.shape(0));
+  const auto policy = to_rollback(rollback, true);
+  const auto dacp = to_variant(variant);
+  int64_t work = 0;
+  std::vector<skrull::RankSplit> out;
+  {
+    py::gil_scoped_release release;
+    const skrull::GdsContext ctx{args.view, latency, cp_size, bucket_size, policy, dacp};
+    out = skrull::lns(ctx, std::move(in), overhead, budget, floor_t, &work, &pins);
+  }
+  return py::make_tuple(splits_list(out), work);
+}
+
 py::tuple balance(py::object splits, I64Array lengths, F64Array costs, F64Array comm,
                   double latency, int cp_size, int64_t bucket_size, double overhead,
                   py::object shares, py::object objective, int64_t limit) {
   BatchArgs args(std::move(lengths), std::move(costs), comm, shares);
   args.view.objective = skrull_py::to_objective(objective);
   check_positive(cp_size, "cp_size");
-  const int64_t k = args.view.size;
-  std::vector<skrull::RankSplit> in;
-  for (auto split : splits) {
-    skrull::RankSplit rank;
-    for (auto item : split) {
-      auto pair = item.cast<py::tuple>();
-      skrull::Placement p;
-      p.distributed = to_indices(pair[0].cast<I64Array>(), k);
-      for (auto r : pair[1]) p.local.push_back(to_indices(r.cast<I64Array>(), k));
-      rank.push_back(std::move(p));
-    }
-    in.push_back(std::move(rank));
-  }
+  std::vector<skrull::RankSplit> in = parse_splits(splits, args.view.size, -1);
   int64_t work = 0;
   std::vector<skrull::RankSplit> out;
   {
@@ -509,6 +560,12 @@ PYBIND11_MODULE(_C, mod) {
           py::arg("comm"), py::arg("latency"), py::arg("cp_size"), py::arg("bucket_size"),
           py::arg("overhead"), py::arg("shares"), py::arg("objective"), py::arg("limit"),
           "(splits, work): each DP rank's CP balance polish (scheduler.balance).");
+  mod.def("lns_pinned", &lns_pinned, py::arg("splits"), py::arg("pin_seconds"),
+          py::arg("pin_tokens"), py::arg("lengths"), py::arg("costs"), py::arg("comm"),
+          py::arg("latency"), py::arg("cp_size"), py::arg("bucket_size"), py::arg("rollback"),
+          py::arg("variant"), py::arg("overhead"), py::arg("shares"), py::arg("objective"),
+          py::arg("budget"), py::arg("floor"),
+          "(splits, work): ruin and recreate with pinned sub-group rings (scheduler.lns).");
   mod.def("baseline_groups", &baseline_groups, py::arg("lengths"), py::arg("costs"),
           py::arg("dp_size"), py::arg("cp_size"), py::arg("bucket_size"), py::arg("name"),
           "A baseline's samples per DP rank and micro-batch (scheduler.baselines.GROUPINGS).");

@@ -21,6 +21,7 @@ constexpr double kOrderNoise = 0.3;                // lns.ORDER_NOISE
 constexpr double kRefillFracs[] = {0.97};           // lns.REFILL_FRACS
 constexpr int64_t kRefillPlaceWork = 64;           // lns.REFILL_PLACE_WORK
 constexpr int64_t kRefillEvery = 30;               // lns.REFILL_EVERY
+constexpr int64_t kPinRankWork = 8;                // lns.PIN_RANK_WORK
 
 class Rng {  // lns._Rng: splitmix64
  public:
@@ -48,6 +49,8 @@ struct Mb {
   int64_t size = 0;
   std::vector<double> load;
   std::vector<int64_t> tok;
+  std::vector<double> times;  // with pinned rings: each CP rank's time (they add to it)
+  bool kept() const { return size || p.pin >= 0; }  // lns._Mb.kept
 };
 
 // lns.refill (defined below the search): each DP rank repacked; changed[d] whether it was.
@@ -64,13 +67,13 @@ struct Pick {
 class Lns {
  public:
   Lns(const GdsContext& ctx, const std::vector<RankSplit>& splits, double overhead,
-      int64_t budget)
+      int64_t budget, const Pins* pins)
       : ctx_(ctx), b_(ctx.batch), n_(ctx.cp_size), ovh_(overhead), budget_(budget),
-        picked_(static_cast<size_t>(ctx.batch.size), 0) {
+        pins_(pins), picked_(static_cast<size_t>(ctx.batch.size), 0) {
     for (const auto& split : splits) {
       std::vector<Mb> rank;
       for (const auto& p : split) {
-        if (!p.empty()) rank.push_back(summed(p));
+        if (!p.empty() || p.pin >= 0) rank.push_back(summed(p));
       }
       rank.push_back(summed(empty()));
       ranks_.push_back(std::move(rank));
@@ -93,7 +96,7 @@ class Lns {
       for (const auto& mb : ranks_[d]) work_ += mb.size + 1;
       RankSplit split;
       for (const auto& mb : ranks_[d]) {
-        if (mb.size) split.push_back(mb.p);
+        if (mb.size && mb.p.pin < 0) split.push_back(mb.p);
       }
       splits.push_back(std::move(split));
     }
@@ -111,7 +114,10 @@ class Lns {
       if (!changed[x] && !again[x]) continue;
       any = true;
       const size_t d = ds[x];
-      std::vector<Mb> rank;
+      std::vector<Mb> rank;  // the pinned micro-batches stay, first
+      for (const auto& mb : ranks_[d]) {
+        if (mb.p.pin >= 0) rank.push_back(mb);
+      }
       for (const auto& p : out[x]) rank.push_back(summed(p));
       rank.push_back(summed(empty()));
       ranks_[d] = std::move(rank);
@@ -137,7 +143,7 @@ class Lns {
       work_ += static_cast<int64_t>(rank.size());
       for (const auto& mb : rank) {
         work_ += mb.size;
-        if (mb.size) split.push_back(mb.p);
+        if (mb.kept()) split.push_back(mb.p);
       }
       out.push_back(std::move(split));
     }
@@ -178,8 +184,22 @@ class Lns {
     }
     work_ += mb.size + n_;
     mb.x = *std::max_element(mb.load.begin(), mb.load.end());
+    if (mb.p.pin < 0) {
+      mb.tok_max = *std::max_element(mb.tok.begin(), mb.tok.end());
+      mb.t = mb.size ? time(mb.comm, mb.share, mb.x, mb.has_dist) + ovh_ : 0.0;
+      return;
+    }
+    // pinned rings: each CP rank's own time plus its rings', its tokens plus their shards
+    work_ += kPinRankWork / 2 * n_;
+    const auto& seconds = pins_->seconds[static_cast<size_t>(mb.p.pin)];
+    const auto& tokens = pins_->tokens[static_cast<size_t>(mb.p.pin)];
+    mb.times.resize(static_cast<size_t>(n_));
+    for (int r = 0; r < n_; ++r) {
+      mb.tok[r] += tokens[r];
+      mb.times[r] = time(mb.comm, mb.share, mb.load[r], mb.has_dist) + seconds[r];
+    }
     mb.tok_max = *std::max_element(mb.tok.begin(), mb.tok.end());
-    mb.t = mb.size ? time(mb.comm, mb.share, mb.x, mb.has_dist) + ovh_ : 0.0;
+    mb.t = *std::max_element(mb.times.begin(), mb.times.end()) + ovh_;
   }
   Mb summed(const Placement& p) {
     Mb mb;
@@ -192,13 +212,14 @@ class Lns {
     work_ += static_cast<int64_t>(ranks_[d].size());
     double t = 0.0;
     for (const auto& mb : ranks_[d]) {
-      if (mb.size) t += mb.t;
+      if (mb.kept()) t += mb.t;
     }
     return t;
   }
 
   // lns._Lns.insert_cost: (time with overhead, where) of mb plus sample i.
   std::optional<std::pair<double, int>> insert_cost(const Mb& mb, Index i) {
+    if (mb.p.pin >= 0) return insert_pinned(mb, i);
     work_ += n_ + 1;
     const int64_t s = b_.lengths[i], cap = ctx_.bucket_size;
     const double x = mb.x;
@@ -212,6 +233,34 @@ class Lns {
     }
     if (r >= 0) {
       const double t = time(mb.comm, mb.share, std::max(x, mb.load[r] + b_.costs[i]), mb.has_dist);
+      if (!best || t < best->first) best = std::make_pair(t, r);
+    }
+    if (best) best->first += ovh_;
+    return best;
+  }
+
+  // lns._Lns._insert_pinned: whole on the CP rank (with room) whose new time against the
+  // others' is least, or distributed.
+  std::optional<std::pair<double, int>> insert_pinned(const Mb& mb, Index i) {
+    work_ += kPinRankWork * n_ + 1;
+    const int64_t s = b_.lengths[i], cap = ctx_.bucket_size;
+    const auto& seconds = pins_->seconds[static_cast<size_t>(mb.p.pin)];
+    std::optional<std::pair<double, int>> best;
+    if (n_ > 1 && mb.tok_max + shard_tokens(s, n_) <= cap) {
+      const double comm = mb.comm + b_.comm[i], share = mb.share + b_.share(i, n_);
+      double t = time(comm, share, mb.load[0], true) + seconds[0];
+      for (int r = 1; r < n_; ++r) t = std::max(t, time(comm, share, mb.load[r], true) + seconds[r]);
+      best = std::make_pair(t, -1);
+    }
+    std::vector<double> pre(static_cast<size_t>(n_) + 1, 0.0), suf(pre);  // all times >= 0
+    for (int r = 0; r < n_; ++r) {
+      pre[r + 1] = std::max(pre[r], mb.times[r]);
+      suf[n_ - 1 - r] = std::max(suf[n_ - r], mb.times[n_ - 1 - r]);
+    }
+    for (int r = 0; r < n_; ++r) {
+      if (mb.tok[r] + s > cap) continue;
+      double t = time(mb.comm, mb.share, mb.load[r] + b_.costs[i], mb.has_dist) + seconds[r];
+      t = std::max(t, std::max(pre[r], suf[r + 1]));
       if (!best || t < best->first) best = std::make_pair(t, r);
     }
     if (best) best->first += ovh_;
@@ -273,6 +322,7 @@ class Lns {
   const int n_;
   const double ovh_;
   const int64_t budget_;
+  const Pins* pins_;  // null: none
   int64_t work_ = 0;
   Rng rng_;
   std::vector<std::vector<Mb>> ranks_;
@@ -416,7 +466,7 @@ void Lns::compact() {
     work_ += static_cast<int64_t>(ranks_[d].size());
     std::vector<Mb> rank;
     for (auto& mb : ranks_[d]) {
-      if (mb.size) rank.push_back(std::move(mb));
+      if (mb.kept()) rank.push_back(std::move(mb));
     }
     rank.push_back(summed(empty()));
     ranks_[d] = std::move(rank);
@@ -553,20 +603,74 @@ std::vector<RankSplit> padded(std::vector<RankSplit> splits, int cp_size) {
 
 }  // namespace
 
+namespace {
+
+bool has_pin(const RankSplit& split) {
+  for (const auto& p : split) {
+    if (p.pin >= 0) return true;
+  }
+  return false;
+}
+
+// lns._polished: balance() of each DP rank's micro-batches without pinned rings (those
+// first, as they are).
+std::vector<RankSplit> polished(const GdsContext& ctx, const std::vector<RankSplit>& splits,
+                                double overhead, int64_t polish, int64_t* work) {
+  bool any = false;
+  for (const auto& s : splits) any = any || has_pin(s);
+  if (!any) return balance(ctx, splits, overhead, polish, work);
+  std::vector<RankSplit> pinned(splits.size()), free(splits.size());
+  for (size_t d = 0; d < splits.size(); ++d) {
+    for (const auto& p : splits[d]) {
+      if (p.pin >= 0) {
+        pinned[d].push_back(p);
+      } else if (!p.empty()) {
+        free[d].push_back(p);
+      }
+    }
+  }
+  auto done = balance(ctx, free, overhead, polish, work);
+  for (size_t d = 0; d < splits.size(); ++d) {
+    pinned[d].insert(pinned[d].end(), done[d].begin(), done[d].end());
+  }
+  return pinned;
+}
+
+}  // namespace
+
 std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
-                           double overhead, int64_t budget, double floor_t, int64_t* spent) {
+                           double overhead, int64_t budget, double floor_t, int64_t* spent,
+                           const Pins* pins) {
   if (spent) *spent = 0;
   if (budget <= 0 || splits.empty()) return splits;
+  if (pins && pins->seconds.empty()) pins = nullptr;
   const int64_t polish = balance_share(budget, ctx.batch.size);  // kept for balance()
   int64_t dealt_work = 0;
   double start = 0.0;
-  for (const auto& split : splits) start = std::max(start, ctx.split_time(split, overhead));
-  if (start > floor_t * (1.0 + 1e-9)) {
+  if (!pins) {
+    for (const auto& split : splits) start = std::max(start, ctx.split_time(split, overhead));
+  }
+  if (!pins && start > floor_t * (1.0 + 1e-9)) {
     auto dealt = deal_best(ctx, splits, overhead, (budget - polish) / 2, &dealt_work);
     if (dealt) splits = padded(std::move(*dealt), ctx.cp_size);  // faster: start there
+  } else if (pins) {  // the DP ranks without pinned rings re-dealt among themselves
+    std::vector<size_t> free;
+    std::vector<RankSplit> sub;
+    for (size_t d = 0; d < splits.size(); ++d) {
+      if (!has_pin(splits[d])) {
+        free.push_back(d);
+        sub.push_back(splits[d]);
+      }
+    }
+    if (!free.empty()) {
+      auto dealt = deal_best(ctx, sub, overhead, (budget - polish) / 2, &dealt_work);
+      if (dealt) {
+        for (size_t x = 0; x < free.size(); ++x) splits[free[x]] = std::move((*dealt)[x]);
+      }
+    }
   }
   budget -= dealt_work + polish;
-  Lns search(ctx, splits, overhead, budget);
+  Lns search(ctx, splits, overhead, budget, pins);
   double best_ms = search.makespan();
   double best_score = search.score();
   search.reset_work();
@@ -590,10 +694,11 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
       best = search.snapshot();
     }
   }
-  int64_t polished = 0;  // then balance() on the best plan, unless at the floor
-  if (best_ms > floor_t * (1.0 + 1e-9)) best = balance(ctx, best ? *best : splits, overhead,
-                                                        polish, &polished);
-  if (spent) *spent = dealt_work + search.work() + polished;
+  int64_t polished_work = 0;  // then balance() on the best plan, unless at the floor
+  if (best_ms > floor_t * (1.0 + 1e-9)) {
+    best = polished(ctx, best ? *best : splits, overhead, polish, &polished_work);
+  }
+  if (spent) *spent = dealt_work + search.work() + polished_work;
   return best ? padded(std::move(*best), ctx.cp_size) : splits;
 }
 

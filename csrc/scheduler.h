@@ -63,6 +63,9 @@ struct Batch {
 struct Placement {
   std::vector<Index> distributed;
   std::vector<std::vector<Index>> local;
+  // (ours) lns with pinned rings: the id of the sub-group rings pinned in this micro-batch
+  // (Pins), -1: none.  Only lns() reads or keeps it.
+  int64_t pin = -1;
 
   bool empty() const;
 };
@@ -340,9 +343,15 @@ std::vector<RankSplit> refine(const GdsContext& ctx, std::vector<RankSplit> spli
 // ---- lns.cpp: (ours) ruin and recreate after the local search (reference lns.lns): at
 // most `budget` work units, stopping once the slowest DP rank's time reaches floor_t
 // (plan_lower_bound); the best plan seen, never slower than `splits`.
+// `pins` (reference lns.lns's): per id, the seconds [N] and tokens [N] its pinned rings add
+// to a micro-batch's CP ranks (Placement::pin).
+struct Pins {
+  std::vector<std::vector<double>> seconds;
+  std::vector<std::vector<int64_t>> tokens;
+};
 std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
                            double overhead, int64_t budget, double floor_t,
-                           int64_t* spent = nullptr);
+                           int64_t* spent = nullptr, const Pins* pins = nullptr);
 
 // ---- balance.cpp: (ours) each DP rank's local samples moved and swapped between its
 // (micro-batch, CP rank) slots, the slowest rank first (reference balance.balance), within

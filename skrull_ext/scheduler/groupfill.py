@@ -48,6 +48,7 @@ from skrull_ext.scheduler.bound import lower_bound
 from skrull_ext.scheduler.config import SchedulerConfig
 from skrull_ext.scheduler.hybrid import redealt, subgroup_sizes, winner
 from skrull_ext.scheduler.objective import objective_arg, objective_of, rank_times
+from skrull_ext.scheduler.pinned import refined
 from skrull_ext.scheduler.plan import MicroBatch, Plan
 from skrull_ext.sharding import shard_tokens_array
 
@@ -120,6 +121,8 @@ def candidate(arr: np.ndarray, best: float, config: SchedulerConfig, cost_model:
                      "group-fill")
         if got is not None:
             won, best = got, got.predicted["iteration_time"]
+    if won is not None:  # then ruin and recreate around its sub-group rings (kept if faster)
+        won = refined(won, best, config, cost_model, arrays, core, backend) or won
     return won
 
 

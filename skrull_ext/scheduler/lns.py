@@ -83,6 +83,11 @@ REFILL_EVERY = 30
 # Work units per sample and per CP rank of a micro-batch refill() places (DACP's five
 # variants and the pricing; bench_scheduler.py --calibrate --stage lns).
 REFILL_PLACE_WORK = 64
+# Work units per CP rank an insertion into a micro-batch with pinned rings prices (each
+# rank's time, twice: distributed and whole there; half of it per rank to sum one):
+# ~300K units per ms with it on group-fill's plans of issue 31's user file and chatqa2
+# (7B, CP 16, GBS 1024, every micro-batch pinned: 81K per ms when charged 2 per rank).
+PIN_RANK_WORK = 8
 
 
 class _Rng:
@@ -110,17 +115,27 @@ class _Rng:
 class _Mb:
     """One micro-batch: its lists and their sums (summed in list order)."""
 
-    __slots__ = ("dist", "local", "comm", "share", "has_dist", "load", "tok", "size", "t")
+    __slots__ = ("dist", "local", "pin", "comm", "share", "has_dist", "load", "tok", "size",
+                 "t", "times")
 
-    def __init__(self, dist: list[int], local: list[list[int]]):
-        self.dist, self.local = dist, local
+    def __init__(self, dist: list[int], local: list[list[int]], pin=None):
+        # pin: None, or ``(id, seconds [N], tokens [N])`` of the sub-group rings pinned here
+        self.dist, self.local, self.pin = dist, local, pin
 
     def copy(self) -> "_Mb":
-        out = _Mb(list(self.dist), [list(r) for r in self.local])
-        for name in ("comm", "share", "has_dist", "size", "t"):
+        out = _Mb(list(self.dist), [list(r) for r in self.local], self.pin)
+        for name in ("comm", "share", "has_dist", "size", "t", "times"):
             setattr(out, name, getattr(self, name))
         out.load, out.tok = list(self.load), list(self.tok)
         return out
+
+    def kept(self) -> bool:
+        """Whether it stays in its DP rank's list: a sample or a pinned ring."""
+        return bool(self.size) or self.pin is not None
+
+    def placement(self) -> Placement:
+        p = (list(self.dist), [list(r) for r in self.local])
+        return p if self.pin is None else p + (self.pin[0],)
 
 
 def floor(ctx: GdsContext, dp_size: int, overhead: float) -> float:
@@ -213,14 +228,15 @@ def refill(ctx: GdsContext, splits, overhead: float, limit: int
 class _Lns:
     """The plan being searched, its times, the undo journal and the work counter."""
 
-    def __init__(self, ctx: GdsContext, splits, overhead: float, budget: int):
+    def __init__(self, ctx: GdsContext, splits, overhead: float, budget: int, pins=None):
         self.ctx, self.n, self.ovh, self.budget, self.work = ctx, ctx.cp_size, overhead, budget, 0
         self.shares = ([float(c) / ctx.cp_size for c in ctx.costs] if ctx.shares is None
                        else [float(x) for x in ctx.shares])
         self.ranks: list[list[_Mb]] = []
         for split in splits:
-            rank = [self._sum(_Mb(list(p[0]), [list(r) for r in p[1]]))
-                    for p in split if p[0] or any(p[1])]
+            rank = [self._sum(_Mb(list(p[0]), [list(r) for r in p[1]],
+                                  None if len(p) < 3 else (p[2],) + tuple(pins[p[2]])))
+                    for p in split if p[0] or any(p[1]) or len(p) > 2]
             rank.append(self._sum(_Mb([], [[] for _ in range(self.n)])))
             self.ranks.append(rank)
         self.rt = [self._rank_time(d) for d in range(len(self.ranks))]
@@ -251,7 +267,19 @@ class _Lns:
             mb.tok.append(t)
             mb.size += len(r)
         self.work += mb.size + n
-        mb.t = self._time(comm, share, max(mb.load), mb.has_dist) + self.ovh if mb.size else 0.0
+        if mb.pin is None:
+            mb.times = None
+            mb.t = (self._time(comm, share, max(mb.load), mb.has_dist) + self.ovh if mb.size
+                    else 0.0)
+            return mb
+        # pinned rings: each CP rank's own time plus its rings' (so no longer the most
+        # loaded rank's alone), its tokens plus their shards
+        self.work += PIN_RANK_WORK // 2 * n
+        _, seconds, tokens = mb.pin
+        mb.tok = [t + x for t, x in zip(mb.tok, tokens)]
+        mb.times = [self._time(comm, share, x, mb.has_dist) + y
+                    for x, y in zip(mb.load, seconds)]
+        mb.t = max(mb.times) + self.ovh
         return mb
 
     def _time(self, comm: float, share: float, x: float, has_dist: bool) -> float:
@@ -264,13 +292,15 @@ class _Lns:
         self.work += len(self.ranks[d])
         t = 0.0
         for mb in self.ranks[d]:
-            if mb.size:
+            if mb.kept():
                 t += mb.t
         return t
 
     def insert_cost(self, mb: _Mb, i: int) -> Optional[tuple[float, int]]:
         """``(time with overhead, where)`` of ``mb`` plus sample ``i`` at its best place
         (``where`` -1: distributed, else the CP rank); ``None`` if it fits nowhere."""
+        if mb.pin is not None:
+            return self._insert_pinned(mb, i)
         c, n = self.ctx, self.n
         self.work += n + 1
         s, cap = int(c.lengths[i]), c.bucket_size
@@ -284,6 +314,30 @@ class _Lns:
                 r = j
         if r >= 0:
             t = self._time(mb.comm, mb.share, max(x, mb.load[r] + c.costs[i]), mb.has_dist)
+            if best is None or t < best[0]:
+                best = (t, r)
+        return None if best is None else (best[0] + self.ovh, best[1])
+
+    def _insert_pinned(self, mb: _Mb, i: int) -> Optional[tuple[float, int]]:
+        """:meth:`insert_cost` where pinned rings make the CP ranks' times differ: whole on
+        the CP rank (with room) whose new time against the others' is least."""
+        c, n = self.ctx, self.n
+        self.work += PIN_RANK_WORK * n + 1
+        s, cap, seconds = int(c.lengths[i]), c.bucket_size, mb.pin[1]
+        best = None
+        if n > 1 and max(mb.tok) + shard_tokens(s, n) <= cap:
+            comm, share = mb.comm + c.comm[i], mb.share + self.shares[i]
+            best = (max(self._time(comm, share, x, True) + y
+                        for x, y in zip(mb.load, seconds)), -1)
+        pre, suf = [0.0] * (n + 1), [0.0] * (n + 1)  # the others' largest time (all >= 0)
+        for r in range(n):
+            pre[r + 1] = max(pre[r], mb.times[r])
+            suf[n - 1 - r] = max(suf[n - r], mb.times[n - 1 - r])
+        for r in range(n):
+            if mb.tok[r] + s > cap:
+                continue
+            t = self._time(mb.comm, mb.share, mb.load[r] + c.costs[i], mb.has_dist) + seconds[r]
+            t = max(t, pre[r], suf[r + 1])
             if best is None or t < best[0]:
                 best = (t, r)
         return None if best is None else (best[0] + self.ovh, best[1])
@@ -423,7 +477,7 @@ class _Lns:
         """Drops the empty micro-batches of the changed ranks but one, kept last."""
         for d in sorted(self.lens):
             self.work += len(self.ranks[d])
-            rank = [mb for mb in self.ranks[d] if mb.size]
+            rank = [mb for mb in self.ranks[d] if mb.kept()]
             rank.append(self._sum(_Mb([], [[] for _ in range(self.n)])))
             self.ranks[d] = rank
             self.dirty[d] = True
@@ -431,14 +485,15 @@ class _Lns:
     def refill(self) -> bool:
         """:func:`refill` of the ranks changed since their last one, within half the budget
         left, then :func:`~skrull_ext.scheduler.resplit.resplit` of their pairs within half
-        of what is left; ``True`` if one got faster (always kept)."""
+        of what is left; ``True`` if one got faster (always kept).  Micro-batches with
+        pinned rings stay as they are (first in their rank's list when it changes)."""
         ds = [d for d in range(len(self.ranks)) if self.dirty[d]]
         splits = []
         for d in ds:
             self.dirty[d] = False
             self.work += sum(mb.size + 1 for mb in self.ranks[d])
             splits.append([(list(mb.dist), [list(r) for r in mb.local])
-                           for mb in self.ranks[d] if mb.size])
+                           for mb in self.ranks[d] if mb.size and mb.pin is None])
         out, work, changed = refill(self.ctx, splits, self.ovh, (self.budget - self.work) // 2)
         self.work += work
         # then the pairs of the same ranks re-split (the refill's repacking, if kept)
@@ -447,7 +502,8 @@ class _Lns:
         self.work += work
         for d, split, new, again in zip(ds, out, changed, split_changed):
             if new or again:
-                rank = [self._sum(_Mb(list(p[0]), [list(r) for r in p[1]])) for p in split]
+                rank = [mb for mb in self.ranks[d] if mb.pin is not None]
+                rank += [self._sum(_Mb(list(p[0]), [list(r) for r in p[1]])) for p in split]
                 rank.append(self._sum(_Mb([], [[] for _ in range(self.n)])))
                 self.ranks[d] = rank
                 self.rt[d] = self._rank_time(d)
@@ -484,17 +540,23 @@ class _Lns:
 
     def snapshot(self) -> list[list[Placement]]:
         self.work += sum(len(rank) + sum(mb.size for mb in rank) for rank in self.ranks)
-        return [[(list(mb.dist), [list(r) for r in mb.local]) for mb in rank if mb.size]
-                for rank in self.ranks]
+        return [[mb.placement() for mb in rank if mb.kept()] for rank in self.ranks]
 
 
-def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
+def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float, pins=None
         ) -> list[list[Placement]]:
     """Ruin and recreate on ``splits`` (``[D][M]`` placements) within ``budget`` work
     units, stopping once the best makespan is at most ``floor_t`` (:func:`floor`).
 
     :func:`~skrull_ext.scheduler.balance.balance_share` of it goes to the final
     :func:`~skrull_ext.scheduler.balance.balance` (not run at the floor).
+
+    ``pins`` (``{id: (seconds [N], tokens [N])}``): a placement ``(distributed, local,
+    id)`` carries sub-group rings pinned in its micro-batch (:func:`pinned_rings`), which
+    add ``seconds`` and ``tokens`` to its CP ranks.  Its samples move like any other; it
+    stays (with its ``id``) even when they all leave; the whole-batch deal and the
+    refill skip the DP ranks and micro-batches that hold one, the balance polish sees the
+    others.
 
     Returns equally long micro-batch lists whose slowest DP rank is at most the input's;
     ``budget <= 0`` returns ``splits`` unchanged.
@@ -504,13 +566,20 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
     polish = balance_share(budget, len(ctx.lengths))  # kept for balance() on the best plan
     budget -= polish
     spent = 0
-    if max(ctx.split_time(s, overhead) for s in splits) > floor_t * (1.0 + 1e-9):
+    free = [d for d, s in enumerate(splits) if not any(len(p) > 2 for p in s)]
+    if not pins and max(ctx.split_time(s, overhead) for s in splits) > floor_t * (1.0 + 1e-9):
         dealt, spent = deal_best(ctx, splits, overhead, budget // 2)
         if dealt is not None:  # faster: the search starts from it
             m = max(1, max(len(s) for s in dealt))
             splits = [s + [([], [[] for _ in range(ctx.cp_size)]) for _ in range(m - len(s))]
                       for s in dealt]
-    search = _Lns(ctx, splits, overhead, budget - spent)
+    elif pins and free:  # the DP ranks without pinned rings re-dealt among themselves
+        dealt, spent = deal_best(ctx, [splits[d] for d in free], overhead, budget // 2)
+        if dealt is not None:
+            splits = list(splits)
+            for d, s in zip(free, dealt):
+                splits[d] = s
+    search = _Lns(ctx, splits, overhead, budget - spent, pins)
     best, best_key = None, (max(search.rt), search.score())
     search.work = 0
     cur = best_key[1]
@@ -528,12 +597,23 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float
         if key < best_key:
             best, best_key = search.snapshot(), key
     if best_key[0] > floor_t * (1.0 + 1e-9):
-        best, _ = balance(ctx, splits if best is None else best, overhead, polish)
+        best = _polished(ctx, splits if best is None else best, overhead, polish)
     elif best is None:
         return splits
     m = max(1, max(len(s) for s in best))
     return [s + [([], [[] for _ in range(ctx.cp_size)]) for _ in range(m - len(s))]
             for s in best]
+
+
+def _polished(ctx: GdsContext, splits, overhead: float, polish: int) -> list[list[Placement]]:
+    """:func:`~skrull_ext.scheduler.balance.balance` of each DP rank's micro-batches
+    without pinned rings (those first, as they are)."""
+    if not any(len(p) > 2 for s in splits for p in s):
+        return balance(ctx, splits, overhead, polish)[0]
+    pinned = [[p for p in s if len(p) > 2] for s in splits]
+    free = [[p for p in s if len(p) < 3 and (p[0] or any(p[1]))] for s in splits]
+    done, _ = balance(ctx, free, overhead, polish)
+    return [a + list(b) for a, b in zip(pinned, done)]
 
 
 __all__ = ["MAX_LNS_SAMPLES", "QMAX", "REFILL_EVERY", "REFILL_FRACS", "REFILL_PLACE_WORK", "SEED", "TAU0", "WORK_UNITS_PER_MS", "floor",
