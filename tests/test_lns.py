@@ -20,7 +20,8 @@ from skrull_ext import _backend
 from skrull_ext.costmodel.model import default_cost_model
 from skrull_ext.scheduler import SchedulerConfig, portfolio, schedule
 from skrull_ext.scheduler.bound import lower_bound
-from skrull_ext.scheduler.lns import floor, lns, refill
+from skrull_ext.scheduler.bound import plan_lower_bound as floor
+from skrull_ext.scheduler.lns import lns, refill
 from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.reference import GdsContext
 from skrull_ext.scheduler.refine import refine
@@ -229,7 +230,7 @@ def test_lns_stops_at_the_floor():
 
 @pytest.mark.parametrize("objective", ["paper", "ring"])
 def test_floor_is_the_plan_lower_bound(objective):
-    """lns.floor == bound.lower_bound (local and distributed placements) up to the
+    """bound.plan_lower_bound == bound.lower_bound (local and distributed placements) up to the
     iteration overhead and float order."""
     rng = np.random.default_rng(2)
     for _ in range(10):

@@ -26,8 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from skrull_ext import _backend
-from skrull_ext.sharding import shard_tokens_array
-from skrull_ext.scheduler.objective import objective_arg, objective_of, rank_times
+from skrull_ext.sharding import shard_tokens, shard_tokens_array
+from skrull_ext.scheduler.objective import objective_arg, objective_of, rank_time, rank_times
 
 
 def _group_sizes(cp_size: int) -> list[int]:
@@ -374,4 +374,43 @@ def finish_bound(core: float, cost_model) -> float:
     return (core + cost_model.time.iteration_overhead) * (1.0 - 1e-12)
 
 
-__all__ = ["MU_GRID", "finish_bound", "global_lower_bound", "lower_bound", "sample_bounds"]
+def plan_lower_bound(ctx, dp_size: int, overhead: float) -> float:
+    """The batch's lower bound on the slowest DP rank's time, local and distributed
+    placements only, on a :class:`~skrull_ext.scheduler.reference.GdsContext`: where ruin
+    and recreate stops.  ``skrull::plan_lower_bound`` (csrc/bound.cpp), the same float
+    operations (so both backends stop at the same point)."""
+    n, cap = ctx.cp_size, ctx.bucket_size
+    k = len(ctx.lengths)
+    if k == 0:
+        return 0.0
+    inf = float("inf")
+    work, alone_max, work_sum, tokens = [], -inf, 0.0, 0
+    for i in range(k):
+        s = int(ctx.lengths[i])
+        tokens += s
+        w = a = inf
+        if s <= cap:
+            w = a = float(ctx.costs[i])
+        if n > 1 and shard_tokens(s, n) <= cap:
+            sh = float(ctx.costs[i]) / n if ctx.shares is None else float(ctx.shares[i])
+            w = min(w, n * sh)
+            a = min(a, rank_time(0.0, float(ctx.comm[i]) + ctx.latency, sh, n, ctx.objective))
+        work.append(w)
+        work_sum += w
+        alone_max = max(alone_max, a)
+    per = cap * n
+    min_mbs = max((tokens + per - 1) // per, min(k, dp_size))
+    average = work_sum / (float(dp_size) * n) + overhead * float(min_mbs) / dp_size
+    work.sort(reverse=True)
+    prefix = [0.0]
+    for w in work:
+        prefix.append(prefix[-1] + w / n)
+    group = 0.0
+    for j in range(1, (k - 1) // dp_size + 1):
+        top = j * dp_size + 1
+        group = max(group, prefix[top] - prefix[top - j - 1])
+    return max(average, alone_max + overhead, group + overhead)
+
+
+__all__ = ["MU_GRID", "finish_bound", "global_lower_bound", "lower_bound", "plan_lower_bound",
+           "sample_bounds"]

@@ -38,8 +38,8 @@ batch over a skeleton of rings (within half the budget; kept when the slowest DP
 faster), a structure the steps reach only after thousands of moves.
 
 It keeps the best plan seen (makespan, then score) and stops when the budget is spent or
-that makespan reaches the batch's lower bound (:func:`floor`, as the C++ core's
-``plan_lower_bound``), so a plan already at the bound costs nothing.  A plan above the
+that makespan reaches the batch's lower bound
+(:func:`~skrull_ext.scheduler.bound.plan_lower_bound`, as the C++ core's), so a plan already at the bound costs nothing.  A plan above the
 bound then gets :func:`~skrull_ext.scheduler.balance.balance`, its DP ranks' local samples
 re-balanced over their micro-batches' CP ranks, with the part of the budget kept for it
 from the start (:func:`~skrull_ext.scheduler.balance.balance_share`: 1/8 from 256 samples;
@@ -84,9 +84,11 @@ REFILL_EVERY = 30
 # variants and the pricing; bench_scheduler.py --calibrate --stage lns).
 REFILL_PLACE_WORK = 64
 # Work units per CP rank an insertion into a micro-batch with pinned rings prices (each
-# rank's time, twice: distributed and whole there; half of it per rank to sum one):
-# ~300K units per ms with it on group-fill's plans of issue 31's user file and chatqa2
-# (7B, CP 16, GBS 1024, every micro-batch pinned: 81K per ms when charged 2 per rank).
+# rank's time, twice: distributed and whole there; half of it per rank to sum one).
+# With 8 (2026-11-26, group-fill's plans, `_C.lns_pinned`): 270-800K units per ms on
+# issue 31's user file (0.5B CP 8, 7B CP 16, GBS 1024) and lmsyschat1m (0.5B CP 16, GBS
+# 256); 114K on chatqa2 7B CP 16 GBS 1024, where all 92 micro-batches hold a ring (81K
+# with 2), so its cost there lies elsewhere too (open).
 PIN_RANK_WORK = 8
 
 
@@ -136,43 +138,6 @@ class _Mb:
     def placement(self) -> Placement:
         p = (list(self.dist), [list(r) for r in self.local])
         return p if self.pin is None else p + (self.pin[0],)
-
-
-def floor(ctx: GdsContext, dp_size: int, overhead: float) -> float:
-    """The batch's lower bound on the slowest DP rank's time, local and distributed
-    placements only: ``skrull::plan_lower_bound`` (csrc/bound.cpp), the same float
-    operations (so both backends stop at the same point)."""
-    n, cap = ctx.cp_size, ctx.bucket_size
-    k = len(ctx.lengths)
-    if k == 0:
-        return 0.0
-    inf = float("inf")
-    work, alone_max, work_sum, tokens = [], -inf, 0.0, 0
-    for i in range(k):
-        s = int(ctx.lengths[i])
-        tokens += s
-        w = a = inf
-        if s <= cap:
-            w = a = float(ctx.costs[i])
-        if n > 1 and shard_tokens(s, n) <= cap:
-            sh = float(ctx.costs[i]) / n if ctx.shares is None else float(ctx.shares[i])
-            w = min(w, n * sh)
-            a = min(a, rank_time(0.0, float(ctx.comm[i]) + ctx.latency, sh, n, ctx.objective))
-        work.append(w)
-        work_sum += w
-        alone_max = max(alone_max, a)
-    per = cap * n
-    min_mbs = max((tokens + per - 1) // per, min(k, dp_size))
-    average = work_sum / (float(dp_size) * n) + overhead * float(min_mbs) / dp_size
-    work.sort(reverse=True)
-    prefix = [0.0]
-    for w in work:
-        prefix.append(prefix[-1] + w / n)
-    group = 0.0
-    for j in range(1, (k - 1) // dp_size + 1):
-        top = j * dp_size + 1
-        group = max(group, prefix[top] - prefix[top - j - 1])
-    return max(average, alone_max + overhead, group + overhead)
 
 
 def refill(ctx: GdsContext, splits, overhead: float, limit: int
@@ -546,7 +511,8 @@ class _Lns:
 def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float, pins=None
         ) -> list[list[Placement]]:
     """Ruin and recreate on ``splits`` (``[D][M]`` placements) within ``budget`` work
-    units, stopping once the best makespan is at most ``floor_t`` (:func:`floor`).
+    units, stopping once the best makespan is at most ``floor_t``
+    (:func:`~skrull_ext.scheduler.bound.plan_lower_bound`).
 
     :func:`~skrull_ext.scheduler.balance.balance_share` of it goes to the final
     :func:`~skrull_ext.scheduler.balance.balance` (not run at the floor).
@@ -616,5 +582,5 @@ def _polished(ctx: GdsContext, splits, overhead: float, polish: int) -> list[lis
     return [a + list(b) for a, b in zip(pinned, done)]
 
 
-__all__ = ["MAX_LNS_SAMPLES", "QMAX", "REFILL_EVERY", "REFILL_FRACS", "REFILL_PLACE_WORK", "SEED", "TAU0", "WORK_UNITS_PER_MS", "floor",
+__all__ = ["MAX_LNS_SAMPLES", "QMAX", "REFILL_EVERY", "REFILL_FRACS", "REFILL_PLACE_WORK", "SEED", "TAU0", "WORK_UNITS_PER_MS",
            "lns", "refill"]

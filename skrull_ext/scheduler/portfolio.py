@@ -29,6 +29,7 @@ import math
 from typing import Optional, Sequence
 
 from skrull_ext.scheduler.baselines import GROUPINGS
+from skrull_ext.scheduler.bound import plan_lower_bound
 from skrull_ext.scheduler.level import level_schedule
 from skrull_ext.scheduler.pack import PACK_SPREAD, PACK_THRESHOLDS, pack_schedule, pack_threshold
 from skrull_ext.scheduler.reference import GdsContext, Placement, gds_schedule
@@ -119,7 +120,7 @@ def refine_and_lns(ctx: GdsContext, splits, dp_size: int, overhead: float, budge
     if len(ctx.lengths) > lns_mod.MAX_LNS_SAMPLES:
         return splits
     rest = (budget - spent) * lns_mod.WORK_UNITS_PER_MS // refine_mod.WORK_UNITS_PER_MS
-    return lns_mod.lns(ctx, splits, overhead, rest, lns_mod.floor(ctx, dp_size, overhead))
+    return lns_mod.lns(ctx, splits, overhead, rest, plan_lower_bound(ctx, dp_size, overhead))
 
 
 def portfolio_schedule(lengths, costs, comm, latency: float, dp_size: int, cp_size: int,
