@@ -12,11 +12,10 @@ plan: between DP ranks, micro-batches and CP ranks, whole or on the full ring.
 
 :func:`refined` runs it on group-fill's winning plan with the default search's budget
 (the same work units ``schedule()`` gives its own plan's ruin and recreate), the result
-priced like every plan and kept only when strictly faster.  Measured with the prototype
-(2026-11-26, issue 31's grid, every batch where group-fill's plan was Skrull's pick):
-no batch slower, up to 3% faster, and the last setting where the 300-ms reference search
-beat the default by more than 1% (the user file, 0.5B, CP 8, GBS 1024, 2x, ``ring``)
-down to 1.004-1.006x.  Both backends give the same plan (``_C.lns_pinned``,
+priced like every plan and kept only when strictly faster.  Measured on issue 31's grid
+(2026-11-26, d8d06ce): 62 of 360 settings faster by more than 0.1% (up to 1.5%), none
+slower; the user file's 0.5B, CP 8, GBS 1024, 2x, ``ring`` setting, 1.013x behind the
+300-ms reference search before, within 1% (docs/scheduler.md).  Both backends give the same plan (``_C.lns_pinned``,
 tests/test_pinned.py).
 """
 from __future__ import annotations
@@ -35,7 +34,6 @@ from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.plan import MicroBatch, Plan
 from skrull_ext.scheduler.pricing import _grouped_seconds, _grouped_times, predict_arrays
 from skrull_ext.scheduler.reference import GdsContext
-from skrull_ext.sharding import shard_tokens
 
 
 def pinned_rings(plan: Plan, cost_model: CostModel):
@@ -57,12 +55,8 @@ def pinned_rings(plan: Plan, cost_model: CostModel):
             if mb.grouped:
                 rows = _grouped_seconds(list(mb.grouped), plan.lengths, cost_model)
                 seconds.append([float(x) for x in _grouped_times(rows, n, cost_model)])
-                tok = [0] * n
-                for i, first, size in mb.grouped:
-                    share = shard_tokens(int(plan.lengths[i]), size)
-                    for r in range(first, first + size):
-                        tok[r] += share
-                tokens.append(tok)
+                rings = MicroBatch(distributed=(), local=((),) * n, grouped=mb.grouped)
+                tokens.append(rings.rank_tokens(plan.lengths))
                 p += (len(groups),)
                 groups.append(tuple(mb.grouped))
             split.append(p)
