@@ -127,6 +127,9 @@ class Lns {
   }
 
   int64_t work() const { return work_; }
+  // lns._Lns.stuck: the slowest DP rank had no sample to ruin, so no step can lower the
+  // makespan.
+  bool stuck() const { return stuck_; }
   void reset_work() { work_ = 0; }
   double makespan() const { return *std::max_element(rt_.begin(), rt_.end()); }
   double score() {
@@ -158,8 +161,12 @@ class Lns {
   }
 
   double time(double comm, double share, double x, bool has_dist) const {
+    return std::max(0.0, timer(comm, share, has_dist).at(x));
+  }
+  // time()'s terms that do not depend on x, for pricing several CP ranks' loads at once.
+  RankTimeOf timer(double comm, double share, bool has_dist) const {
     if (has_dist) comm += ctx_.latency;
-    return std::max(0.0, skrull::rank_time(x, comm, share, n_, b_.objective));
+    return RankTimeOf(comm, share, n_, b_.objective);
   }
 
   // lns._Lns._sum: sums mb's lists in order (work: samples + N) and prices it.
@@ -194,9 +201,10 @@ class Lns {
     const auto& seconds = pins_->seconds[static_cast<size_t>(mb.p.pin)];
     const auto& tokens = pins_->tokens[static_cast<size_t>(mb.p.pin)];
     mb.times.resize(static_cast<size_t>(n_));
+    const RankTimeOf at = timer(mb.comm, mb.share, mb.has_dist);
     for (int r = 0; r < n_; ++r) {
       mb.tok[r] += tokens[r];
-      mb.times[r] = time(mb.comm, mb.share, mb.load[r], mb.has_dist) + seconds[r];
+      mb.times[r] = std::max(0.0, at.at(mb.load[r])) + seconds[r];
     }
     mb.tok_max = *std::max_element(mb.tok.begin(), mb.tok.end());
     mb.t = *std::max_element(mb.times.begin(), mb.times.end()) + ovh_;
@@ -247,19 +255,23 @@ class Lns {
     const auto& seconds = pins_->seconds[static_cast<size_t>(mb.p.pin)];
     std::optional<std::pair<double, int>> best;
     if (n_ > 1 && mb.tok_max + shard_tokens(s, n_) <= cap) {
-      const double comm = mb.comm + b_.comm[i], share = mb.share + b_.share(i, n_);
-      double t = time(comm, share, mb.load[0], true) + seconds[0];
-      for (int r = 1; r < n_; ++r) t = std::max(t, time(comm, share, mb.load[r], true) + seconds[r]);
+      const RankTimeOf at = timer(mb.comm + b_.comm[i], mb.share + b_.share(i, n_), true);
+      double t = std::max(0.0, at.at(mb.load[0])) + seconds[0];
+      for (int r = 1; r < n_; ++r) t = std::max(t, std::max(0.0, at.at(mb.load[r])) + seconds[r]);
       best = std::make_pair(t, -1);
     }
-    std::vector<double> pre(static_cast<size_t>(n_) + 1, 0.0), suf(pre);  // all times >= 0
+    auto& pre = pre_;  // prefix and suffix maxima of the CP ranks' times (all >= 0)
+    auto& suf = suf_;
+    pre.assign(static_cast<size_t>(n_) + 1, 0.0);
+    suf.assign(static_cast<size_t>(n_) + 1, 0.0);
     for (int r = 0; r < n_; ++r) {
       pre[r + 1] = std::max(pre[r], mb.times[r]);
       suf[n_ - 1 - r] = std::max(suf[n_ - r], mb.times[n_ - 1 - r]);
     }
+    const RankTimeOf at = timer(mb.comm, mb.share, mb.has_dist);
     for (int r = 0; r < n_; ++r) {
       if (mb.tok[r] + s > cap) continue;
-      double t = time(mb.comm, mb.share, mb.load[r] + b_.costs[i], mb.has_dist) + seconds[r];
+      double t = std::max(0.0, at.at(mb.load[r] + b_.costs[i])) + seconds[r];
       t = std::max(t, std::max(pre[r], suf[r + 1]));
       if (!best || t < best->first) best = std::make_pair(t, r);
     }
@@ -324,6 +336,7 @@ class Lns {
   const int64_t budget_;
   const Pins* pins_;  // null: none
   int64_t work_ = 0;
+  bool stuck_ = false;
   Rng rng_;
   std::vector<std::vector<Mb>> ranks_;
   std::vector<double> rt_;
@@ -334,6 +347,7 @@ class Lns {
   std::vector<Pick> picks_;
   std::vector<char> picked_;  // [K]
   std::vector<char> dirty_;   // [D] changed since its last refill
+  std::vector<double> pre_, suf_;  // insert_pinned's scratch, [N + 1]
 };
 
 void Lns::ruin(size_t d0) {
@@ -486,6 +500,10 @@ std::optional<double> Lns::step(double best_ms, double cur_score) {
   picks_.clear();
   const std::vector<double> saved(rt_);
   ruin(d0);
+  if (picks_.empty()) {  // d0 holds only pinned rings: every step from here is this no-op
+    stuck_ = true;
+    return std::nullopt;
+  }
   remove();
   const bool noisy = rng_.below(2) == 0;
   std::vector<std::pair<double, Index>> keys;
@@ -677,7 +695,7 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
   double cur = best_score;
   std::optional<std::vector<RankSplit>> best;
   int64_t steps = 0;
-  while (search.work() < budget && best_ms > floor_t * (1.0 + 1e-9)) {
+  while (search.work() < budget && best_ms > floor_t * (1.0 + 1e-9) && !search.stuck()) {
     std::optional<double> got;
     if (steps % kRefillEvery == 0) {  // the first step, then every kRefillEvery-th
       if (search.refill_dirty()) got = search.score();

@@ -12,6 +12,8 @@ from skrull_ext import _backend
 from skrull_ext.costmodel.hardware import get_hardware
 from skrull_ext.costmodel.model import MODEL_PRESETS
 from skrull_ext.scheduler import groupfill, lns, pinned
+from skrull_ext.scheduler.config import _ROLLBACK_CODES, _VARIANT_CODES
+from skrull_ext.scheduler.objective import objective_arg
 from skrull_ext.scheduler.reference import GdsContext
 
 # (CP, model, bucket, seed, objective): batches where group-fill's plan wins and the pinned
@@ -106,3 +108,25 @@ def test_binding_rejects_a_pin_id_out_of_range():
         _backend.CPP.lns_pinned([[([0], [[] for _ in range(n)], 3)]], np.zeros((1, n)),
                                 np.zeros((1, n), dtype=np.int64), lengths, costs, comm, 0.0,
                                 n, cfg.bucket_size, 2, 3, 0.0, shares, 0, 1000, 0.0)
+
+
+def test_search_stops_when_the_slowest_rank_holds_only_rings():
+    """No step can move a sample off a DP rank of rings alone; the search ends there
+    (it used to spin on empty ruins until the budget ran out) with the same plan."""
+    ctx = _tiny_ctx()
+    pins = {0: ([100.0] * 4, [50] * 4)}
+    splits = [[([], [[], [], [], []], 0)], [([], [[0, 1], [2], [3], [4]])]]
+    search = lns._Lns(ctx, splits, 0.5, 10**6, pins)
+    assert search.step(max(search.rt), search.score()) is None and search.stuck
+    out = lns.lns(ctx, splits, 0.5, 10**6, 0.0, pins=pins)
+    assert [p for p in out[0] if len(p) > 2] == [([], [[], [], [], []], 0)]
+    if _backend.CPP is None:
+        return
+    shares = ctx.costs / ctx.cp_size
+    got, work = _backend.CPP.lns_pinned(
+        splits, np.asarray(pins[0][:1]), np.asarray(pins[0][1:], dtype=np.int64), ctx.lengths,
+        ctx.costs, ctx.comm, 0.0, 4, 100, _ROLLBACK_CODES["auto"], _VARIANT_CODES["auto"], 0.5,
+        shares, objective_arg("paper"), 10**6, 0.0)
+    assert work < 10**4  # stopped, not the budget spent on no-ops
+    assert [[(list(p[0]), [list(r) for r in p[1]]) + tuple(p[2:]) for p in s] for s in got] \
+        == [[(list(p[0]), [list(r) for r in p[1]]) + tuple(p[2:]) for p in s] for s in out]

@@ -37,9 +37,11 @@ Before all of it, :func:`~skrull_ext.scheduler.resplit.deal_best` re-deals the w
 batch over a skeleton of rings (within half the budget; kept when the slowest DP rank gets
 faster), a structure the steps reach only after thousands of moves.
 
-It keeps the best plan seen (makespan, then score) and stops when the budget is spent or
-that makespan reaches the batch's lower bound
-(:func:`~skrull_ext.scheduler.bound.plan_lower_bound`, as the C++ core's), so a plan already at the bound costs nothing.  A plan above the
+It keeps the best plan seen (makespan, then score) and stops when the budget is spent,
+when that makespan reaches the batch's lower bound
+(:func:`~skrull_ext.scheduler.bound.plan_lower_bound`, as the C++ core's), so a plan
+already at the bound costs nothing, or when the slowest DP rank holds pinned rings alone
+(no step can change its time).  A plan above the
 bound then gets :func:`~skrull_ext.scheduler.balance.balance`, its DP ranks' local samples
 re-balanced over their micro-batches' CP ranks, with the part of the budget kept for it
 from the start (:func:`~skrull_ext.scheduler.balance.balance_share`: 1/8 from 256 samples;
@@ -87,8 +89,9 @@ REFILL_PLACE_WORK = 64
 # rank's time, twice: distributed and whole there; half of it per rank to sum one).
 # With 8 (2026-11-26, group-fill's plans, `_C.lns_pinned`): 270-800K units per ms on
 # issue 31's user file (0.5B CP 8, 7B CP 16, GBS 1024) and lmsyschat1m (0.5B CP 16, GBS
-# 256); 114K on chatqa2 7B CP 16 GBS 1024, where all 92 micro-batches hold a ring (81K
-# with 2), so its cost there lies elsewhere too (open).
+# 256); 114K on chatqa2 7B CP 16 GBS 1024, where all 92 micro-batches hold a ring: its
+# slowest DP rank held rings alone and the search spun on empty ruins (4 units each) until
+# the budget ran out; it now stops there (`_Lns.stuck`).
 PIN_RANK_WORK = 8
 
 
@@ -210,6 +213,9 @@ class _Lns:
         self.journal: dict[tuple[int, int], _Mb] = {}
         self.lens: dict[int, int] = {}
         self.dirty = [True] * len(self.ranks)  # changed since its last refill
+        # The slowest DP rank has no sample to ruin (only pinned rings): no step can change
+        # its time, so none can lower the makespan; the search stops there.
+        self.stuck = False
 
     # -- pricing ------------------------------------------------------------------------
     def _sum(self, mb: _Mb) -> _Mb:
@@ -485,6 +491,9 @@ class _Lns:
         self.journal, self.lens = {}, {}
         saved = list(rt)
         picks = self._ruin(d0)
+        if not picks:  # d0 holds only pinned rings: every step from here is this no-op
+            self.stuck = True
+            return None
         self._remove(picks)
         costs = self.ctx.costs
         noisy = rng.below(2) == 0
@@ -550,7 +559,8 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float, p
     search.work = 0
     cur = best_key[1]
     steps = 0
-    while search.work < search.budget and best_key[0] > floor_t * (1.0 + 1e-9):
+    while (search.work < search.budget and best_key[0] > floor_t * (1.0 + 1e-9)
+           and not search.stuck):
         if steps % REFILL_EVERY == 0:  # the first step, then every REFILL_EVERY-th
             got = search.score() if search.refill() else None
         else:

@@ -32,7 +32,7 @@ from skrull_ext.scheduler.config import SchedulerConfig, _ROLLBACK_CODES, _VARIA
 from skrull_ext.scheduler.hybrid import winner
 from skrull_ext.scheduler.objective import objective_arg, objective_of
 from skrull_ext.scheduler.plan import MicroBatch, Plan
-from skrull_ext.scheduler.pricing import _grouped_seconds, _grouped_times, predict_arrays
+from skrull_ext.scheduler.pricing import _grouped_seconds, predict_arrays, ring_seconds
 from skrull_ext.scheduler.reference import GdsContext
 
 
@@ -45,7 +45,7 @@ def pinned_rings(plan: Plan, cost_model: CostModel):
     add to each CP rank, from the pricing's own functions (so the constants are exact).
     """
     n = plan.cp_size
-    splits, groups, seconds, tokens = [], [], [], []
+    splits, groups, tokens, mbs, rows = [], [], [], [], []
     for rank in plan.dp_ranks:
         split = []
         for mb in rank:
@@ -53,14 +53,16 @@ def pinned_rings(plan: Plan, cost_model: CostModel):
                 continue
             p = (list(mb.distributed), [list(r) for r in mb.local])
             if mb.grouped:
-                rows = _grouped_seconds(list(mb.grouped), plan.lengths, cost_model)
-                seconds.append([float(x) for x in _grouped_times(rows, n, cost_model)])
+                mbs += [len(groups)] * len(mb.grouped)
+                rows += mb.grouped
                 rings = MicroBatch(distributed=(), local=((),) * n, grouped=mb.grouped)
                 tokens.append(rings.rank_tokens(plan.lengths))
                 p += (len(groups),)
                 groups.append(tuple(mb.grouped))
             split.append(p)
         splits.append(split)
+    seconds = ring_seconds(mbs, _grouped_seconds(rows, plan.lengths, cost_model), len(groups),
+                           n, cost_model).tolist()
     return splits, groups, seconds, tokens
 
 

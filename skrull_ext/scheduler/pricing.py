@@ -40,16 +40,41 @@ def _grouped_times(rows, n: int, cost_model: CostModel) -> np.ndarray:
     Args:
         rows: :func:`_grouped_seconds` of the micro-batch's grouped placements.
     """
-    out = np.zeros(n, dtype=np.float64)
-    rings: dict[tuple[int, int], list] = {}
-    for first, size, share, comm in rows:
-        ring = rings.setdefault((first, size), [0.0, 0.0])
-        ring[0] += float(share)
-        ring[1] += float(comm)
-    for (first, size), (share, comm) in sorted(rings.items()):
-        comm += cost_model.comm_latency(size) if size > 1 else 0.0
-        out[first:first + size] += float(rank_times(0.0, comm, share, size,
-                                                     objective_of(cost_model)))
+    return ring_seconds([0] * len(rows), rows, 1, n, cost_model)[0]
+
+
+def ring_seconds(mbs, rows, count: int, n: int, cost_model: CostModel) -> np.ndarray:
+    """:func:`_grouped_times` of ``count`` micro-batches at once: ``[count, N]``.
+
+    The same float operations: a ring's samples summed from 0 in placement order
+    (``np.bincount``), each ring priced by ``rank_times`` (elementwise, per ring size), a
+    micro-batch's rings added to its CP ranks from 0 in ``(first, size)`` order
+    (``np.add.at`` adds repeated indices one after another).
+
+    Args:
+        mbs: ``[R]`` the micro-batch (``< count``) of each row.
+        rows: ``[R]`` :func:`_grouped_seconds` rows ``(first, size, share s, comm s)``.
+    """
+    out = np.zeros((count, n), dtype=np.float64)
+    if not rows:
+        return out
+    keys: dict[tuple[int, int, int], int] = {}
+    ring_of = [keys.setdefault((int(m), int(r[0]), int(r[1])), len(keys))
+               for m, r in zip(mbs, rows)]
+    share = np.bincount(ring_of, weights=[float(r[2]) for r in rows], minlength=len(keys))
+    comm = np.bincount(ring_of, weights=[float(r[3]) for r in rows], minlength=len(keys))
+    key = np.asarray(list(keys), dtype=np.int64)  # [rings, 3]: mb, first, size
+    seconds = np.empty(len(keys), dtype=np.float64)
+    objective = objective_of(cost_model)
+    for size in np.unique(key[:, 2]).tolist():
+        at = key[:, 2] == size
+        c = comm[at] + cost_model.comm_latency(size) if size > 1 else comm[at]
+        seconds[at] = rank_times(0.0, c, share[at], size, objective)
+    order = np.lexsort((key[:, 2], key[:, 1], key[:, 0]))  # by mb, first, size
+    sizes = key[order, 2]
+    ring = np.repeat(order, sizes)
+    col = key[ring, 1] + (np.arange(ring.size) - np.repeat(np.cumsum(sizes) - sizes, sizes))
+    np.add.at(out, (key[ring, 0], col), seconds[ring])
     return out
 
 
@@ -96,13 +121,12 @@ def micro_batch_times(plan: Plan, flat: FlatPlan, costs, comm, cost_model: CostM
     t_comm[has_dist] += cost_model.comm_latency(n)
     busy = has_dist | (np.bincount(flat.local_slot // n, minlength=g) > 0)
     per_rank = rank_times(t_local, t_comm, t_dist, n, objective_of(cost_model))
-    by_mb: dict[int, list] = {}
-    seconds = _grouped_seconds([row[1:] for row in flat.grouped], plan.lengths, cost_model)
-    for (mb, *_), row in zip(flat.grouped, seconds):
-        by_mb.setdefault(mb, []).append(row)
-    for mb, rows in by_mb.items():
-        busy[mb] = True
-        per_rank[mb] += _grouped_times(rows, n, cost_model)
+    if flat.grouped:
+        mbs = np.fromiter((row[0] for row in flat.grouped), dtype=np.int64)
+        seconds = _grouped_seconds([row[1:] for row in flat.grouped], plan.lengths, cost_model)
+        rings = np.unique(mbs)
+        busy[rings] = True
+        per_rank[rings] += ring_seconds(mbs, seconds, g, n, cost_model)[rings]
     times = np.max(per_rank, axis=1) + cost_model.micro_batch_overhead
     return np.where(busy, times, 0.0)
 
@@ -176,4 +200,4 @@ def predict_arrays(plan: Plan, cost_model: CostModel, costs, comm, shares, times
 
 
 __all__ = ["iteration_seconds", "micro_batch_seconds", "micro_batch_times",
-           "predict", "predict_arrays", "rank_times", "split_times"]
+           "predict", "predict_arrays", "rank_times", "ring_seconds", "split_times"]
