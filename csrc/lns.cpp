@@ -21,7 +21,7 @@ constexpr double kOrderNoise = 0.3;                // lns.ORDER_NOISE
 constexpr double kRefillFracs[] = {0.97};           // lns.REFILL_FRACS
 constexpr int64_t kRefillPlaceWork = 64;           // lns.REFILL_PLACE_WORK
 constexpr int64_t kRefillEvery = 30;               // lns.REFILL_EVERY
-constexpr int64_t kPinRankWork = 8;                // lns.PIN_RANK_WORK
+constexpr int64_t kPinRankWork = 2;                // lns.PIN_RANK_WORK
 
 class Rng {  // lns._Rng: splitmix64
  public:

@@ -91,8 +91,11 @@ REFILL_PLACE_WORK = 64
 # issue 31's user file (0.5B CP 8, 7B CP 16, GBS 1024) and lmsyschat1m (0.5B CP 16, GBS
 # 256); 114K on chatqa2 7B CP 16 GBS 1024, where all 92 micro-batches hold a ring: its
 # slowest DP rank held rings alone and the search spun on empty ruins (4 units each) until
-# the budget ran out; it now stops there (`_Lns.stuck`).
-PIN_RANK_WORK = 8
+# the budget ran out; it now stops there (`_Lns.stuck`).  With one RankTimeOf per
+# micro-batch in the C++ pricing (2026-11-27), 2 gives 330-360K units per ms on the
+# user file and lmsyschat1m (4 gives 360-670K; the budget assumes 300K:
+# bench_scheduler.py --calibrate), so 2; chatqa2 (203K) now stops after 0.4M units.
+PIN_RANK_WORK = 2
 
 
 class _Rng:
