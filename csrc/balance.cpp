@@ -31,15 +31,19 @@ struct Step {
   double xs, xd, ts, td;
 };
 
-// balance._Rank: one DP rank's non-empty micro-batches.
+// balance._Rank: one DP rank's non-empty micro-batches (with `pins`: those holding pinned
+// rings too, their rings' seconds and tokens added to each CP rank).
 class Rank {
  public:
-  Rank(const GdsContext& ctx, const RankSplit& split) : ctx_(ctx), n_(ctx.cp_size) {
+  Rank(const GdsContext& ctx, const RankSplit& split, const Pins* pins)
+      : ctx_(ctx), n_(ctx.cp_size) {
     const Batch& b = ctx.batch;
     for (size_t j = 0; j < split.size(); ++j) {
       const Placement& p = split[j];
-      if (p.empty()) continue;
+      const bool pinned = pins != nullptr && p.pin >= 0;
+      if (p.empty() && !pinned) continue;
       js.push_back(j);
+      pin_.push_back(pinned ? &pins->seconds[static_cast<size_t>(p.pin)] : nullptr);
       const auto [comm, share] = ring_sums(ctx, p.distributed);
       int64_t dtok = 0;
       for (Index i : p.distributed) dtok += shard_tokens(b.lengths[i], n_);
@@ -65,10 +69,14 @@ class Rank {
         work += static_cast<int64_t>(r.size());
       }
       srt_.push_back(std::move(srt));
+      if (pinned) {
+        const auto& extra = pins->tokens[static_cast<size_t>(p.pin)];
+        for (size_t r = 0; r < toks.size(); ++r) toks[r] += extra[r];
+      }
       const size_t m = load_.size();
       load_.push_back(std::move(loads));
       tok_.push_back(std::move(toks));
-      for (double x : load_[m]) ts.push_back(rt(m, x));
+      for (size_t r = 0; r < load_[m].size(); ++r) ts.push_back(rt(m, r, load_[m][r]));
       t_.push_back(std::move(ts));
       order_.emplace_back();
       reorder(m);
@@ -82,8 +90,9 @@ class Rank {
   bool changed = false;
   double est = 0.0;
 
-  double rt(size_t m, double x) const {
-    return rank_time(x, comm_[m], share_[m], n_, ctx_.batch.objective);
+  double rt(size_t m, size_t r, double x) const {
+    const double t = rank_time(x, comm_[m], share_[m], n_, ctx_.batch.objective);
+    return pin_[m] == nullptr ? t : std::max(0.0, t) + (*pin_[m])[r];
   }
   double top(size_t m) const { return t_[m][static_cast<size_t>(order_[m][0])]; }
   double other(size_t m, int a, int b) const {
@@ -98,9 +107,18 @@ class Rank {
     for (size_t m = 0; m < js.size(); ++m) s += top(m);
     return s;
   }
+  // balance._Rank.spread: load, or time where pinned rings make the CP ranks' differ.
   double spread(size_t m) const {
-    return load_[m][static_cast<size_t>(order_[m][0])] -
-           load_[m][static_cast<size_t>(order_[m][static_cast<size_t>(n_ - 1)])];
+    const auto hi = static_cast<size_t>(order_[m][0]);
+    const auto lo = static_cast<size_t>(order_[m][static_cast<size_t>(n_ - 1)]);
+    if (pin_[m] == nullptr) return load_[m][hi] - load_[m][lo];
+    return t_[m][hi] - t_[m][lo];
+  }
+  // balance._Rank.time: the rank's seconds, its micro-batches' tops in order.
+  double time(double overhead) const {
+    double t = 0.0;
+    for (size_t m = 0; m < js.size(); ++m) t += top(m) + overhead;
+    return t;
   }
   std::vector<size_t> sources() const {
     std::vector<size_t> out(js.size());
@@ -140,8 +158,8 @@ class Rank {
   }
   // (d primary, d secondary) and the two new times (balance._Rank._price).
   void price(Step* st, double* dp, double* ds) const {
-    st->ts = rt(st->m, st->xs);
-    st->td = rt(st->m2, st->xd);
+    st->ts = rt(st->m, static_cast<size_t>(st->r), st->xs);
+    st->td = rt(st->m2, static_cast<size_t>(st->r2), st->xd);
     if (st->m == st->m2) {
       *dp = std::max(std::max(st->ts, st->td), other(st->m, st->r, st->r2)) - top(st->m);
     } else {
@@ -156,6 +174,7 @@ class Rank {
   const GdsContext& ctx_;
   int n_;
   std::vector<double> comm_, share_;
+  std::vector<const std::vector<double>*> pin_;  // the rings' seconds [N] or null
   std::vector<std::vector<std::vector<Index>>> loc_;
   std::vector<std::vector<std::vector<Keyed>>> srt_;
   std::vector<std::vector<double>> load_, t_;
@@ -199,6 +218,9 @@ std::optional<Step> Rank::best_from(size_t m) const {
       const double ld = load_[m2][static_cast<size_t>(r2)];
       const int64_t tokd = tok_[m2][static_cast<size_t>(r2)];
       double delta = (ls - ld) / 2.0;
+      if (pin_[m] != nullptr || pin_[m2] != nullptr) {
+        delta = (t_[m][static_cast<size_t>(r)] - t_[m2][static_cast<size_t>(r2)]) / 2.0;
+      }
       if (m2 != m) {
         const double room = std::min(t_[m][static_cast<size_t>(r)] - second,
                                      top(m2) - t_[m2][static_cast<size_t>(r2)]);
@@ -265,6 +287,13 @@ void Rank::apply(const Step& st) {
   est = estimate();
 }
 
+// balance._split_time: ctx.split_time, or with pinned rings their seconds counted.
+double split_seconds(const GdsContext& ctx, const RankSplit& split, double overhead,
+                     const Pins* pins) {
+  if (pins == nullptr) return ctx.split_time(split, overhead);
+  return Rank(ctx, split, pins).time(overhead);
+}
+
 }  // namespace
 
 int64_t balance_share(int64_t budget, int64_t k) {
@@ -272,7 +301,8 @@ int64_t balance_share(int64_t budget, int64_t k) {
 }
 
 std::vector<RankSplit> balance(const GdsContext& ctx, const std::vector<RankSplit>& splits,
-                               double overhead, int64_t limit, int64_t* work_out) {
+                               double overhead, int64_t limit, int64_t* work_out,
+                               const Pins* pins) {
   if (work_out) *work_out = 0;
   if (limit <= 0 || ctx.cp_size < 2 || splits.empty()) return splits;
   int64_t work = 0, check = 0;
@@ -288,7 +318,7 @@ std::vector<RankSplit> balance(const GdsContext& ctx, const std::vector<RankSpli
   std::vector<Rank> ranks;
   ranks.reserve(splits.size());
   for (const auto& split : splits) {
-    ranks.emplace_back(ctx, split);
+    ranks.emplace_back(ctx, split, pins);
     work += ranks.back().work;
     ranks.back().work = 0;
   }
@@ -320,7 +350,8 @@ std::vector<RankSplit> balance(const GdsContext& ctx, const std::vector<RankSpli
   for (size_t d = 0; d < splits.size(); ++d) {
     if (ranks[d].changed) {
       RankSplit cand = ranks[d].result(splits[d]);
-      if (ctx.split_time(cand, overhead) < ctx.split_time(splits[d], overhead)) {
+      if (split_seconds(ctx, cand, overhead, pins) <
+          split_seconds(ctx, splits[d], overhead, pins)) {
         out.push_back(std::move(cand));
         continue;
       }

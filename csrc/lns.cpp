@@ -631,9 +631,11 @@ bool has_pin(const RankSplit& split) {
 }
 
 // lns._polished: balance() of each DP rank's micro-batches without pinned rings (those
-// first, as they are).
+// first, as they are); with pinned rings, then a second pass within what the first left,
+// those micro-batches included (their rings' seconds and tokens counted).
 std::vector<RankSplit> polished(const GdsContext& ctx, const std::vector<RankSplit>& splits,
-                                double overhead, int64_t polish, int64_t* work) {
+                                double overhead, int64_t polish, int64_t* work,
+                                const Pins* pins) {
   bool any = false;
   for (const auto& s : splits) any = any || has_pin(s);
   if (!any) return balance(ctx, splits, overhead, polish, work);
@@ -647,11 +649,14 @@ std::vector<RankSplit> polished(const GdsContext& ctx, const std::vector<RankSpl
       }
     }
   }
-  auto done = balance(ctx, free, overhead, polish, work);
+  int64_t first = 0, second = 0;
+  auto done = balance(ctx, free, overhead, polish, &first);
   for (size_t d = 0; d < splits.size(); ++d) {
     pinned[d].insert(pinned[d].end(), done[d].begin(), done[d].end());
   }
-  return pinned;
+  auto out = balance(ctx, pinned, overhead, polish - first, &second, pins);
+  if (work) *work = first + second;
+  return out;
 }
 
 }  // namespace
@@ -714,7 +719,7 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
   }
   int64_t polished_work = 0;  // then balance() on the best plan, unless at the floor
   if (best_ms > floor_t * (1.0 + 1e-9)) {
-    best = polished(ctx, best ? *best : splits, overhead, polish, &polished_work);
+    best = polished(ctx, best ? *best : splits, overhead, polish, &polished_work, pins);
   }
   if (spent) *spent = dealt_work + search.work() + polished_work;
   return best ? padded(std::move(*best), ctx.cp_size) : splits;

@@ -356,8 +356,11 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
 // ---- balance.cpp: (ours) each DP rank's local samples moved and swapped between its
 // (micro-batch, CP rank) slots, the slowest rank first (reference balance.balance), within
 // `limit` work units (*work: the units counted); a rank changed only where it got faster.
+// With `pins`, the micro-batches holding pinned rings (Placement::pin) take part, their
+// rings' seconds and tokens counted per CP rank (reference balance(..., pins)).
 std::vector<RankSplit> balance(const GdsContext& ctx, const std::vector<RankSplit>& splits,
-                               double overhead, int64_t limit, int64_t* work = nullptr);
+                               double overhead, int64_t limit, int64_t* work = nullptr,
+                               const Pins* pins = nullptr);
 // The part of ruin and recreate's `budget` kept for balance() on k samples
 // (balance.balance_share).
 int64_t balance_share(int64_t budget, int64_t k);

@@ -12,6 +12,7 @@ from skrull_ext import _backend
 from skrull_ext.costmodel.hardware import get_hardware
 from skrull_ext.costmodel.model import MODEL_PRESETS
 from skrull_ext.scheduler import groupfill, lns, pinned
+from skrull_ext.scheduler.balance import balance
 from skrull_ext.scheduler.config import _ROLLBACK_CODES, _VARIANT_CODES
 from skrull_ext.scheduler.objective import objective_arg
 from skrull_ext.scheduler.reference import GdsContext
@@ -130,3 +131,46 @@ def test_search_stops_when_the_slowest_rank_holds_only_rings():
     assert work < 10**4  # stopped, not the budget spent on no-ops
     assert [[(list(p[0]), [list(r) for r in p[1]]) + tuple(p[2:]) for p in s] for s in got] \
         == [[(list(p[0]), [list(r) for r in p[1]]) + tuple(p[2:]) for p in s] for s in out]
+
+
+def test_polish_moves_work_out_of_a_rank_under_a_ring():
+    """``balance`` with pins: CP rank 0 carries a ring's 1.0 s plus local 1.0 + 0.5, CP rank
+    1 local 0.5 (``paper``: a rank's time is its work): the polish moves the 1.0 sample next
+    to the 0.5 (both ranks 1.5 s), which it cannot see without the ring's seconds."""
+    ctx = GdsContext(np.array([10, 10, 10]), np.array([1.0, 0.5, 0.5]), np.zeros(3), 0.0, 2,
+                     100, "auto", "auto", None, "paper")
+    pins = {0: ([1.0, 0.0], [20, 0])}
+    plan = [[([], [[0, 1], [2]], 0)]]
+    out, _ = balance(ctx, plan, 0.5, 10**6, pins)
+    assert out == [[([], [[1], [2, 0]], 0)]]
+    assert lns._polished(ctx, plan, 0.5, 10**6, pins) == out
+
+
+# K = 256 (the polish runs from balance.BALANCE_MIN_SAMPLES), DP 2: batches where its pass
+# over the micro-batches with rings changes a DP rank (seeds scanned 0-3).
+POLISHED = [(16, "qwen2.5-7b", 4096, 0, "paper"), (8, "qwen2.5-0.5b", 8192, 0, "ring")]
+
+
+@needs_cpp
+@pytest.mark.parametrize("case", POLISHED)
+def test_polish_with_rings_same_plan_on_both_backends(case, monkeypatch):
+    cp, model, bucket, seed, objective = case
+    rng = np.random.default_rng(seed)
+    lengths = np.minimum((200 * (1 + rng.pareto(1.1, 256))).astype(int) + 1,
+                         bucket * cp - 4 * cp)
+    cost = dataclasses.replace(get_hardware("h100").cost_model(MODEL_PRESETS[model], cp, 2),
+                               objective=objective)
+    cfg = S.SchedulerConfig(dp_size=2, cp_size=cp, bucket_size=bucket)
+    changed = []
+
+    def spy(ctx, splits, overhead, limit, pins=None):
+        out = balance(ctx, splits, overhead, limit, pins)
+        changed.append(pins is not None and out[0] != splits)
+        return out
+
+    monkeypatch.setattr(lns, "balance", spy)
+    py = S.schedule(lengths, cfg, cost, backend="python")
+    cpp = S.schedule(lengths, cfg, cost, backend="cpp")
+    assert py.predicted["candidate"] == "group-fill" and any(changed)
+    assert py.dp_ranks == cpp.dp_ranks
+    assert py.predicted["iteration_time"] == cpp.predicted["iteration_time"]

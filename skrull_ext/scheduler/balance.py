@@ -31,8 +31,16 @@ when that is not positive).  Moves try the :data:`WINDOW` samples on either side
 shard tokens counted).  Distributed samples stay where they are.  (Swaps of one sample for
 two were tried: no gain on issue 31's settings, where token-full CP ranks limit it.)
 
-Each rank that changed is kept only where :meth:`GdsContext.split_time` says it got
-strictly faster, so no DP rank gets slower.  The work count (the same in both backends):
+With ``pins`` (:func:`~skrull_ext.scheduler.lns.lns`'s, on group-fill's plans), a
+micro-batch holding pinned sub-group rings takes part too: each CP rank's time is its own
+plus its rings' seconds, its tokens include their shards, and the spread and the target
+transfer are in time (the most loaded CP rank no longer sets the micro-batch's time).
+Without it, the pass saw only the micro-batches without rings, chose the slowest DP rank
+by those alone and stopped where that rank had no step (issue 31: 168 of 720 batches
+faster with it, none slower).
+
+Each rank that changed is kept only where :meth:`GdsContext.split_time` (with pins: the
+same sum with their seconds) says it got strictly faster, so no DP rank gets slower.  The work count (the same in both backends):
 per rank's slots ``size + N`` to build, per step an estimate from the slot sizes
 (:data:`PAIR_WORK` per source-destination pair plus its source's samples,
 :data:`EVAL_WORK` per candidate), per applied step :data:`APPLY_WORK` ``+ 2 N``, and twice
@@ -81,15 +89,19 @@ def balance_share(budget: int, k: int) -> int:
 class _Rank:
     """One DP rank's non-empty micro-batches: slots, sums, times, CP ranks by time."""
 
-    def __init__(self, ctx: GdsContext, split: list[Placement]):
+    def __init__(self, ctx: GdsContext, split: list[Placement], pins=None):
         self.ctx, n = ctx, ctx.cp_size
         self.n, self.work = n, 0
         self.split = split
-        self.js = [j for j, p in enumerate(split) if p[0] or any(p[1])]
+        # pinned rings (lns.lns's pins): a micro-batch holding one is kept even when empty
+        self.js = [j for j, p in enumerate(split) if p[0] or any(p[1]) or len(p) > 2]
         self.comm, self.share, self.loc, self.srt = [], [], [], []
         self.load, self.tok, self.t, self.order = [], [], [], []
+        self.pin = []  # per micro-batch: the rings' seconds [N] per CP rank, or None
         for j in self.js:
-            dist, local = split[j]
+            dist, local = split[j][0], split[j][1]
+            pin = None if len(split[j]) < 3 else pins[split[j][2]]
+            self.pin.append(None if pin is None else pin[0])
             comm, share = ring_time(ctx, dist)
             dtok = sum(shard_tokens(int(ctx.lengths[i]), n) for i in dist)
             self.comm.append(comm)
@@ -105,16 +117,27 @@ class _Rank:
                 loads.append(x)
                 toks.append(tk)
                 self.work += len(r)
+            if pin is not None:
+                toks = [t + x for t, x in zip(toks, pin[1])]
             self.load.append(loads)
             self.tok.append(toks)
-            self.t.append([self.rt(len(self.t), x) for x in loads])
+            self.t.append([self.rt(len(self.t), r, x) for r, x in enumerate(loads)])
             self.order.append(self._order(len(self.order)))
             self.work += len(dist) + 2 * n
         self.changed = False
         self.est = self.estimate()
 
-    def rt(self, m: int, x: float) -> float:
-        return rank_time(x, self.comm[m], self.share[m], self.n, self.ctx.objective)
+    def rt(self, m: int, r: int, x: float) -> float:
+        t = rank_time(x, self.comm[m], self.share[m], self.n, self.ctx.objective)
+        return t if self.pin[m] is None else max(0.0, t) + self.pin[m][r]
+
+    def spread(self, m: int) -> float:
+        """The gap a step may close in micro-batch ``m``: its most minus least loaded CP
+        rank's load, or time where pinned rings make the ranks' times differ."""
+        lo, hi = self.order[m][self.n - 1], self.order[m][0]
+        if self.pin[m] is None:
+            return self.load[m][hi] - self.load[m][lo]
+        return self.t[m][hi] - self.t[m][lo]
 
     def _order(self, m: int) -> list[int]:
         t, x = self.t[m], self.load[m]
@@ -140,9 +163,7 @@ class _Rank:
     def sources(self) -> list[int]:
         """The micro-batches by load spread (most loaded minus least loaded CP rank), widest
         first (ties: the lower index)."""
-        n = self.n
-        return sorted(range(len(self.js)), key=lambda m: (
-            -(self.load[m][self.order[m][0]] - self.load[m][self.order[m][n - 1]]), m))
+        return sorted(range(len(self.js)), key=lambda m: (-self.spread(m), m))
 
     def source_work(self, m: int) -> int:
         """What :meth:`best_from` counts for source micro-batch ``m``."""
@@ -152,7 +173,7 @@ class _Rank:
 
     def _price(self, m, r, m2, r2, xs, xd):
         """``(d primary, d secondary, new t source, new t destination)``."""
-        ts, td = self.rt(m, xs), self.rt(m2, xd)
+        ts, td = self.rt(m, r, xs), self.rt(m2, r2, xd)
         if m == m2:
             dp = max(ts, td, self.other(m, r, r2)) - self.top(m)
         else:
@@ -175,6 +196,8 @@ class _Rank:
                 if m2 == m and r2 == r:
                     continue
                 delta = (self.load[m][r] - self.load[m2][r2]) / 2.0
+                if self.pin[m] is not None or self.pin[m2] is not None:
+                    delta = (self.t[m][r] - self.t[m2][r2]) / 2.0
                 if m2 != m:
                     room = min(self.t[m][r] - second, self.top(m2) - self.t[m2][r2])
                     if room > 0.0:
@@ -242,11 +265,18 @@ class _Rank:
     def result(self) -> list[Placement]:
         out = list(self.split)
         for m, j in enumerate(self.js):
-            out[j] = (list(self.split[j][0]), [list(r) for r in self.loc[m]])
+            out[j] = (list(self.split[j][0]), [list(r) for r in self.loc[m]]) + self.split[j][2:]
         return out
 
+    def time(self, overhead: float) -> float:
+        """The rank's seconds as the pricing sums them (micro-batches in order)."""
+        t = 0.0
+        for m in range(len(self.js)):
+            t += self.top(m) + overhead
+        return t
 
-def balance(ctx: GdsContext, splits, overhead: float, limit: int
+
+def balance(ctx: GdsContext, splits, overhead: float, limit: int, pins=None
             ) -> tuple[list[list[Placement]], int]:
     """The polish of ``splits`` (``[D][M]`` placements) within ``limit`` work units (see
     the module docstring).
@@ -262,7 +292,7 @@ def balance(ctx: GdsContext, splits, overhead: float, limit: int
     if 2 * check >= limit:  # building the ranks costs at most `check`
         return splits, 0
     limit -= check  # the final split_time checks
-    ranks = [_Rank(ctx, s) for s in splits]
+    ranks = [_Rank(ctx, s, pins) for s in splits]
     work = sum(rk.work for rk in ranks)
     for rk in ranks:
         rk.work = 0
@@ -293,10 +323,18 @@ def balance(ctx: GdsContext, splits, overhead: float, limit: int
         new = split
         if rk.changed:
             cand = rk.result()
-            if ctx.split_time(cand, overhead) < ctx.split_time(split, overhead):
+            if _split_time(ctx, cand, overhead, pins) < _split_time(ctx, split, overhead, pins):
                 new = cand
         out.append(new)
     return out, work + check
+
+
+def _split_time(ctx: GdsContext, split, overhead: float, pins) -> float:
+    """``ctx.split_time``, or with pinned rings (``pins``) the rank's seconds summed from
+    its lists in order as :func:`~skrull_ext.scheduler.pricing.predict` does."""
+    if not pins:
+        return ctx.split_time(split, overhead)
+    return _Rank(ctx, split, pins).time(overhead)
 
 
 __all__ = ["APPLY_WORK", "BALANCE_DIV", "BALANCE_MIN_SAMPLES", "DESTS", "EVAL_WORK", "PAIR_WORK",

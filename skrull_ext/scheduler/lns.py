@@ -534,7 +534,7 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float, p
     add ``seconds`` and ``tokens`` to its CP ranks.  Its samples move like any other; it
     stays (with its ``id``) even when they all leave; the whole-batch deal and the
     refill skip the DP ranks and micro-batches that hold one, the balance polish sees the
-    others.
+    others, then (with what it left) all of them, the rings' seconds counted.
 
     Returns equally long micro-batch lists whose slowest DP rank is at most the input's;
     ``budget <= 0`` returns ``splits`` unchanged.
@@ -576,7 +576,7 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float, p
         if key < best_key:
             best, best_key = search.snapshot(), key
     if best_key[0] > floor_t * (1.0 + 1e-9):
-        best = _polished(ctx, splits if best is None else best, overhead, polish)
+        best = _polished(ctx, splits if best is None else best, overhead, polish, pins)
     elif best is None:
         return splits
     m = max(1, max(len(s) for s in best))
@@ -584,15 +584,20 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float, p
             for s in best]
 
 
-def _polished(ctx: GdsContext, splits, overhead: float, polish: int) -> list[list[Placement]]:
+def _polished(ctx: GdsContext, splits, overhead: float, polish: int, pins=None
+              ) -> list[list[Placement]]:
     """:func:`~skrull_ext.scheduler.balance.balance` of each DP rank's micro-batches
-    without pinned rings (those first, as they are)."""
+    without pinned rings (those first, as they are); with pinned rings, then a second
+    pass within what the first left of ``polish``, those micro-batches included (their
+    rings' seconds and tokens counted per CP rank, so it also works on the DP rank that is
+    slowest with them and can move a rank's samples into and out of them)."""
     if not any(len(p) > 2 for s in splits for p in s):
         return balance(ctx, splits, overhead, polish)[0]
     pinned = [[p for p in s if len(p) > 2] for s in splits]
     free = [[p for p in s if len(p) < 3 and (p[0] or any(p[1]))] for s in splits]
-    done, _ = balance(ctx, free, overhead, polish)
-    return [a + list(b) for a, b in zip(pinned, done)]
+    done, work = balance(ctx, free, overhead, polish)
+    return balance(ctx, [a + list(b) for a, b in zip(pinned, done)], overhead, polish - work,
+                   pins)[0]
 
 
 __all__ = ["MAX_LNS_SAMPLES", "QMAX", "REFILL_EVERY", "REFILL_FRACS", "REFILL_PLACE_WORK", "SEED", "TAU0", "WORK_UNITS_PER_MS",
