@@ -64,7 +64,7 @@ struct Placement {
   std::vector<Index> distributed;
   std::vector<std::vector<Index>> local;
   // (ours) lns with pinned rings: the id of the sub-group rings pinned in this micro-batch
-  // (Pins), -1: none.  Only lns() reads or keeps it.
+  // (Pins), -1: none.  Only lns() and the balance() it calls with pins read it.
   int64_t pin = -1;
 
   bool empty() const;
