@@ -25,11 +25,13 @@ struct Mb {
   std::vector<int64_t> tok;
   double comm = 0.0, share = 0.0;
   int64_t size = 0;
+  RankTimeOf of{0.0, 0.0, 1, Objective{}};  // rank_time's terms for comm and share
 
   int64_t sum(const GdsContext& ctx, const Pins* pins) {
     const int n = ctx.cp_size;
     const Batch& b = ctx.batch;
     std::tie(comm, share) = ring_sums(ctx, dist);
+    of = RankTimeOf(comm, share, n, b.objective);
     int64_t dtok = 0;
     for (Index i : dist) dtok += shard_tokens(b.lengths[i], n);
     load.assign(n, 0.0);
@@ -47,12 +49,11 @@ struct Mb {
       tok[r] = tk + (pin < 0 ? 0 : pins->tokens[static_cast<size_t>(pin)][r]);
       size += static_cast<int64_t>(local[r].size());
     }
-    for (int r = 0; r < n; ++r) t[r] = time(ctx, r, load[r]);
+    for (int r = 0; r < n; ++r) t[r] = time(r, load[r]);
     return size + n;
   }
-  double time(const GdsContext& ctx, int r, double x) const {
-    const double v = rank_time(x, comm, share, ctx.cp_size, ctx.batch.objective);
-    return std::max(0.0, v) + sec[r];
+  double time(int r, double x) const {
+    return std::max(0.0, of.at(x)) + sec[r];
   }
   bool kept() const { return size > 0 || pin >= 0; }
   double top() const { return *std::max_element(t.begin(), t.end()); }
@@ -81,7 +82,25 @@ Cand best_step(const GdsContext& ctx, const std::vector<std::vector<Mb>>& ranks,
   const int64_t cap = ctx.bucket_size;
   const double t0 = rt[d0], bar = t0 * (1.0 - kEps);
   Cand best;
-  std::vector<int> order(n);
+  // each other micro-batch's destination CP ranks (least time first), top and seconds:
+  // the same for every source sample, so computed once per step
+  struct Dest {
+    std::vector<int> order;
+    double top, old;
+  };
+  std::vector<std::vector<Dest>> dests(ranks.size());
+  for (size_t d = 0; d < ranks.size(); ++d) {
+    if (d == d0) continue;
+    for (const Mb& mb2 : ranks[d]) {
+      Dest x{std::vector<int>(n), mb2.top(), mb2.seconds(overhead)};
+      std::iota(x.order.begin(), x.order.end(), 0);
+      std::sort(x.order.begin(), x.order.end(), [&mb2](int a, int c) {
+        return mb2.t[a] < mb2.t[c] || (mb2.t[a] == mb2.t[c] && a < c);
+      });
+      x.order.resize(std::min(kDests, x.order.size()));
+      dests[d].push_back(std::move(x));
+    }
+  }
   for (size_t j = 0; j < ranks[d0].size(); ++j) {
     const Mb& mb = ranks[d0][j];
     const double top = mb.top(), old = mb.seconds(overhead);
@@ -99,14 +118,10 @@ Cand best_step(const GdsContext& ctx, const std::vector<std::vector<Mb>>& ranks,
           if (d == d0) continue;
           for (size_t j2 = 0; j2 < ranks[d].size(); ++j2) {
             const Mb& mb2 = ranks[d][j2];
+            const Dest& dst2 = dests[d][j2];
             work += n;
-            const double top2 = mb2.top(), old2 = mb2.seconds(overhead);
-            std::iota(order.begin(), order.end(), 0);
-            std::sort(order.begin(), order.end(), [&mb2](int a, int c) {
-              return mb2.t[a] < mb2.t[c] || (mb2.t[a] == mb2.t[c] && a < c);
-            });
-            for (size_t q = 0; q < std::min(kDests, order.size()); ++q) {
-              const int r2 = order[q];
+            const double top2 = dst2.top, old2 = dst2.old;
+            for (int r2 : dst2.order) {
               const auto& slot = mb2.local[r2];
               for (size_t k = 0; k <= slot.size(); ++k) {
                 const Index i2 = k == 0 ? -1 : slot[k - 1];
@@ -117,10 +132,10 @@ Cand best_step(const GdsContext& ctx, const std::vector<std::vector<Mb>>& ranks,
                 if (i2 >= 0 && mb.tok[r] - si + s2 > cap) continue;
                 const double src = (empties && i2 < 0)
                                        ? 0.0
-                                       : std::max(others, mb.time(ctx, r, mb.load[r] - ci + c2)) +
+                                       : std::max(others, mb.time(r, mb.load[r] - ci + c2)) +
                                              overhead;
                 const double nt0 = t0 - old + src;
-                const double dst = std::max(top2, mb2.time(ctx, r2, mb2.load[r2] + ci - c2));
+                const double dst = std::max(top2, mb2.time(r2, mb2.load[r2] + ci - c2));
                 const double nt = rt[d] - old2 + (dst + overhead);
                 if (!(nt0 < bar && nt < bar)) continue;
                 const double k0 = std::max(nt0, nt);

@@ -100,6 +100,10 @@ def _best(ctx: GdsContext, ranks, rt, d0: int, overhead: float):
     n, cap, costs, lengths = ctx.cp_size, ctx.bucket_size, ctx.costs, ctx.lengths
     t0, best, work = rt[d0], None, 0
     bar = t0 * (1.0 - EPS)
+    # each other micro-batch's destination CP ranks (least time first), top and seconds
+    dests = [[] if d == d0 else
+             [(sorted(range(n), key=lambda x, t=mb2.t: (t[x], x))[:DESTS], max(mb2.t),
+               mb2.seconds(overhead)) for mb2 in ranks[d]] for d in range(len(ranks))]
     for j, mb in enumerate(ranks[d0]):
         top = max(mb.t)
         old = mb.seconds(overhead)
@@ -118,8 +122,8 @@ def _best(ctx: GdsContext, ranks, rt, d0: int, overhead: float):
                         continue
                     for j2, mb2 in enumerate(ranks[d]):
                         work += n
-                        top2, old2 = max(mb2.t), mb2.seconds(overhead)
-                        for r2 in sorted(range(n), key=lambda x: (mb2.t[x], x))[:DESTS]:
+                        order, top2, old2 = dests[d][j2]
+                        for r2 in order:
                             for i2 in [-1] + mb2.local[r2]:
                                 work += i2 >= 0
                                 c2 = float(costs[i2]) if i2 >= 0 else 0.0
