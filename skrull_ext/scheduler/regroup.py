@@ -11,9 +11,10 @@ across DP ranks (issue 31, 7B, CP 16, ``ring``: llama3-sft GBS 256 2x, wikipedia
 
 :func:`regroup` repeats, within a work limit: on the slowest DP rank ``d0`` (ties: the lowest
 index), for each local sample ``i`` on a CP rank at its micro-batch's top time (micro-batches
-and CP ranks in order, the slot's samples in list order), every slot ``(d, j2, r2)`` of every
-other DP rank (in order) is tried: ``i`` moved there (if its tokens fit) or swapped with a
-cheaper sample ``i2`` there (in list order; both slots' tokens within the bucket).  A
+and CP ranks in order, the slot's samples in list order), every micro-batch ``j2`` of every
+other DP rank ``d`` (in order) is tried at its :data:`DESTS` least loaded CP ranks ``r2`` (in
+time, ties: the lower rank): ``i`` moved there (if its tokens fit) or swapped with a cheaper
+sample ``i2`` there (in list order; both slots' tokens within the bucket).  A
 candidate counts when ``d0``'s new time and ``d``'s are both strictly below ``d0``'s current
 time; the best has the least ``(max of the two, d0's)`` (ties: the first found) and is
 applied.  It stops when none counts.  Prices are estimates from the slots' sums (the CP rank's
@@ -22,7 +23,8 @@ seconds added); an applied step re-sums both micro-batches in list order.
 
 The result is kept only where its slowest DP rank is strictly faster than the input's
 (``balance._split_time``, the rings counted).  Work: per micro-batch built its samples plus N;
-per step the DP ranks; per ``(i, micro-batch)`` pair N plus the samples scanned for swaps;
+per step the DP ranks; per ``(i, micro-batch)`` pair N plus the samples scanned for swaps
+(measured in the C++ core: ~300K units per ms, wikipedia 7B CP 16 GBS 1024);
 per applied step both micro-batches' samples plus 2 N; and twice every micro-batch's samples
 and CP ranks for the final checks (reserved first).
 
