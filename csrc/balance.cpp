@@ -287,14 +287,14 @@ void Rank::apply(const Step& st) {
   est = estimate();
 }
 
+}  // namespace
+
 // balance._split_time: ctx.split_time, or with pinned rings their seconds counted.
 double split_seconds(const GdsContext& ctx, const RankSplit& split, double overhead,
                      const Pins* pins) {
   if (pins == nullptr) return ctx.split_time(split, overhead);
   return Rank(ctx, split, pins).time(overhead);
 }
-
-}  // namespace
 
 int64_t balance_share(int64_t budget, int64_t k) {
   return k >= kBalanceMinSamples ? budget / kBalanceDiv : 0;

@@ -630,7 +630,7 @@ bool has_pin(const RankSplit& split) {
   return false;
 }
 
-// lns._polished: balance() of each DP rank's micro-batches without pinned rings (those
+// balance.polished: balance() of each DP rank's micro-batches without pinned rings (those
 // first, as they are); with pinned rings, then a second pass within what the first left,
 // those micro-batches included (their rings' seconds and tokens counted).
 std::vector<RankSplit> polished(const GdsContext& ctx, const std::vector<RankSplit>& splits,
@@ -717,11 +717,15 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
       best = search.snapshot();
     }
   }
-  int64_t polished_work = 0;  // then balance() on the best plan, unless at the floor
+  int64_t polished_work = 0, regroup_work = 0;  // then balance(), unless at the floor
   if (best_ms > floor_t * (1.0 + 1e-9)) {
     best = polished(ctx, best ? *best : splits, overhead, polish, &polished_work, pins);
+    if (pins) {  // then regroup() within what the search and the polish left
+      const int64_t left = budget - search.work() + polish - polished_work;
+      best = regroup(ctx, *best, overhead, left, &regroup_work, pins);
+    }
   }
-  if (spent) *spent = dealt_work + search.work() + polished_work;
+  if (spent) *spent = dealt_work + search.work() + polished_work + regroup_work;
   return best ? padded(std::move(*best), ctx.cp_size) : splits;
 }
 

@@ -361,6 +361,16 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
 std::vector<RankSplit> balance(const GdsContext& ctx, const std::vector<RankSplit>& splits,
                                double overhead, int64_t limit, int64_t* work = nullptr,
                                const Pins* pins = nullptr);
+// One DP rank's seconds: ctx.split_time, or with `pins` their rings' seconds counted
+// (reference balance._split_time).
+double split_seconds(const GdsContext& ctx, const RankSplit& split, double overhead,
+                     const Pins* pins);
+// ---- regroup.cpp: (ours) the slowest DP rank's binding local samples moved or swapped into
+// other DP ranks' slots (reference regroup.regroup), within `limit` work units (*work: the
+// units counted); kept only where the slowest DP rank got strictly faster.
+std::vector<RankSplit> regroup(const GdsContext& ctx, const std::vector<RankSplit>& splits,
+                               double overhead, int64_t limit, int64_t* work = nullptr,
+                               const Pins* pins = nullptr);
 // The part of ruin and recreate's `budget` kept for balance() on k samples
 // (balance.balance_share).
 int64_t balance_share(int64_t budget, int64_t k);

@@ -11,8 +11,8 @@ import skrull_ext.scheduler as S
 from skrull_ext import _backend
 from skrull_ext.costmodel.hardware import get_hardware
 from skrull_ext.costmodel.model import MODEL_PRESETS
-from skrull_ext.scheduler import groupfill, lns, pinned
-from skrull_ext.scheduler.balance import balance
+from skrull_ext.scheduler import balance as balance_mod, groupfill, lns, pinned
+from skrull_ext.scheduler.balance import balance, polished
 from skrull_ext.scheduler.config import _ROLLBACK_CODES, _VARIANT_CODES
 from skrull_ext.scheduler.objective import objective_arg
 from skrull_ext.scheduler.reference import GdsContext
@@ -143,7 +143,7 @@ def test_polish_moves_work_out_of_a_rank_under_a_ring():
     plan = [[([], [[0, 1], [2]], 0)]]
     out, _ = balance(ctx, plan, 0.5, 10**6, pins)
     assert out == [[([], [[1], [2, 0]], 0)]]
-    assert lns._polished(ctx, plan, 0.5, 10**6, pins) == out
+    assert polished(ctx, plan, 0.5, 10**6, pins)[0] == out
 
 
 # K = 256 (the polish runs from balance.BALANCE_MIN_SAMPLES), DP 2: batches where its pass
@@ -168,7 +168,7 @@ def test_polish_with_rings_same_plan_on_both_backends(case, monkeypatch):
         changed.append(pins is not None and out[0] != splits)
         return out
 
-    monkeypatch.setattr(lns, "balance", spy)
+    monkeypatch.setattr(balance_mod, "balance", spy)  # as lns's polish calls it
     py = S.schedule(lengths, cfg, cost, backend="python")
     cpp = S.schedule(lengths, cfg, cost, backend="cpp")
     assert py.predicted["candidate"] == "group-fill" and any(changed)

@@ -337,5 +337,23 @@ def _split_time(ctx: GdsContext, split, overhead: float, pins) -> float:
     return _Rank(ctx, split, pins).time(overhead)
 
 
+def polished(ctx: GdsContext, splits, overhead: float, polish: int, pins=None
+             ) -> tuple[list[list[Placement]], int]:
+    """:func:`~skrull_ext.scheduler.lns.lns`'s polish: :func:`balance` of each DP rank's
+    micro-batches without pinned rings (those first, as they are); with pinned rings, then
+    a second pass within what the first left of ``polish``, those micro-batches included
+    (their rings' seconds and tokens counted per CP rank, so it also works on the DP rank
+    that is slowest with them and can move a rank's samples into and out of them).
+    Returns ``(splits, work)``."""
+    if not any(len(p) > 2 for s in splits for p in s):
+        return balance(ctx, splits, overhead, polish)
+    pinned = [[p for p in s if len(p) > 2] for s in splits]
+    free = [[p for p in s if len(p) < 3 and (p[0] or any(p[1]))] for s in splits]
+    done, work = balance(ctx, free, overhead, polish)
+    out, second = balance(ctx, [a + list(b) for a, b in zip(pinned, done)], overhead,
+                          polish - work, pins)
+    return out, work + second
+
+
 __all__ = ["APPLY_WORK", "BALANCE_DIV", "BALANCE_MIN_SAMPLES", "DESTS", "EVAL_WORK", "PAIR_WORK",
-           "WINDOW", "balance", "balance_share"]
+           "WINDOW", "balance", "balance_share", "polished"]

@@ -41,11 +41,13 @@ It keeps the best plan seen (makespan, then score) and stops when the budget is 
 when that makespan reaches the batch's lower bound
 (:func:`~skrull_ext.scheduler.bound.plan_lower_bound`, as the C++ core's), so a plan
 already at the bound costs nothing, or when the slowest DP rank holds pinned rings alone
-(no step can change its time).  A plan above the
-bound then gets :func:`~skrull_ext.scheduler.balance.balance`, its DP ranks' local samples
-re-balanced over their micro-batches' CP ranks, with the part of the budget kept for it
-from the start (:func:`~skrull_ext.scheduler.balance.balance_share`: 1/8 from 256 samples;
-the steps leave a micro-batch's CP ranks up to ~12% apart).  Randomness comes
+(no step can change its time).  A plan above the bound then gets
+:func:`~skrull_ext.scheduler.balance.balance`, its DP ranks' local samples re-balanced over
+their micro-batches' CP ranks, with the part of the budget kept for it from the start
+(:func:`~skrull_ext.scheduler.balance.balance_share`: 1/8 from 256 samples; the steps leave
+a micro-batch's CP ranks up to ~12% apart); with pins, then
+:func:`~skrull_ext.scheduler.regroup.regroup` (the slowest DP rank's binding samples moved
+or swapped into other DP ranks) within what was left of the budget.  Randomness comes
 from a splitmix64 stream with a fixed seed, and the budget counts work, not time (see
 :data:`WORK`), so every rank and every run gets the same plan.
 
@@ -56,9 +58,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from skrull_ext.scheduler.balance import balance, balance_share
+from skrull_ext.scheduler.balance import balance_share, polished
 from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
 from skrull_ext.scheduler.refine import place_group
+from skrull_ext.scheduler.regroup import regroup
 from skrull_ext.scheduler.resplit import deal_best, first_fit, resplit
 from skrull_ext.sharding import shard_tokens
 
@@ -576,28 +579,15 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float, p
         if key < best_key:
             best, best_key = search.snapshot(), key
     if best_key[0] > floor_t * (1.0 + 1e-9):
-        best = _polished(ctx, splits if best is None else best, overhead, polish, pins)
+        best, work = polished(ctx, splits if best is None else best, overhead, polish, pins)
+        if pins:  # then regroup() within what the search and the polish left
+            left = search.budget - search.work + polish - work
+            best = regroup(ctx, best, overhead, left, pins)[0]
     elif best is None:
         return splits
     m = max(1, max(len(s) for s in best))
     return [s + [([], [[] for _ in range(ctx.cp_size)]) for _ in range(m - len(s))]
             for s in best]
-
-
-def _polished(ctx: GdsContext, splits, overhead: float, polish: int, pins=None
-              ) -> list[list[Placement]]:
-    """:func:`~skrull_ext.scheduler.balance.balance` of each DP rank's micro-batches
-    without pinned rings (those first, as they are); with pinned rings, then a second
-    pass within what the first left of ``polish``, those micro-batches included (their
-    rings' seconds and tokens counted per CP rank, so it also works on the DP rank that is
-    slowest with them and can move a rank's samples into and out of them)."""
-    if not any(len(p) > 2 for s in splits for p in s):
-        return balance(ctx, splits, overhead, polish)[0]
-    pinned = [[p for p in s if len(p) > 2] for s in splits]
-    free = [[p for p in s if len(p) < 3 and (p[0] or any(p[1]))] for s in splits]
-    done, work = balance(ctx, free, overhead, polish)
-    return balance(ctx, [a + list(b) for a, b in zip(pinned, done)], overhead, polish - work,
-                   pins)[0]
 
 
 __all__ = ["MAX_LNS_SAMPLES", "QMAX", "REFILL_EVERY", "REFILL_FRACS", "REFILL_PLACE_WORK", "SEED", "TAU0", "WORK_UNITS_PER_MS",
