@@ -296,6 +296,42 @@ double split_seconds(const GdsContext& ctx, const RankSplit& split, double overh
   return Rank(ctx, split, pins).time(overhead);
 }
 
+bool has_pin(const RankSplit& split) {
+  for (const auto& p : split) {
+    if (p.pin >= 0) return true;
+  }
+  return false;
+}
+
+// balance.polished: balance() of each DP rank's micro-batches without pinned rings (those
+// first, as they are); with pinned rings, then a second pass within what the first left,
+// those micro-batches included (their rings' seconds and tokens counted).
+std::vector<RankSplit> polished(const GdsContext& ctx, const std::vector<RankSplit>& splits,
+                                double overhead, int64_t polish, int64_t* work,
+                                const Pins* pins) {
+  bool any = false;
+  for (const auto& s : splits) any = any || has_pin(s);
+  if (!any) return balance(ctx, splits, overhead, polish, work);
+  std::vector<RankSplit> pinned(splits.size()), free(splits.size());
+  for (size_t d = 0; d < splits.size(); ++d) {
+    for (const auto& p : splits[d]) {
+      if (p.pin >= 0) {
+        pinned[d].push_back(p);
+      } else if (!p.empty()) {
+        free[d].push_back(p);
+      }
+    }
+  }
+  int64_t first = 0, second = 0;
+  auto done = balance(ctx, free, overhead, polish, &first);
+  for (size_t d = 0; d < splits.size(); ++d) {
+    pinned[d].insert(pinned[d].end(), done[d].begin(), done[d].end());
+  }
+  auto out = balance(ctx, pinned, overhead, polish - first, &second, pins);
+  if (work) *work = first + second;
+  return out;
+}
+
 int64_t balance_share(int64_t budget, int64_t k) {
   return k >= kBalanceMinSamples ? budget / kBalanceDiv : 0;
 }

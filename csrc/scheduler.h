@@ -374,6 +374,13 @@ std::vector<RankSplit> regroup(const GdsContext& ctx, const std::vector<RankSpli
 // The part of ruin and recreate's `budget` kept for balance() on k samples
 // (balance.balance_share).
 int64_t balance_share(int64_t budget, int64_t k);
+// Whether a DP rank's micro-batches hold pinned rings (lns with pins).
+bool has_pin(const RankSplit& split);
+// balance.polished: balance() of the micro-batches without pinned rings, then, with pins,
+// of all of them within what that left of `polish` (*work: the units of both passes).
+std::vector<RankSplit> polished(const GdsContext& ctx, const std::vector<RankSplit>& splits,
+                                double overhead, int64_t polish, int64_t* work,
+                                const Pins* pins);
 
 // resplit.ring_time: (t_comm, t_dist) of distributed samples `dist` (latency included if
 // any), summed in list order.
