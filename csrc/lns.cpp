@@ -651,6 +651,10 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
         for (size_t x = 0; x < free.size(); ++x) splits[free[x]] = std::move((*dealt)[x]);
       }
     }
+    // then every local sample re-dealt around the rings and distributed samples
+    auto dealt = pin_deal_best(ctx, splits, overhead, *pins,
+                               (budget - polish - dealt_work) / 2, &dealt_work);
+    if (dealt) splits = std::move(*dealt);
   }
   budget -= dealt_work + polish;
   Lns search(ctx, splits, overhead, budget, pins);

@@ -406,6 +406,19 @@ std::optional<std::vector<RankSplit>> deal_best(const GdsContext& ctx,
                                                 double overhead, int64_t limit,
                                                 int64_t* work);
 
+// ---- pindeal.cpp: (ours) every local sample re-dealt around the micro-batches' distributed
+// samples and pinned rings, whole or (dist) on a full ring (reference pindeal.pin_deal);
+// nullopt when a sample fits nowhere or the work would reach `limit` (work added to
+// *work).  pin_deal_best: the faster of both modes when strictly faster than `splits`.
+std::optional<std::vector<RankSplit>> pin_deal(const GdsContext& ctx,
+                                               const std::vector<RankSplit>& splits,
+                                               double overhead, const Pins& pins, bool dist,
+                                               int64_t limit, int64_t* work);
+std::optional<std::vector<RankSplit>> pin_deal_best(const GdsContext& ctx,
+                                                    const std::vector<RankSplit>& splits,
+                                                    double overhead, const Pins& pins,
+                                                    int64_t limit, int64_t* work);
+
 // ---- bound.cpp: (C++ only) what schedule() checks and reports, without per-sample Python.
 // reference bound.lower_bound with subgroups=False, before the iteration overhead and
 // its 1e-12 slack (sums in another order than numpy's: equal up to rounding).

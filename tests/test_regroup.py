@@ -67,16 +67,17 @@ def test_no_step_or_no_budget_returns_the_input():
     assert regroup(ctx, plan, 0.5, 10**6)[0] == [[([], [[1], []])], [([], [[2], [0]])]]
 
 
-# (CP, model, bucket, DP, objective): K = 256 Pareto batches (seed 0) where group-fill wins
-# and regroup() changes the pinned search's plan (found by a scan of 12 settings).
-CASES = [(8, "qwen2.5-0.5b", 8192, 2, "ring"), (16, "qwen2.5-7b", 2048, 4, "ring")]
+# (CP, model, bucket, DP, objective, seed): K = 256 Pareto batches where group-fill wins
+# and regroup() changes the pinned search's plan (found by scans of 12 and 72 settings;
+# the second case moved when the pinned deal came first: pindeal.py).
+CASES = [(8, "qwen2.5-0.5b", 8192, 2, "ring", 0), (8, "qwen2.5-7b", 1024, 4, "ring", 2)]
 
 
 @pytest.mark.skipif(_backend.CPP is None, reason="skrull_ext._C not built")
 @pytest.mark.parametrize("case", CASES)
 def test_same_plan_on_both_backends(case, monkeypatch):
-    cp, model, bucket, dp, objective = case
-    rng = np.random.default_rng(0)
+    cp, model, bucket, dp, objective, seed = case
+    rng = np.random.default_rng(seed)
     lengths = np.minimum((200 * (1 + rng.pareto(1.1, 256))).astype(int) + 1,
                          bucket * cp - 4 * cp)
     cost = dataclasses.replace(get_hardware("h100").cost_model(MODEL_PRESETS[model], cp, dp),

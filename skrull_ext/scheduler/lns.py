@@ -35,7 +35,10 @@ rank gets faster).
 
 Before all of it, :func:`~skrull_ext.scheduler.resplit.deal_best` re-deals the whole
 batch over a skeleton of rings (within half the budget; kept when the slowest DP rank gets
-faster), a structure the steps reach only after thousands of moves.
+faster), a structure the steps reach only after thousands of moves.  With pins, the DP
+ranks without pinned rings are re-dealt among themselves that way, then every local sample
+of the batch around the pinned rings (:func:`~skrull_ext.scheduler.pindeal.pin_deal_best`,
+within half of the budget left).
 
 It keeps the best plan seen (makespan, then score) and stops when the budget is spent,
 when that makespan reaches the batch's lower bound
@@ -59,6 +62,7 @@ from __future__ import annotations
 from typing import Optional
 
 from skrull_ext.scheduler.balance import balance_share, polished
+from skrull_ext.scheduler.pindeal import pin_deal_best
 from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
 from skrull_ext.scheduler.refine import place_group
 from skrull_ext.scheduler.regroup import regroup
@@ -554,12 +558,18 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float, p
             m = max(1, max(len(s) for s in dealt))
             splits = [s + [([], [[] for _ in range(ctx.cp_size)]) for _ in range(m - len(s))]
                       for s in dealt]
-    elif pins and free:  # the DP ranks without pinned rings re-dealt among themselves
-        dealt, spent = deal_best(ctx, [splits[d] for d in free], overhead, budget // 2)
+    elif pins:
+        if free:  # the DP ranks without pinned rings re-dealt among themselves
+            dealt, spent = deal_best(ctx, [splits[d] for d in free], overhead, budget // 2)
+            if dealt is not None:
+                splits = list(splits)
+                for d, s in zip(free, dealt):
+                    splits[d] = s
+        # then every local sample re-dealt around the rings and distributed samples
+        dealt, more = pin_deal_best(ctx, splits, overhead, pins, (budget - spent) // 2)
+        spent += more
         if dealt is not None:
-            splits = list(splits)
-            for d, s in zip(free, dealt):
-                splits[d] = s
+            splits = dealt
     search = _Lns(ctx, splits, overhead, budget - spent, pins)
     best, best_key = None, (max(search.rt), search.score())
     search.work = 0
