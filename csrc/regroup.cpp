@@ -104,6 +104,7 @@ Cand best_step(const GdsContext& ctx, const std::vector<std::vector<Mb>>& ranks,
   for (size_t j = 0; j < ranks[d0].size(); ++j) {
     const Mb& mb = ranks[d0][j];
     const double top = mb.top(), old = mb.seconds(overhead);
+    const bool empties = mb.size == 1 && mb.pin < 0;  // a move of its one sample empties it
     for (int r = 0; r < n; ++r) {
       if (mb.t[r] != top) continue;
       double others = 0.0;
@@ -113,7 +114,6 @@ Cand best_step(const GdsContext& ctx, const std::vector<std::vector<Mb>>& ranks,
       for (Index i : mb.local[r]) {
         const double ci = b.costs[i];
         const int64_t si = b.lengths[i];
-        const bool empties = mb.size == 1 && mb.pin < 0;
         for (size_t d = 0; d < ranks.size(); ++d) {
           if (d == d0) continue;
           for (size_t j2 = 0; j2 < ranks[d].size(); ++j2) {

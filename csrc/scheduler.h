@@ -353,6 +353,13 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
                            double overhead, int64_t budget, double floor_t,
                            int64_t* spent = nullptr, const Pins* pins = nullptr);
 
+// ---- refill.cpp: lns.refill, each DP rank repacked first-fit decreasing into micro-batches
+// of at most int(frac x N x bucket) tokens, each placed by place_group; kept where its
+// split_time falls strictly (changed[d]); its work added to *work.
+std::vector<RankSplit> refill(const GdsContext& ctx, const std::vector<RankSplit>& splits,
+                              double overhead, int64_t limit, int64_t* work,
+                              std::vector<char>* changed);
+
 // ---- balance.cpp: (ours) each DP rank's local samples moved and swapped between its
 // (micro-batch, CP rank) slots, the slowest rank first (reference balance.balance), within
 // `limit` work units (*work: the units counted); a rank changed only where it got faster.

@@ -109,6 +109,7 @@ def _best(ctx: GdsContext, ranks, rt, d0: int, overhead: float):
     for j, mb in enumerate(ranks[d0]):
         top = max(mb.t)
         old = mb.seconds(overhead)
+        empties = mb.size == 1 and mb.pin is None  # a move of its one sample empties it
         for r in range(n):
             if mb.t[r] != top:
                 continue
@@ -118,7 +119,6 @@ def _best(ctx: GdsContext, ranks, rt, d0: int, overhead: float):
                     others = max(others, mb.t[x])
             for i in mb.local[r]:
                 ci, si = float(costs[i]), int(lengths[i])
-                empties = mb.size == 1 and mb.pin is None
                 for d in range(len(ranks)):
                     if d == d0:
                         continue
