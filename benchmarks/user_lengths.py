@@ -25,7 +25,10 @@ def user_lengths(n: int = 10_000, seed: int = 2026) -> np.ndarray:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
+    if argv in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    if len(argv) != 1 or argv[0].startswith("-"):
         print("usage: user_lengths.py OUT.txt", file=sys.stderr)
         return 2
     np.savetxt(argv[0], user_lengths(), fmt="%d")
