@@ -13,6 +13,8 @@
 namespace skrull {
 namespace {
 
+constexpr int64_t kRingWork = 2;  // pindeal.RING_WORK
+
 int64_t placement_size(const Placement& p) {
   int64_t s = static_cast<int64_t>(p.distributed.size());
   for (const auto& r : p.local) s += static_cast<int64_t>(r.size());
@@ -52,6 +54,7 @@ struct Slot {
 
   double rank(int x, double add) const {
     const size_t u = static_cast<size_t>(x);
+    if (p.distributed.empty()) return std::max(0.0, load_[u] + add) + psec_[u];  // no ring
     const double t = rank_time(load_[u] + add, comm(raw_comm_), raw_dist_, n_,
                                ctx_.batch.objective);
     return std::max(0.0, t) + psec_[u];
@@ -61,6 +64,15 @@ struct Slot {
   std::pair<int, double> local(int64_t s, double c) const {
     int j = -1;
     double tj = 0.0;
+    if (p.distributed.empty()) {  // no full ring: least load plus rings' seconds
+      for (int x = 0; x < n_; ++x) {
+        const size_t u = static_cast<size_t>(x);
+        if (tok_[u] + s > ctx_.bucket_size) continue;
+        const size_t v = static_cast<size_t>(j);
+        if (j < 0 || load_[u] + psec_[u] < load_[v] + psec_[v]) j = x;
+      }
+      return {j, j < 0 ? 0.0 : rank(j, c)};
+    }
     for (int x = 0; x < n_; ++x) {
       if (tok_[static_cast<size_t>(x)] + s > ctx_.bucket_size) continue;
       const double t = rank(x, c);
@@ -142,8 +154,7 @@ std::optional<std::vector<RankSplit>> pin_deal(const GdsContext& ctx,
     rank_of.push_back(r);
     skel.emplace_back(ctx, std::vector<Index>{}, -1, pins, overhead);
   }
-  const int64_t per =
-      2 + static_cast<int64_t>(skel.size()) * ((dist ? 2 * ctx.cp_size : ctx.cp_size) + 1) / 3;
+  const int64_t per = 2 + static_cast<int64_t>(skel.size()) * (ctx.cp_size + 1) / 3;
   const int64_t np = static_cast<int64_t>(pool.size());
   if (*work + np * per >= limit) return std::nullopt;
   *work += np * per;
@@ -172,9 +183,12 @@ std::optional<std::vector<RankSplit>> pin_deal(const GdsContext& ctx,
       }
     };
     for (size_t k = 0; k < skel.size(); ++k) {
+      if (found && rt[rank_of[k]] >= best_key) continue;  // every key here is at least rt
       const auto got = skel[k].local(s, c);
       if (got.first >= 0) offer(k, got.first, got.second + overhead);
-      if (dist) {
+      if (dist && 2.0 * c >= skel[k].top - overhead) {
+        *work += kRingWork * ctx.cp_size;
+        if (*work >= limit) return std::nullopt;
         const auto ring = skel[k].ring(i);
         if (ring) offer(k, -1, *ring + overhead);
       }

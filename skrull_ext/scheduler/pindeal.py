@@ -16,7 +16,10 @@ first (ties: the lower index), goes where its DP rank's time after it plus 1e-3 
 time it adds is least (ties: the first): whole on the CP rank of a micro-batch whose time
 after it is least among those with room (ties: the lower rank), or, in mode ``dist``, also
 onto that micro-batch's full ring (its shard on every CP rank, the ring's transfers and
-share added).  A rank's time in a micro-batch is
+share added) where the sample takes at least half the micro-batch's time so far (a short
+sample never gains from a ring's transfers; the gate keeps the deal's cost near a keep
+deal's).  A DP rank whose time already reaches the best key is skipped (no key there can
+beat it).  A rank's time in a micro-batch is
 :func:`~skrull_ext.scheduler.objective.rank_time` of its local work under the full ring,
 plus its pinned rings' seconds, as :mod:`~skrull_ext.scheduler.balance` prices it.
 :func:`pin_deal_best` runs both modes (:data:`PIN_DEAL_MODES`) and keeps the faster
@@ -38,6 +41,8 @@ from skrull_ext.sharding import shard_tokens
 
 # pin_deal()'s modes: local placements only, or the full ring of a micro-batch too.
 PIN_DEAL_MODES = ("keep", "dist")
+# Work units of pricing one sample on a micro-batch's full ring (N rank times), per CP rank.
+RING_WORK = 2
 
 
 def _size(p: Placement) -> int:
@@ -68,14 +73,24 @@ class _Slot:
 
     def rank(self, ctx: GdsContext, x: int, add: float) -> float:
         """CP rank ``x``'s time with ``add`` more local work (overheads excluded)."""
+        if not self.p[0]:  # nothing on the full ring: rank_time is the local work itself
+            return max(0.0, self.load[x] + add) + self.psec[x]
         t = rank_time(self.load[x] + add, self.comm(ctx, self.raw_comm), self.raw_dist,
                       ctx.cp_size, ctx.objective)
         return max(0.0, t) + self.psec[x]
 
     def local(self, ctx: GdsContext, s: int, c: float):
         """``(CP rank, its time after)`` for a whole sample of ``s`` tokens and cost ``c``,
-        the least time among the ranks with room (ties: the lower); ``None``: no room."""
+        the least time among the ranks with room (ties: the lower; without a full ring the
+        least load plus rings' seconds, the same rank but for rounding, N compares instead
+        of N rank times); ``None``: no room."""
         j, tj = -1, 0.0
+        if not self.p[0]:  # no full ring: a rank's time is its load plus its rings' seconds
+            for x in range(ctx.cp_size):
+                if self.tok[x] + s <= ctx.bucket_size and (
+                        j < 0 or self.load[x] + self.psec[x] < self.load[j] + self.psec[j]):
+                    j = x
+            return None if j < 0 else (j, self.rank(ctx, j, c))
         for x in range(ctx.cp_size):
             if self.tok[x] + s > ctx.bucket_size:
                 continue
@@ -118,9 +133,9 @@ def pin_deal(ctx: GdsContext, splits, overhead: float, pins, mode: str, limit: i
              ) -> tuple[Optional[list[list[Placement]]], int]:
     """Every local sample of ``splits`` re-dealt around their distributed samples and
     pinned rings (module docstring): ``(splits or None, work)``; ``None`` when a sample
-    fits nowhere or the estimated work would reach ``limit``.  Work: the skeleton's
-    micro-batches and samples, then per dealt sample ``2 + len(skeleton) x (N + 1) // 3``
-    (``x (2 N + 1) // 3`` in mode ``dist``, which prices every CP rank once more)."""
+    fits nowhere or the work would reach ``limit``.  Work: the skeleton's micro-batches
+    and samples, then per dealt sample ``2 + len(skeleton) x (N + 1) // 3`` (estimated
+    first), and :data:`RING_WORK` ``x N`` per full ring priced (counted as it goes)."""
     n, lengths, costs = ctx.cp_size, ctx.lengths, ctx.costs
     full = [(r, p) for r, split in enumerate(splits) for p in split if _size(p) or len(p) > 2]
     work = len(full) + sum(_size(p) for _, p in full)
@@ -128,7 +143,7 @@ def pin_deal(ctx: GdsContext, splits, overhead: float, pins, mode: str, limit: i
             for r, p in full]
     skel += [(r, _Slot(ctx, [], None, pins, overhead)) for r in range(len(splits))]
     pool = [i for _, p in full for rank in p[1] for i in rank]
-    per = 2 + len(skel) * ((2 * n if mode == "dist" else n) + 1) // 3
+    per = 2 + len(skel) * (n + 1) // 3
     if work + len(pool) * per >= limit:
         return None, work
     work += len(pool) * per
@@ -140,6 +155,8 @@ def pin_deal(ctx: GdsContext, splits, overhead: float, pins, mode: str, limit: i
         s, c = int(lengths[i]), costs[i]
         best = None  # (key, skeleton index, CP rank or -1, added, time)
         for k, (r, slot) in enumerate(skel):
+            if best is not None and rt[r] >= best[0]:  # every key here is at least rt[r]
+                continue
             got = slot.local(ctx, s, c)
             if got is not None:
                 t = got[1] + overhead
@@ -147,7 +164,10 @@ def pin_deal(ctx: GdsContext, splits, overhead: float, pins, mode: str, limit: i
                 key = (rt[r] + added) + 1e-3 * added
                 if best is None or key < best[0]:
                     best = (key, k, got[0], added, t)
-            if mode == "dist":
+            if mode == "dist" and 2.0 * c >= slot.top - overhead:
+                work += RING_WORK * n
+                if work >= limit:
+                    return None, work
                 ring = slot.ring(ctx, i)
                 if ring is not None:
                     t = ring + overhead
@@ -188,4 +208,4 @@ def pin_deal_best(ctx: GdsContext, splits, overhead: float, pins, limit: int
     return best, work
 
 
-__all__ = ["PIN_DEAL_MODES", "pin_deal", "pin_deal_best"]
+__all__ = ["PIN_DEAL_MODES", "RING_WORK", "pin_deal", "pin_deal_best"]
