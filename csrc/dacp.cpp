@@ -74,6 +74,12 @@ size_t choose_victim(const std::vector<Index>& local_r, const int64_t* lengths,
 
 }  // namespace
 
+int64_t Placement::size() const {
+  int64_t s = static_cast<int64_t>(distributed.size());
+  for (const auto& r : local) s += static_cast<int64_t>(r.size());
+  return s;
+}
+
 bool Placement::empty() const {
   if (!distributed.empty()) return false;
   for (const auto& r : local) {

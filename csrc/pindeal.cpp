@@ -15,12 +15,6 @@ namespace {
 
 constexpr int64_t kRingWork = 2;  // pindeal.RING_WORK
 
-int64_t placement_size(const Placement& p) {
-  int64_t s = static_cast<int64_t>(p.distributed.size());
-  for (const auto& r : p.local) s += static_cast<int64_t>(r.size());
-  return s;
-}
-
 // pindeal._Slot: one skeleton micro-batch.
 struct Slot {
   Slot(const GdsContext& ctx, const std::vector<Index>& dist, int64_t pid, const Pins& pins,
@@ -142,7 +136,7 @@ std::optional<std::vector<RankSplit>> pin_deal(const GdsContext& ctx,
   std::vector<Index> pool;
   for (size_t r = 0; r < splits.size(); ++r) {
     for (const auto& p : splits[r]) {
-      const int64_t size = placement_size(p);
+      const int64_t size = p.size();
       if (size == 0 && p.pin < 0) continue;
       *work += 1 + size;
       rank_of.push_back(r);
@@ -199,7 +193,7 @@ std::optional<std::vector<RankSplit>> pin_deal(const GdsContext& ctx,
   }
   std::vector<RankSplit> out(splits.size());
   for (size_t k = 0; k < skel.size(); ++k) {
-    if (placement_size(skel[k].p) || skel[k].p.pin >= 0) {
+    if (skel[k].p.size() || skel[k].p.pin >= 0) {
       out[rank_of[k]].push_back(std::move(skel[k].p));
     }
   }
@@ -214,7 +208,7 @@ std::optional<std::vector<RankSplit>> pin_deal_best(const GdsContext& ctx,
   int64_t spent = 0;
   double cur = 0.0;
   for (size_t d = 0; d < splits.size(); ++d) {
-    for (const auto& p : splits[d]) spent += placement_size(p) + n;
+    for (const auto& p : splits[d]) spent += p.size() + n;
     const double t = split_seconds(ctx, splits[d], overhead, &pins);
     cur = d == 0 ? t : std::max(cur, t);
   }
@@ -226,7 +220,7 @@ std::optional<std::vector<RankSplit>> pin_deal_best(const GdsContext& ctx,
     if (!got) continue;
     double t = 0.0;
     for (size_t d = 0; d < got->size(); ++d) {
-      for (const auto& p : (*got)[d]) spent += placement_size(p) + n;
+      for (const auto& p : (*got)[d]) spent += p.size() + n;
       const double x = split_seconds(ctx, (*got)[d], overhead, &pins);
       t = d == 0 ? x : std::max(t, x);
     }

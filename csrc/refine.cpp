@@ -14,12 +14,6 @@ namespace {
 constexpr size_t kTargets = 4;         // refine.TARGETS
 constexpr int64_t kPlaceWorkFactor = 8;  // refine.PLACE_WORK_FACTOR
 
-int64_t placement_size(const Placement& p) {
-  int64_t s = static_cast<int64_t>(p.distributed.size());
-  for (const auto& r : p.local) s += static_cast<int64_t>(r.size());
-  return s;
-}
-
 // (sample, where): where -1 distributed, else the CP rank (refine._samples).
 std::vector<std::pair<Index, int>> samples_of(const Placement& p) {
   std::vector<std::pair<Index, int>> out;
@@ -101,7 +95,7 @@ class Search {
 
  private:
   double price(const Placement& p) {
-    work_ += placement_size(p) + n_;
+    work_ += p.size() + n_;
     return micro_batch_time(p, ctx_.batch, ctx_.latency, n_);
   }
 

@@ -14,12 +14,6 @@ namespace {
 
 constexpr int64_t kDealWork = 2;  // resplit.DEAL_WORK
 
-int64_t size_of(const Placement& p) {
-  int64_t s = static_cast<int64_t>(p.distributed.size());
-  for (const auto& r : p.local) s += static_cast<int64_t>(r.size());
-  return s;
-}
-
 int64_t locals_of(const Placement& p) {
   int64_t s = 0;
   for (const auto& r : p.local) s += static_cast<int64_t>(r.size());
@@ -28,7 +22,7 @@ int64_t locals_of(const Placement& p) {
 
 // resplit._timed: the placement's time with the overhead; 0 when empty.
 double timed(const GdsContext& ctx, const Placement& p, double overhead) {
-  return size_of(p) ? micro_batch_time(p, ctx.batch, ctx.latency, ctx.cp_size) + overhead : 0.0;
+  return p.size() ? micro_batch_time(p, ctx.batch, ctx.latency, ctx.cp_size) + overhead : 0.0;
 }
 
 // resplit._deal: the local samples of pa and pb dealt costliest first, each to the least
@@ -109,7 +103,7 @@ bool resplit_rank(const GdsContext& ctx, RankSplit& split, double overhead, int6
   bool changed = false;
   std::vector<double> times;
   for (const auto& p : split) {
-    *work += size_of(p) + n;
+    *work += p.size() + n;
     times.push_back(timed(ctx, p, overhead));
   }
   while (true) {
@@ -120,7 +114,7 @@ bool resplit_rank(const GdsContext& ctx, RankSplit& split, double overhead, int6
     for (size_t a = 0; a < split.size(); ++a) {
       for (size_t c = a + 1; c < split.size(); ++c) {
         const int64_t pool = locals_of(split[a]) + locals_of(split[c]);
-        const int64_t size = size_of(split[a]) + size_of(split[c]);
+        const int64_t size = split[a].size() + split[c].size();
         // sorting, dealing (2 N + 2 per sample), pricing both
         const int64_t estimate = 2 * pool + kDealWork * (2 * n + 2) * pool + size + 2 * n;
         if (*work + estimate >= limit) {
@@ -219,7 +213,7 @@ Skeleton skeleton(const GdsContext& ctx, const std::vector<RankSplit>& splits, i
     for (const auto& p : splits[r]) {
       if (p.empty()) continue;
       ++full;
-      *work += 1 + size_of(p);
+      *work += 1 + p.size();
       if (mode == 0) out.emplace_back(r, p.distributed);
       for (Index i : p.distributed) {
         if (mode == 1 || ctx.batch.lengths[i] > ctx.bucket_size) ids.push_back(i);
@@ -399,7 +393,7 @@ std::optional<std::vector<RankSplit>> deal_best(const GdsContext& ctx,
   int64_t spent = 0;
   double cur = 0.0;
   for (const auto& split : splits) {
-    for (const auto& p : split) spent += size_of(p) + n;
+    for (const auto& p : split) spent += p.size() + n;
     cur = std::max(cur, ctx.split_time(split, overhead));
   }
   std::optional<std::vector<RankSplit>> best;
@@ -410,7 +404,7 @@ std::optional<std::vector<RankSplit>> deal_best(const GdsContext& ctx,
     if (!got) continue;
     double t = 0.0;
     for (const auto& split : *got) {
-      for (const auto& p : split) spent += size_of(p) + n;
+      for (const auto& p : split) spent += p.size() + n;
       t = std::max(t, ctx.split_time(split, overhead));
     }
     if (t < cur) {

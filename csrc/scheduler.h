@@ -68,6 +68,7 @@ struct Placement {
   int64_t pin = -1;
 
   bool empty() const;
+  int64_t size() const;  // samples held, distributed and local
 };
 
 using RankSplit = std::vector<Placement>;  // the micro-batches of one DP rank

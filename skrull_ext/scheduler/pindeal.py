@@ -37,16 +37,13 @@ from typing import Optional
 
 from skrull_ext.scheduler.balance import _split_time
 from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
+from skrull_ext.scheduler.resplit import _size, charge_deal
 from skrull_ext.sharding import shard_tokens
 
 # pin_deal()'s modes: local placements only, or the full ring of a micro-batch too.
 PIN_DEAL_MODES = ("keep", "dist")
 # Work units of pricing one sample on a micro-batch's full ring (N rank times), per CP rank.
 RING_WORK = 2
-
-
-def _size(p: Placement) -> int:
-    return len(p[0]) + sum(len(r) for r in p[1])
 
 
 class _Slot:
@@ -143,11 +140,10 @@ def pin_deal(ctx: GdsContext, splits, overhead: float, pins, mode: str, limit: i
             for r, p in full]
     skel += [(r, _Slot(ctx, [], None, pins, overhead)) for r in range(len(splits))]
     pool = [i for _, p in full for rank in p[1] for i in rank]
-    per = 2 + len(skel) * (n + 1) // 3
-    if work + len(pool) * per >= limit:
+    charged = charge_deal(ctx, pool, len(skel), work, limit)
+    if charged is None:
         return None, work
-    work += len(pool) * per
-    pool.sort(key=lambda i: (-costs[i], i))
+    work = charged
     rt = [0.0] * len(splits)
     for r, slot in skel:
         rt[r] += slot.top

@@ -240,6 +240,18 @@ def _skeleton(ctx: GdsContext, splits, mode: str) -> tuple[list[tuple[int, list[
     return out, work
 
 
+def charge_deal(ctx: GdsContext, pool: list[int], slots: int, work: int, limit: int
+                ) -> Optional[int]:
+    """A deal of ``pool`` over ``slots`` micro-batches charged (``2 + slots x (N + 1) // 3``
+    work units per sample) and ``pool`` sorted costliest first (ties: the lower index):
+    the work after it, or ``None`` (``pool`` unsorted) when it would reach ``limit``."""
+    per = 2 + slots * (ctx.cp_size + 1) // 3
+    if work + len(pool) * per >= limit:
+        return None
+    pool.sort(key=lambda i: (-ctx.costs[i], i))
+    return work + len(pool) * per
+
+
 def deal(ctx: GdsContext, splits, overhead: float, mode: str, limit: int
          ) -> tuple[Optional[list[list[Placement]]], int]:
     """The batch re-dealt over :func:`_skeleton`'s micro-batches (module docstring):
@@ -250,11 +262,10 @@ def deal(ctx: GdsContext, splits, overhead: float, mode: str, limit: int
     held = {i for _, dist in skel for i in dist}
     pool = [i for split in splits for p in split for i in p[0] + [x for r in p[1] for x in r]
             if i not in held]
-    per = 2 + len(skel) * (n + 1) // 3
-    if work + len(pool) * per >= limit:
+    charged = charge_deal(ctx, pool, len(skel), work, limit)
+    if charged is None:
         return None, work
-    work += len(pool) * per
-    pool.sort(key=lambda i: (-costs[i], i))
+    work = charged
     rt = [0.0] * len(splits)
     mbs = []  # per micro-batch: placement, t_comm, t_dist, loads, tokens, time so far
     for r, dist in skel:
@@ -317,4 +328,4 @@ def deal_best(ctx: GdsContext, splits, overhead: float, limit: int
     return best, work
 
 
-__all__ = ["DEAL_MODES", "DEAL_WORK", "deal", "deal_best", "first_fit", "resplit", "ring_time"]
+__all__ = ["DEAL_MODES", "DEAL_WORK", "charge_deal", "deal", "deal_best", "first_fit", "resplit", "ring_time"]
