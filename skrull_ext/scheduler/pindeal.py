@@ -17,7 +17,7 @@ time it adds is least (ties: the first): whole on the CP rank of a micro-batch w
 after it is least among those with room (ties: the lower rank), or, in mode ``dist``, also
 onto that micro-batch's full ring (its shard on every CP rank, the ring's transfers and
 share added) where the sample takes at least half the micro-batch's time so far (a short
-sample never gains from a ring's transfers; the gate keeps the deal's cost near a keep
+sample rarely gains from a ring's transfers; the gate keeps the deal's cost near a keep
 deal's).  A DP rank whose time already reaches the best key is skipped (no key there can
 beat it).  A rank's time in a micro-batch is
 :func:`~skrull_ext.scheduler.objective.rank_time` of its local work under the full ring,
@@ -25,11 +25,11 @@ plus its pinned rings' seconds, as :mod:`~skrull_ext.scheduler.balance` prices i
 :func:`pin_deal_best` runs both modes (:data:`PIN_DEAL_MODES`) and keeps the faster
 result when its slowest DP rank is strictly faster than the input's.  Measured on that
 setting (issue 31's grid, batch 0): the deal alone 0.249 -> 0.244 s per DP rank (``dist``;
-``keep``: no gain, the 226 ms sample sets the time), the plan 0.849 -> 0.842 s against
-the 300 ms search's 0.839 s.
+``keep``: no gain, the 226 ms sample sets the time), the plan after the search 0.849 ->
+0.839 s, the 300 ms search's time (docs/scheduler.md: the whole grid).
 
 This module is the specification; ``csrc/pindeal.cpp`` mirrors it (same order of float
-operations, same work count; ``tests/test_pinned.py``).
+operations, same work count; ``tests/test_pindeal.py``).
 """
 from __future__ import annotations
 
