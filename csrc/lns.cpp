@@ -601,6 +601,12 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
     if (pins) {  // then regroup() within what the search and the polish left
       const int64_t left = budget - search.work() + polish - polished_work;
       best = regroup(ctx, *best, overhead, left, &regroup_work, pins);
+      if (left - regroup_work > 0) {  // and the pinned deal once more with the rest
+        int64_t redeal = 0;
+        auto dealt = pin_deal_best(ctx, *best, overhead, *pins, left - regroup_work, &redeal);
+        if (dealt) best = std::move(*dealt);
+        regroup_work += redeal;
+      }
     }
   }
   if (spent) *spent = dealt_work + search.work() + polished_work + regroup_work;

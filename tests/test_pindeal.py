@@ -69,10 +69,11 @@ def test_nothing_when_not_faster_or_over_the_limit():
     assert got is None and work < 5
 
 
-def _lmsys_batch():
+def _lmsys_batch(bucket=3923):
     """lmsyschat1m lengths, 7B, DP 4 x CP 16, GBS 256, the planner's bucket: one micro-batch
-    per DP rank, where group-fill's greedy left five CP ranks of one DP rank idle."""
-    hw, cp, bucket = get_hardware("h100"), 16, 3923
+    per DP rank, where group-fill's greedy left five CP ranks of one DP rank idle (half
+    the bucket: two micro-batches per DP rank, where the deal gains only at the end)."""
+    hw, cp = get_hardware("h100"), 16
     lengths = sample_global_batches(load_profile("lmsyschat1m"), num_batches=1,
                                     global_batch_size=256, seed=0, max_length=cp * bucket - 64,
                                     overflow="truncate").batches[0]
@@ -81,8 +82,10 @@ def _lmsys_batch():
     return lengths, S.SchedulerConfig(dp_size=4, cp_size=cp, bucket_size=bucket), cost
 
 
-def test_taken_on_a_real_batch_and_faster(monkeypatch):
-    lengths, cfg, cost = _lmsys_batch()
+@pytest.mark.parametrize("bucket, expect", [(3923, [True, False]), (1961, [False, True])])
+def test_taken_on_a_real_batch_and_faster(bucket, expect, monkeypatch):
+    """The deal before the pinned search (first call) and once more after it (second)."""
+    lengths, cfg, cost = _lmsys_batch(bucket)
     taken = []
 
     def spy(*args):
@@ -94,15 +97,16 @@ def test_taken_on_a_real_batch_and_faster(monkeypatch):
     plan = S.schedule(lengths, cfg, cost, backend="python")
     monkeypatch.setattr(lns, "pin_deal_best", lambda *a: (None, 0))
     without = S.schedule(lengths, cfg, cost, backend="python")
-    assert plan.predicted["candidate"] == "group-fill" and taken == [True]
+    assert plan.predicted["candidate"] == "group-fill" and taken == expect
     assert plan.predicted["iteration_time"] < without.predicted["iteration_time"]
     plan.validate()
     assert plan.rank_tokens().max() <= cfg.bucket_size
 
 
 @pytest.mark.skipif(_backend.CPP is None, reason="skrull_ext._C not built")
-def test_same_plan_on_both_backends():
-    lengths, cfg, cost = _lmsys_batch()
+@pytest.mark.parametrize("bucket", [3923, 1961])
+def test_same_plan_on_both_backends(bucket):
+    lengths, cfg, cost = _lmsys_batch(bucket)
     py = S.schedule(lengths, cfg, cost, backend="python")
     cpp = S.schedule(lengths, cfg, cost, backend="cpp")
     assert py.dp_ranks == cpp.dp_ranks

@@ -50,7 +50,9 @@ their micro-batches' CP ranks, with the part of the budget kept for it from the 
 (:func:`~skrull_ext.scheduler.balance.balance_share`: 1/8 from 256 samples; the steps leave
 a micro-batch's CP ranks up to ~12% apart); with pins, then
 :func:`~skrull_ext.scheduler.regroup.regroup` (the slowest DP rank's binding samples moved
-or swapped into other DP ranks) within what was left of the budget.  Randomness comes
+or swapped into other DP ranks) within what was left of the budget, and the pinned deal
+once more with what is left after that (kept when faster: it undoes a plateau the steps
+stopped on).  Randomness comes
 from a splitmix64 stream with a fixed seed, and the budget counts work, not time (see
 :data:`WORK`), so every rank and every run gets the same plan.
 
@@ -592,7 +594,11 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float, p
         best, work = polished(ctx, splits if best is None else best, overhead, polish, pins)
         if pins:  # then regroup() within what the search and the polish left
             left = search.budget - search.work + polish - work
-            best = regroup(ctx, best, overhead, left, pins)[0]
+            best, used = regroup(ctx, best, overhead, left, pins)
+            if left - used > 0:  # and the pinned deal once more with the rest
+                dealt, _ = pin_deal_best(ctx, best, overhead, pins, left - used)
+                if dealt is not None:
+                    best = dealt
     elif best is None:
         return splits
     m = max(1, max(len(s) for s in best))
