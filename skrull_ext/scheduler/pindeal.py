@@ -23,7 +23,10 @@ beat it).  A rank's time in a micro-batch is
 :func:`~skrull_ext.scheduler.objective.rank_time` of its local work under the full ring,
 plus its pinned rings' seconds, as :mod:`~skrull_ext.scheduler.balance` prices it.
 :func:`pin_deal_best` runs both modes (:data:`PIN_DEAL_MODES`) and keeps the faster
-result when its slowest DP rank is strictly faster than the input's.  Measured on that
+result when its slowest DP rank is strictly faster than the input's;
+:func:`~skrull_ext.scheduler.lns.lns` calls it before the pinned search and once more
+after :func:`~skrull_ext.scheduler.regroup.regroup`, with what the budget left (at
+lmsyschat1m GBS 256, 0.5x bucket, where the first finds nothing: 0.883 -> 0.879 s).  Measured on that
 setting (issue 31's grid, batch 0): the deal alone 0.249 -> 0.244 s per DP rank (``dist``;
 ``keep``: no gain, the 226 ms sample sets the time), the plan after the search 0.849 ->
 0.839 s, the 300 ms search's time (docs/scheduler.md: the whole grid).
