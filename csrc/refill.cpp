@@ -1,6 +1,6 @@
-// (ours) lns.refill: each DP rank of ruin and recreate repacked into full micro-batches.
-// Split from lns.cpp (the search that calls it); mirrors skrull_ext/scheduler/lns.py's
-// refill step for step (same order, same float operations, same work count).
+// (ours) refill.refill: each DP rank of ruin and recreate repacked into full micro-batches.
+// Split from lns.cpp (the search that calls it); mirrors skrull_ext/scheduler/refill.py
+// step for step (same order, same float operations, same work count).
 #include <algorithm>
 #include <cstdint>
 #include <utility>
@@ -11,12 +11,12 @@
 namespace skrull {
 namespace {
 
-constexpr double kRefillFracs[] = {0.97};  // lns.REFILL_FRACS
-constexpr int64_t kRefillPlaceWork = 64;   // lns.REFILL_PLACE_WORK
+constexpr double kRefillFracs[] = {0.97};  // refill.REFILL_FRACS
+constexpr int64_t kRefillPlaceWork = 64;   // refill.REFILL_PLACE_WORK
 
 }  // namespace
 
-// lns.refill: each DP rank repacked first-fit decreasing (by cost, ties index) into
+// refill.refill: each DP rank repacked first-fit decreasing (by cost, ties index) into
 // micro-batches of at most int(frac x N x bucket) tokens, each placed by place_group; kept
 // where its split_time falls strictly.  Adds its work to *work.
 std::vector<RankSplit> refill(const GdsContext& ctx, const std::vector<RankSplit>& splits,

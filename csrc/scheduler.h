@@ -354,7 +354,7 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
                            double overhead, int64_t budget, double floor_t,
                            int64_t* spent = nullptr, const Pins* pins = nullptr);
 
-// ---- refill.cpp: lns.refill, each DP rank repacked first-fit decreasing into micro-batches
+// ---- refill.cpp: refill.refill, each DP rank repacked first-fit decreasing into micro-batches
 // of at most int(frac x N x bucket) tokens, each placed by place_group; kept where its
 // split_time falls strictly (changed[d]); its work added to *work.
 std::vector<RankSplit> refill(const GdsContext& ctx, const std::vector<RankSplit>& splits,

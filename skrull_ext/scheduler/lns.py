@@ -66,9 +66,9 @@ from typing import Optional
 from skrull_ext.scheduler.balance import balance_share, polished
 from skrull_ext.scheduler.pindeal import pin_deal_best
 from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
-from skrull_ext.scheduler.refine import place_group
+from skrull_ext.scheduler.refill import REFILL_FRACS, REFILL_PLACE_WORK, refill
 from skrull_ext.scheduler.regroup import regroup
-from skrull_ext.scheduler.resplit import deal_best, first_fit, resplit
+from skrull_ext.scheduler.resplit import deal_best, resplit
 from skrull_ext.sharding import shard_tokens
 
 MASK = (1 << 64) - 1
@@ -87,13 +87,8 @@ TAU0 = 2e-3
 TARGET_NOISE = 0.01
 # Half of the recreates order samples by cost times a factor in [1, 1 + ORDER_NOISE).
 ORDER_NOISE = 0.3
-# refill(): token fill fractions tried (of N x bucket per micro-batch).
-REFILL_FRACS = (0.97,)
 # Every this many steps (the first included) the ranks changed since are refilled.
 REFILL_EVERY = 30
-# Work units per sample and per CP rank of a micro-batch refill() places (DACP's five
-# variants and the pricing; bench_scheduler.py --calibrate --stage lns).
-REFILL_PLACE_WORK = 64
 # Work units per CP rank an insertion into a micro-batch with pinned rings prices (each
 # rank's time, twice: distributed and whole there; half of it per rank to sum one).
 # With 8 (2026-11-26, group-fill's plans, `_C.lns_pinned`): 270-800K units per ms on
@@ -153,56 +148,6 @@ class _Mb:
     def placement(self) -> Placement:
         p = (list(self.dist), [list(r) for r in self.local])
         return p if self.pin is None else p + (self.pin[0],)
-
-
-def refill(ctx: GdsContext, splits, overhead: float, limit: int
-           ) -> tuple[list[list[Placement]], int, list[bool]]:
-    """Each DP rank of ``splits`` repacked: its samples by descending cost (ties: index)
-    into the first micro-batch whose tokens stay within ``int(frac x N x bucket)`` (else a
-    new one), each micro-batch placed by ``place_group``; per ``frac`` of
-    :data:`REFILL_FRACS`, kept where the rank's ``split_time`` falls strictly.
-
-    Work: per attempt the first-fit checks and :data:`REFILL_PLACE_WORK` ``x (s + N)``
-    per placed micro-batch, per rank its micro-batch count and, once, twice its samples
-    and CP ranks (sorting and pricing); an attempt whose estimate (the samples times the
-    rank's micro-batches plus one, plus the placements at that count) would reach
-    ``limit`` is skipped, and so are the rank's later ones.
-    Returns ``(splits, work, changed)``: ranks not padded to equal lengths, ``changed[d]``
-    whether rank ``d`` was repacked.
-    """
-    n, cap, work, out, changed = ctx.cp_size, ctx.bucket_size, 0, [], []
-    for split in splits:
-        full = [p for p in split if p[0] or any(p[1])]
-        size = sum(len(p[0]) + sum(len(r) for r in p[1]) for p in full)
-        work += len(split)
-        estimate = size * (len(full) + 1) + REFILL_PLACE_WORK * (size + n * len(full))
-        best, best_t = split, None
-        for frac in REFILL_FRACS:
-            if work + estimate >= limit:
-                break
-            if best_t is None:  # the rank's samples, costliest first, and its time
-                pool = [i for p in full for i in list(p[0]) + [x for r in p[1] for x in r]]
-                pool.sort(key=lambda i: (-ctx.costs[i], i))
-                work += 2 * (size + n * len(full))
-                best_t = ctx.split_time(split, overhead)
-            groups, checks = first_fit(pool, [int(ctx.lengths[i]) for i in pool],
-                                       int(frac * cap * n))
-            work += checks
-            placed = []
-            for g in groups:
-                work += REFILL_PLACE_WORK * (len(g) + n)
-                p = place_group(ctx, g)
-                if p is None:
-                    break
-                placed.append(p)
-            if len(placed) < len(groups):
-                continue
-            t = ctx.split_time(placed, overhead)
-            if t < best_t:
-                best, best_t = placed, t
-        out.append(best)
-        changed.append(best is not split)
-    return out, work, changed
 
 
 class _Lns:

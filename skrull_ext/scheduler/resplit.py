@@ -20,7 +20,7 @@ non-decreasing function of its local work), and a ring micro-batch takes local w
 first where it hides the transfers at no cost.  The best pair by time saved (ties: the
 first) replaces ``a`` and ``b`` when the two are strictly faster (a micro-batch left
 empty is dropped, saving its overhead); the rank's pairs are tried again until none
-gains.  The pass is deterministic and counts work like :func:`~skrull_ext.scheduler.lns.refill`;
+gains.  The pass is deterministic and counts work like :func:`~skrull_ext.scheduler.refill.refill`;
 ruin and recreate runs it after each refill on the same DP ranks.
 
 :func:`deal` re-deals the whole batch at once, before ruin and recreate's first step
