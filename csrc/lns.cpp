@@ -595,21 +595,20 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
       best = search.snapshot();
     }
   }
-  int64_t polished_work = 0, regroup_work = 0;  // then balance(), unless at the floor
+  int64_t polished_work = 0, regroup_work = 0, redeal_work = 0;  // unless at the floor
   if (best_ms > floor_t * (1.0 + 1e-9)) {
     best = polished(ctx, best ? *best : splits, overhead, polish, &polished_work, pins);
     if (pins) {  // then regroup() within what the search and the polish left
       const int64_t left = budget - search.work() + polish - polished_work;
       best = regroup(ctx, *best, overhead, left, &regroup_work, pins);
       if (left - regroup_work > 0) {  // and the pinned deal once more with the rest
-        int64_t redeal = 0;
-        auto dealt = pin_deal_best(ctx, *best, overhead, *pins, left - regroup_work, &redeal);
+        auto dealt =
+            pin_deal_best(ctx, *best, overhead, *pins, left - regroup_work, &redeal_work);
         if (dealt) best = std::move(*dealt);
-        regroup_work += redeal;
       }
     }
   }
-  if (spent) *spent = dealt_work + search.work() + polished_work + regroup_work;
+  if (spent) *spent = dealt_work + search.work() + polished_work + regroup_work + redeal_work;
   return best ? padded(std::move(*best), ctx.cp_size) : splits;
 }
 

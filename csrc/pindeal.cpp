@@ -44,12 +44,10 @@ struct Slot {
     }
   }
 
-  double comm(double raw) const { return p.distributed.empty() ? raw : raw + ctx_.latency; }
-
   double rank(int x, double add) const {
     const size_t u = static_cast<size_t>(x);
     if (p.distributed.empty()) return std::max(0.0, load_[u] + add) + psec_[u];  // no ring
-    const double t = rank_time(load_[u] + add, comm(raw_comm_), raw_dist_, n_,
+    const double t = rank_time(load_[u] + add, raw_comm_ + ctx_.latency, raw_dist_, n_,
                                ctx_.batch.objective);
     return std::max(0.0, t) + psec_[u];
   }

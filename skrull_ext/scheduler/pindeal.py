@@ -68,14 +68,11 @@ class _Slot:
         if dist or pid is not None:
             self.top = max(self.rank(ctx, x, 0.0) for x in range(n)) + overhead
 
-    def comm(self, ctx: GdsContext, raw: float) -> float:
-        return raw + ctx.latency if self.p[0] else raw
-
     def rank(self, ctx: GdsContext, x: int, add: float) -> float:
         """CP rank ``x``'s time with ``add`` more local work (overheads excluded)."""
         if not self.p[0]:  # nothing on the full ring: rank_time is the local work itself
             return max(0.0, self.load[x] + add) + self.psec[x]
-        t = rank_time(self.load[x] + add, self.comm(ctx, self.raw_comm), self.raw_dist,
+        t = rank_time(self.load[x] + add, self.raw_comm + ctx.latency, self.raw_dist,
                       ctx.cp_size, ctx.objective)
         return max(0.0, t) + self.psec[x]
 
