@@ -90,7 +90,8 @@ def test_taken_on_a_real_batch_and_faster(bucket, expect, monkeypatch):
 
     def spy(*args):
         out = pin_deal_best(*args)
-        taken.append(out[0] is not None)
+        if len(args[1]) > 1:  # not the one-rank searches of lns.level
+            taken.append(out[0] is not None)
         return out
 
     monkeypatch.setattr(lns, "pin_deal_best", spy)
