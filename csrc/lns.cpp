@@ -20,8 +20,7 @@ constexpr double kTargetNoise = 0.01;              // lns.TARGET_NOISE
 constexpr double kOrderNoise = 0.3;                // lns.ORDER_NOISE
 constexpr int64_t kRefillEvery = 30;               // lns.REFILL_EVERY
 constexpr int64_t kPinRankWork = 2;                // lns.PIN_RANK_WORK
-constexpr int64_t kLevelDiv = 4;                   // lns.LEVEL_DIV
-constexpr int64_t kLevelSplit = 2;                 // lns.LEVEL_SPLIT
+constexpr int64_t kAloneDiv = 4;                   // lns.ALONE_DIV
 
 class Rng {  // lns._Rng: splitmix64
  public:
@@ -537,35 +536,6 @@ std::vector<RankSplit> padded(std::vector<RankSplit> splits, int cp_size) {
 
 }  // namespace
 
-// lns.level: every DP rank but the slowest searched alone (lns on that rank), kept where
-// it got strictly faster; *work: the units given, not those spent.
-std::vector<RankSplit> level(const GdsContext& ctx, const std::vector<RankSplit>& splits,
-                             double overhead, int64_t limit, const Pins* pins, int64_t* work) {
-  *work = 0;
-  const size_t dp = splits.size();
-  std::vector<double> times(dp);
-  size_t d0 = 0;
-  for (size_t d = 0; d < dp; ++d) {
-    times[d] = split_seconds(ctx, splits[d], overhead, pins);
-    if (times[d] > times[d0]) d0 = d;
-  }
-  const int64_t others = static_cast<int64_t>(dp) - 1;
-  const int64_t each = limit / (kLevelSplit * std::max<int64_t>(1, others));
-  if (each <= 0 || others <= 0) return splits;
-  std::vector<RankSplit> out(splits);
-  for (size_t d = 0; d < dp; ++d) {
-    if (d == d0) continue;
-    auto alone = lns(ctx, {splits[d]}, overhead, each, 0.0, nullptr, pins);
-    RankSplit got;
-    for (auto& p : alone[0]) {
-      if (!p.empty() || p.pin >= 0) got.push_back(std::move(p));
-    }
-    if (split_seconds(ctx, got, overhead, pins) < times[d]) out[d] = std::move(got);
-  }
-  *work = each * others;
-  return out;
-}
-
 std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
                            double overhead, int64_t budget, double floor_t, int64_t* spent,
                            const Pins* pins) {
@@ -573,8 +543,8 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
   if (budget <= 0 || splits.empty()) return splits;
   if (pins && pins->seconds.empty()) pins = nullptr;
   const int64_t polish = balance_share(budget, ctx.batch.size);  // kept for balance()
-  const int64_t levelled =  // on top of the budget
-      pins && splits.size() > 1 ? (budget - polish) / kLevelDiv : 0;
+  const int64_t alone_budget =  // on top of the budget
+      pins && splits.size() > 1 ? (budget - polish) / kAloneDiv : 0;
   int64_t dealt_work = 0;
   double start = 0.0;
   if (!pins) {
@@ -628,36 +598,16 @@ std::vector<RankSplit> lns(const GdsContext& ctx, std::vector<RankSplit> splits,
       best = search.snapshot();
     }
   }
-  int64_t polished_work = 0, regroup_work = 0, redeal_work = 0;  // unless at the floor
-  int64_t level_work = 0;
+  int64_t polished_work = 0, after_work = 0;  // unless at the floor
   if (best_ms > floor_t * (1.0 + 1e-9)) {
     best = polished(ctx, best ? *best : splits, overhead, polish, &polished_work, pins);
-    if (pins) {  // then regroup() within what the search and the polish left
+    if (pins) {  // then the cross-DP-rank stages within what the search and polish left
       const int64_t left = budget - search.work() + polish - polished_work;
-      best = regroup(ctx, *best, overhead, left, &regroup_work, pins);
-      if (left - regroup_work > 0) {  // and the pinned deal once more with the rest
-        auto dealt =
-            pin_deal_best(ctx, *best, overhead, *pins, left - regroup_work, &redeal_work);
-        if (dealt) best = std::move(*dealt);
-      }
-      // then the other DP ranks searched alone and regroup() again (not where the
-      // slowest DP rank holds rings alone: nothing lowers its time)
-      if (levelled && !search.stuck()) {
-        int64_t used = 0, again = 0;
-        auto out = level(ctx, *best, overhead, levelled, pins, &used);
-        out = regroup(ctx, out, overhead, levelled - used, &again, pins);
-        level_work = used + again;
-        double now = 0.0, was = 0.0;
-        for (const auto& s : out) now = std::max(now, split_seconds(ctx, s, overhead, pins));
-        for (const auto& s : *best) was = std::max(was, split_seconds(ctx, s, overhead, pins));
-        if (now < was) best = std::move(out);
-      }
+      best = after_search(ctx, *best, overhead, left, search.stuck() ? 0 : alone_budget,
+                          *pins, &after_work);
     }
   }
-  if (spent) {
-    *spent = dealt_work + search.work() + polished_work + regroup_work + redeal_work +
-             level_work;
-  }
+  if (spent) *spent = dealt_work + search.work() + polished_work + after_work;
   return best ? padded(std::move(*best), ctx.cp_size) : splits;
 }
 

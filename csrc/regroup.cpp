@@ -13,8 +13,9 @@
 namespace skrull {
 namespace {
 
-constexpr double kEps = 1e-12;  // regroup.EPS
-constexpr size_t kDests = 4;    // regroup.DESTS
+constexpr double kEps = 1e-12;     // regroup.EPS
+constexpr size_t kDests = 4;       // regroup.DESTS
+constexpr int64_t kAloneSplit = 2;  // regroup.ALONE_SPLIT
 
 // regroup._Mb: one micro-batch's lists, ring sums, per-CP-rank loads, tokens and times.
 struct Mb {
@@ -154,6 +155,44 @@ Cand best_step(const GdsContext& ctx, const std::vector<std::vector<Mb>>& ranks,
 
 void erase_one(std::vector<Index>& v, Index x) { v.erase(std::find(v.begin(), v.end(), x)); }
 
+// regroup.search_alone: every DP rank but the slowest searched alone (lns on that rank),
+// kept where it got strictly faster; *work: the units given, not those spent.
+std::vector<RankSplit> search_alone(const GdsContext& ctx, const std::vector<RankSplit>& splits,
+                                    double overhead, int64_t limit, const Pins& pins,
+                                    int64_t* work) {
+  *work = 0;
+  const size_t dp = splits.size();
+  std::vector<double> times(dp);
+  size_t d0 = 0;
+  for (size_t d = 0; d < dp; ++d) {
+    times[d] = split_seconds(ctx, splits[d], overhead, &pins);
+    if (times[d] > times[d0]) d0 = d;
+  }
+  const int64_t others = static_cast<int64_t>(dp) - 1;
+  const int64_t each = limit / (kAloneSplit * std::max<int64_t>(1, others));
+  if (each <= 0 || others <= 0) return splits;
+  std::vector<RankSplit> out(splits);
+  for (size_t d = 0; d < dp; ++d) {
+    if (d == d0) continue;
+    auto searched = lns(ctx, {splits[d]}, overhead, each, 0.0, nullptr, &pins);
+    RankSplit got;
+    for (auto& p : searched[0]) {
+      if (!p.empty() || p.pin >= 0) got.push_back(std::move(p));
+    }
+    if (split_seconds(ctx, got, overhead, &pins) < times[d]) out[d] = std::move(got);
+  }
+  *work = each * others;
+  return out;
+}
+
+// The slowest DP rank's seconds (with the rings').
+double makespan(const GdsContext& ctx, const std::vector<RankSplit>& splits, double overhead,
+                const Pins& pins) {
+  double t = 0.0;
+  for (const auto& s : splits) t = std::max(t, split_seconds(ctx, s, overhead, &pins));
+  return t;
+}
+
 }  // namespace
 
 std::vector<RankSplit> regroup(const GdsContext& ctx, const std::vector<RankSplit>& splits,
@@ -230,6 +269,30 @@ std::vector<RankSplit> regroup(const GdsContext& ctx, const std::vector<RankSpli
     before = std::max(before, split_seconds(ctx, splits[d], overhead, pins));
   }
   return after < before ? out : splits;
+}
+
+std::vector<RankSplit> after_search(const GdsContext& ctx, std::vector<RankSplit> best,
+                                    double overhead, int64_t left, int64_t alone,
+                                    const Pins& pins, int64_t* work) {
+  int64_t used = 0;
+  best = regroup(ctx, best, overhead, left, &used, &pins);
+  *work = used;
+  if (left - used > 0) {  // the pinned deal once more with the rest
+    int64_t more = 0;
+    auto dealt = pin_deal_best(ctx, best, overhead, pins, left - used, &more);
+    *work += more;
+    if (dealt) best = std::move(*dealt);
+  }
+  if (alone > 0) {  // then the other DP ranks searched alone, and regroup() again
+    int64_t given = 0, again = 0;
+    auto out = search_alone(ctx, best, overhead, alone, pins, &given);
+    out = regroup(ctx, out, overhead, alone - given, &again, &pins);
+    *work += given + again;
+    if (makespan(ctx, out, overhead, pins) < makespan(ctx, best, overhead, pins)) {
+      best = std::move(out);
+    }
+  }
+  return best;
 }
 
 }  // namespace skrull

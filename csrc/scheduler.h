@@ -379,6 +379,13 @@ double split_seconds(const GdsContext& ctx, const RankSplit& split, double overh
 std::vector<RankSplit> regroup(const GdsContext& ctx, const std::vector<RankSplit>& splits,
                                double overhead, int64_t limit, int64_t* work = nullptr,
                                const Pins* pins = nullptr);
+// regroup.after_search: lns's stages after the pinned search and its polish: regroup()
+// within `left` units, the pinned deal with what it leaves, then (alone > 0) every DP rank
+// but the slowest searched alone by lns() and regroup() again within `alone`, kept when the
+// slowest DP rank gets strictly faster; *work: the units counted.
+std::vector<RankSplit> after_search(const GdsContext& ctx, std::vector<RankSplit> best,
+                                    double overhead, int64_t left, int64_t alone,
+                                    const Pins& pins, int64_t* work);
 // The part of ruin and recreate's `budget` kept for balance() on k samples
 // (balance.balance_share).
 int64_t balance_share(int64_t budget, int64_t k);

@@ -12,6 +12,7 @@ from skrull_ext.costmodel.hardware import get_hardware
 from skrull_ext.costmodel.model import MODEL_PRESETS
 from skrull_ext.planner.profiles import load_profile, sample_global_batches
 from skrull_ext.scheduler import lns
+import skrull_ext.scheduler.regroup as regroup_mod
 from skrull_ext.scheduler.balance import _split_time
 from skrull_ext.scheduler.pindeal import pin_deal, pin_deal_best
 from skrull_ext.scheduler.reference import GdsContext
@@ -90,13 +91,15 @@ def test_taken_on_a_real_batch_and_faster(bucket, expect, monkeypatch):
 
     def spy(*args):
         out = pin_deal_best(*args)
-        if len(args[1]) > 1:  # not the one-rank searches of lns.level
+        if len(args[1]) > 1:  # not the one-rank searches of regroup.search_alone
             taken.append(out[0] is not None)
         return out
 
-    monkeypatch.setattr(lns, "pin_deal_best", spy)
+    for module in (lns, regroup_mod):  # before the search, then in regroup.after_search
+        monkeypatch.setattr(module, "pin_deal_best", spy)
     plan = S.schedule(lengths, cfg, cost, backend="python")
-    monkeypatch.setattr(lns, "pin_deal_best", lambda *a: (None, 0))
+    for module in (lns, regroup_mod):
+        monkeypatch.setattr(module, "pin_deal_best", lambda *a: (None, 0))
     without = S.schedule(lengths, cfg, cost, backend="python")
     assert plan.predicted["candidate"] == "group-fill" and taken == expect
     assert plan.predicted["iteration_time"] < without.predicted["iteration_time"]

@@ -1,6 +1,6 @@
 """The cross-DP-rank polish after the pinned search (skrull_ext/scheduler/regroup.py,
 csrc/regroup.cpp): what it moves, that it never makes the slowest DP rank slower, the room
-lns.level makes for it, and the same plan on both backends."""
+search_alone makes for it, and the same plan on both backends."""
 import dataclasses
 
 import numpy as np
@@ -13,7 +13,8 @@ from skrull_ext.costmodel.model import MODEL_PRESETS
 from skrull_ext.scheduler import lns
 from skrull_ext.scheduler.balance import _split_time
 from skrull_ext.scheduler.reference import GdsContext
-from skrull_ext.scheduler.regroup import regroup
+import skrull_ext.scheduler.regroup as regroup_mod
+from skrull_ext.scheduler.regroup import regroup, search_alone
 
 
 def _ctx(costs):
@@ -56,26 +57,26 @@ def test_pinned_rings_counted_and_kept():
     assert sorted(i for s in out for p in s for r in p[1] for i in r) == [0, 1, 2, 3, 4]
 
 
-def test_level_makes_room_that_regroup_fills():
+def test_searching_the_others_alone_makes_room_that_regroup_fills():
     """DP rank 0 (1.7 s): a ring pinned on CP rank 0 (1.0 s) under a 0.2 s sample, 1.0 s
     on CP rank 1.  DP rank 1 (1.6 s): two micro-batches, 0.5 / 0.5 and 0.1 / 0.1.  Moving
     the 0.2 into DP rank 1 makes it 1.8 s, swapping it for a 0.1 leaves it at 1.7: regroup
-    alone returns the plan.  ``level`` leaves the slowest rank as it is and searches DP
-    rank 1 alone, which merges its micro-batches (1.1 s, one overhead less), with
-    ``limit // LEVEL_SPLIT`` units; regroup then moves the 0.2 there: 1.5 / 1.3 s."""
+    alone returns the plan.  ``search_alone`` leaves the slowest rank as it is and searches
+    DP rank 1 alone, which merges its micro-batches (1.1 s, one overhead less), with
+    ``limit // ALONE_SPLIT`` units; regroup then moves the 0.2 there: 1.5 / 1.3 s."""
     ctx = _ctx([0.2, 1.0, 0.5, 0.5, 0.1, 0.1])
     pins = {0: ([1.0, 0.0], [0, 0])}
     plan = [[([], [[0], [1]], 0)], [([], [[2], [3]]), ([], [[4], [5]])]]
     assert [_split_time(ctx, s, 0.5, pins) for s in plan] == pytest.approx([1.7, 1.6])
     assert regroup(ctx, plan, 0.5, 10**6, pins)[0] is plan
-    out, work = lns.level(ctx, plan, 0.5, 10**6, pins)
-    assert out[0] is plan[0] and work == 10**6 // lns.LEVEL_SPLIT
+    out, work = search_alone(ctx, plan, 0.5, 10**6, pins, lns.lns)
+    assert out[0] is plan[0] and work == 10**6 // regroup_mod.ALONE_SPLIT
     assert sorted(map(sorted, out[1][0][1])) == [[2, 4], [3, 5]] and len(out[1]) == 1
     out, _ = regroup(ctx, out, 0.5, 10**6, pins)
     assert [_split_time(ctx, s, 0.5, pins) for s in out] == pytest.approx([1.5, 1.3])
     assert out[0][0][2] == 0 and sorted(
         i for s in out for p in s for r in p[1] for i in r) == list(range(6))
-    assert lns.level(ctx, plan, 0.5, 1, pins) == (plan, 0)  # no units for a search
+    assert search_alone(ctx, plan, 0.5, 1, pins, lns.lns) == (plan, 0)  # no units to search
 
 
 def test_no_step_or_no_budget_returns_the_input():
@@ -109,14 +110,14 @@ def test_same_plan_on_both_backends(case, monkeypatch):
 
     def spy(ctx, splits, overhead, limit, pins=None):
         out = regroup(ctx, splits, overhead, limit, pins)
-        if len(splits) > 1:  # not the one-rank searches of lns.level
+        if len(splits) > 1:  # not the one-rank searches of search_alone
             changed.append(out[0] is not splits)
         return out
 
-    monkeypatch.setattr(lns, "regroup", spy)
+    monkeypatch.setattr(regroup_mod, "regroup", spy)
     py = S.schedule(lengths, cfg, cost, backend="python")
     cpp = S.schedule(lengths, cfg, cost, backend="cpp")
-    # after the polish (first), then after lns.level
+    # after the polish (first), then after search_alone
     assert py.predicted["candidate"] == "group-fill" and changed[:1] == [True]
     assert py.dp_ranks == cpp.dp_ranks
     assert py.predicted["iteration_time"] == cpp.predicted["iteration_time"]

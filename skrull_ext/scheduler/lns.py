@@ -52,9 +52,10 @@ a micro-batch's CP ranks up to ~12% apart); with pins, then
 :func:`~skrull_ext.scheduler.regroup.regroup` (the slowest DP rank's binding samples moved
 or swapped into other DP ranks) within what was left of the budget, and the pinned deal
 once more with what is left after that (kept when faster: it undoes a plateau the steps
-stopped on), and last, with ``budget // LEVEL_DIV`` units more, :func:`level` (every other
-DP rank searched alone, making room) and :func:`regroup` again (kept when faster; not
-where the slowest DP rank holds rings alone).  Randomness comes
+stopped on), and last, with ``budget // ALONE_DIV`` units more,
+:func:`~skrull_ext.scheduler.regroup.search_alone` (every other DP rank searched alone,
+making room) and :func:`regroup` again (kept when faster; not where the slowest DP rank
+holds rings alone): :func:`~skrull_ext.scheduler.regroup.after_search`.  Randomness comes
 from a splitmix64 stream with a fixed seed, and the budget counts work, not time (see
 :data:`WORK`), so every rank and every run gets the same plan.
 
@@ -65,11 +66,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from skrull_ext.scheduler.balance import _split_time, balance_share, polished
+from skrull_ext.scheduler.balance import balance_share, polished
 from skrull_ext.scheduler.pindeal import pin_deal_best
 from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
 from skrull_ext.scheduler.refill import REFILL_FRACS, REFILL_PLACE_WORK, refill
-from skrull_ext.scheduler.regroup import regroup
+from skrull_ext.scheduler.regroup import after_search
 from skrull_ext.scheduler.resplit import deal_best, resplit
 from skrull_ext.sharding import shard_tokens
 
@@ -102,11 +103,9 @@ REFILL_EVERY = 30
 # user file and lmsyschat1m (4 gives 360-670K; the budget assumes 300K:
 # bench_scheduler.py --calibrate), so 2; chatqa2 (203K) now stops after 0.4M units.
 PIN_RANK_WORK = 2
-# With pins, ``budget // LEVEL_DIV`` more units (on top of the budget) for :func:`level`
-# and the second :func:`regroup`; :func:`level` gives each DP rank it searches
-# ``1 / (LEVEL_SPLIT x (D - 1))`` of them, :func:`regroup` gets the rest.
-LEVEL_DIV = 4
-LEVEL_SPLIT = 2
+# With pins, ``budget // ALONE_DIV`` more units (on top of the budget) for
+# :func:`~skrull_ext.scheduler.regroup.search_alone` and the second ``regroup``.
+ALONE_DIV = 4
 
 
 class _Rng:
@@ -481,34 +480,6 @@ class _Lns:
         return [[mb.placement() for mb in rank if mb.kept()] for rank in self.ranks]
 
 
-def level(ctx: GdsContext, splits, overhead: float, limit: int, pins
-          ) -> tuple[list[list[Placement]], int]:
-    """``(splits, work)``: every DP rank but the slowest (ties: the lowest index) searched
-    on its own, :func:`lns` on that rank alone with ``limit // (LEVEL_SPLIT x (D - 1))``
-    work units each (its rings pinned; kept where the rank got strictly faster).
-
-    The whole-batch search ruins the slowest DP rank; where the DP ranks end within a
-    hair of each other and the slowest cannot shed work within itself, the others are
-    never searched, and they have no room left for its samples.  Searched alone, they
-    get faster and make that room, which :func:`regroup` then fills (wikipedia, 7B,
-    CP 16, GBS 1024, 1x: one DP rank 743.5 -> 723 ms alone).  The work counted is the
-    units given, not those spent (both backends).
-    """
-    times = [_split_time(ctx, s, overhead, pins) for s in splits]
-    d0 = max(range(len(splits)), key=lambda d: (times[d], -d))
-    others = [d for d in range(len(splits)) if d != d0]
-    each = limit // (LEVEL_SPLIT * max(1, len(others)))
-    if each <= 0 or not others:
-        return splits, 0
-    out = list(splits)
-    for d in others:
-        got = [p for p in lns(ctx, [splits[d]], overhead, each, 0.0, pins)[0]
-               if p[0] or any(p[1]) or len(p) > 2]
-        if _split_time(ctx, got, overhead, pins) < times[d]:
-            out[d] = got
-    return out, each * len(others)
-
-
 def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float, pins=None
         ) -> list[list[Placement]]:
     """Ruin and recreate on ``splits`` (``[D][M]`` placements) within ``budget`` work
@@ -532,7 +503,7 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float, p
         return splits
     polish = balance_share(budget, len(ctx.lengths))  # kept for balance() on the best plan
     budget -= polish
-    levelled = budget // LEVEL_DIV if pins and len(splits) > 1 else 0  # on top of budget
+    alone_budget = budget // ALONE_DIV if pins and len(splits) > 1 else 0  # on top of it
     spent = 0
     free = [d for d, s in enumerate(splits) if not any(len(p) > 2 for p in s)]
     if not pins and max(ctx.split_time(s, overhead) for s in splits) > floor_t * (1.0 + 1e-9):
@@ -573,21 +544,10 @@ def lns(ctx: GdsContext, splits, overhead: float, budget: int, floor_t: float, p
             best, best_key = search.snapshot(), key
     if best_key[0] > floor_t * (1.0 + 1e-9):
         best, work = polished(ctx, splits if best is None else best, overhead, polish, pins)
-        if pins:  # then regroup() within what the search and the polish left
+        if pins:  # then the cross-DP-rank stages within what the search and polish left
             left = search.budget - search.work + polish - work
-            best, used = regroup(ctx, best, overhead, left, pins)
-            if left - used > 0:  # and the pinned deal once more with the rest
-                dealt, _ = pin_deal_best(ctx, best, overhead, pins, left - used)
-                if dealt is not None:
-                    best = dealt
-            # then the other DP ranks searched alone and regroup() again (not where the
-            # slowest DP rank holds rings alone: nothing lowers its time)
-            if levelled and not search.stuck:
-                out, used = level(ctx, best, overhead, levelled, pins)
-                out, _ = regroup(ctx, out, overhead, levelled - used, pins)
-                if (max(_split_time(ctx, s, overhead, pins) for s in out)
-                        < max(_split_time(ctx, s, overhead, pins) for s in best)):
-                    best = out
+            best, _ = after_search(ctx, best, overhead, left,
+                                   0 if search.stuck else alone_budget, pins, lns)
     elif best is None:
         return splits
     m = max(1, max(len(s) for s in best))

@@ -28,12 +28,18 @@ per step the DP ranks; per ``(i, micro-batch)`` pair N plus the samples scanned 
 per applied step both micro-batches' samples plus 2 N; and twice every micro-batch's samples
 and CP ranks for the final checks (reserved first).
 
+:func:`after_search` runs it after the pinned search: within what the search and its
+polish left, then the pinned deal with the rest, and last :func:`search_alone` (every other
+DP rank searched alone, which makes room where the DP ranks tie) and :func:`regroup` again,
+with ``lns.ALONE_DIV`` of the budget on top.
+
 This module is the specification; ``csrc/regroup.cpp`` mirrors it (same candidate order,
 same float operations, same work count; ``tests/test_regroup.py``).
 """
 from __future__ import annotations
 
 from skrull_ext.scheduler.balance import _split_time
+from skrull_ext.scheduler.pindeal import pin_deal_best
 from skrull_ext.scheduler.reference import GdsContext, Placement, rank_time
 from skrull_ext.scheduler.resplit import ring_time
 from skrull_ext.sharding import shard_tokens
@@ -42,6 +48,8 @@ from skrull_ext.sharding import shard_tokens
 EPS = 1e-12
 # CP ranks of each other micro-batch tried as destinations: the least loaded (in time).
 DESTS = 4
+# search_alone gives each DP rank it searches 1 / (ALONE_SPLIT x (D - 1)) of its units.
+ALONE_SPLIT = 2
 
 
 class _Mb:
@@ -207,4 +215,58 @@ def regroup(ctx: GdsContext, splits, overhead: float, limit: int, pins=None
     return splits, work
 
 
-__all__ = ["EPS", "regroup"]
+def search_alone(ctx: GdsContext, splits, overhead: float, limit: int, pins, search
+                 ) -> tuple[list[list[Placement]], int]:
+    """``(splits, work)``: every DP rank but the slowest (ties: the lowest index) searched
+    on its own by ``search`` (:func:`~skrull_ext.scheduler.lns.lns`, passed in: it calls
+    this module) on that rank alone with ``limit // (ALONE_SPLIT x (D - 1))`` work units
+    each, its rings pinned; a rank is kept where it got strictly faster.
+
+    Ruin and recreate ruins the slowest DP rank; where the DP ranks end within a hair of
+    each other and the slowest cannot shed work within itself, the others are never
+    searched and have no room for its samples.  Searched alone they get faster and make
+    that room, which :func:`regroup` then fills (wikipedia, 7B, CP 16, GBS 1024, 1x: one
+    DP rank 743.5 -> 723 ms alone).  The work counted is the units given, not those spent
+    (both backends).
+    """
+    times = [_split_time(ctx, s, overhead, pins) for s in splits]
+    d0 = max(range(len(splits)), key=lambda d: (times[d], -d))
+    others = [d for d in range(len(splits)) if d != d0]
+    each = limit // (ALONE_SPLIT * max(1, len(others)))
+    if each <= 0 or not others:
+        return splits, 0
+    out = list(splits)
+    for d in others:
+        got = [p for p in search(ctx, [splits[d]], overhead, each, 0.0, pins)[0]
+               if p[0] or any(p[1]) or len(p) > 2]
+        if _split_time(ctx, got, overhead, pins) < times[d]:
+            out[d] = got
+    return out, each * len(others)
+
+
+def after_search(ctx: GdsContext, best, overhead: float, left: int, alone: int, pins, search
+                 ) -> tuple[list[list[Placement]], int]:
+    """``(splits, work)``: the cross-DP-rank stages after the pinned search and its polish
+    (:func:`~skrull_ext.scheduler.lns.lns` with pins): :func:`regroup` within ``left``
+    units, the pinned deal (:func:`~skrull_ext.scheduler.pindeal.pin_deal_best`) with what
+    it leaves (kept when faster), then, with ``alone`` more units (0: skipped),
+    :func:`search_alone` by ``search`` and :func:`regroup` again, kept when the slowest DP
+    rank gets strictly faster."""
+    best, used = regroup(ctx, best, overhead, left, pins)
+    work = used
+    if left - used > 0:  # the pinned deal once more with the rest
+        dealt, more = pin_deal_best(ctx, best, overhead, pins, left - used)
+        work += more
+        if dealt is not None:
+            best = dealt
+    if alone > 0:  # then the other DP ranks searched alone, and regroup() again
+        out, given = search_alone(ctx, best, overhead, alone, pins, search)
+        out, again = regroup(ctx, out, overhead, alone - given, pins)
+        work += given + again
+        if (max(_split_time(ctx, s, overhead, pins) for s in out)
+                < max(_split_time(ctx, s, overhead, pins) for s in best)):
+            best = out
+    return best, work
+
+
+__all__ = ["ALONE_SPLIT", "EPS", "after_search", "regroup", "search_alone"]
