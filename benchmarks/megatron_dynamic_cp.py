@@ -25,7 +25,9 @@ gradient reduction as Megatron does for bf16: nothing fitted); ``te-host`` and
 ``te-host-all-in``: the preset plus the host time of TE's THD p2p ring per ring step and
 layer (:func:`te_ring_step_host_s`: counts and host time of TE's own code measured by
 ``benchmarks/te_ring_host.py``, per-call costs of the H200 machine; nothing fitted), added
-to every step's compute (an upper bound of ``max(host, device)``); and ``calibrated``: three
+to every step's compute (an upper bound of ``max(host, device)``); ``pcie4-ring``: the ring
+on a PCIe 4.0 x16 link, and ``pcie4-nodes`` that with four GPUs per node (rings over more
+ranks and the gradient all-reduce on the preset's inter-node link); and ``calibrated``: three
 fixed costs (per iteration, per micro-batch, per ring step and layer) fitted by least
 squares to the ten published absolute times (log errors), everything else as ``preset``.
 ``--spread`` reports the dynamic-CP / dp_balanced ratio over other 20-iteration windows of
@@ -81,6 +83,8 @@ ALL_IN_KERNEL_S = 132e-3 / (3313 + 291)
 # ~10 us per message as the preset's inter-node link.
 PCIE4_P2P_BYTES_PER_S = 25e9
 PCIE4_P2P_LATENCY_S = 10e-6
+# GPUs per node of the published runs (the README's only word on the machine).
+GPUS_PER_NODE = 4
 
 
 def mock_lengths(count: int) -> np.ndarray:
@@ -235,6 +239,9 @@ def main(argv=None) -> int:
                                for name, s in host.items()}
     models["pcie4-ring"] = dataclasses.replace(
         hw, intra_node_comm=linear_comm(PCIE4_P2P_LATENCY_S, PCIE4_P2P_BYTES_PER_S))
+    # and four GPUs per node (the README's): rings over more than four ranks and the
+    # gradient all-reduce from 8 GPUs on take the preset's inter-node link
+    models["pcie4-nodes"] = dataclasses.replace(models["pcie4-ring"], gpus_per_node=GPUS_PER_NODE)
     print(", ".join(f"{k}: {v * 1e6:.0f} us" for k, v in host.items()) +
           " of TE ring host time per ring step and layer")
     fitted = None
