@@ -184,7 +184,8 @@ def test_megatron_benchmark_setting_is_megatrons(tmp_path, monkeypatch):
     (path,) = tmp_path.iterdir()
     rows = json.loads(path.read_text())["rows"]
     assert [(r["model"], r["gpus"]) for r in rows] == [
-        (m, g) for m in ("preset", "te-host", "te-host-all-in", "pcie4-ring") for g in (4, 8)]
+        (m, g) for m in ("preset", "te-host", "te-host-all-in", "pcie4-ring", "pcie4-nodes")
+        for g in (4, 8)]
     assert all(r["ratio"] > 1.0 and r["skrull_vs_dynamic_cp"] >= 1.0 - 1e-9 for r in rows)
     by = {(r["model"], r["gpus"]): r["ms"] for r in rows}
     for g in (4, 8):  # host time added to every ring step never makes an iteration faster
@@ -194,3 +195,9 @@ def test_megatron_benchmark_setting_is_megatrons(tmp_path, monkeypatch):
         # a slower ring link slows dp_balanced's all-rank rings more than dynamic CP's
         assert by["pcie4-ring", g]["dp_balanced"] / by["pcie4-ring", g]["dynamic_cp"] > \
             by["preset", g]["dp_balanced"] / by["preset", g]["dynamic_cp"]
+    # four GPUs per node: one node at 4 GPUs (the same times); at 8 the gradient all-reduce
+    # and dynamic CP's 8-rank rings cross nodes, so both are slower and the ratio falls
+    assert by["pcie4-nodes", 4] == by["pcie4-ring", 4]
+    assert all(by["pcie4-nodes", 8][p] > by["pcie4-ring", 8][p] for p in by["pcie4-ring", 8])
+    assert by["pcie4-nodes", 8]["dp_balanced"] / by["pcie4-nodes", 8]["dynamic_cp"] < \
+        by["pcie4-ring", 8]["dp_balanced"] / by["pcie4-ring", 8]["dynamic_cp"]
