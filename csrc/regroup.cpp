@@ -2,6 +2,7 @@
 // local samples moved or swapped into other DP ranks' slots.  Mirrors
 // skrull_ext/scheduler/regroup.py step for step (same candidate order, same float
 // operations, same work count), so both return identical plans; see that module's docstring.
+// Also lns's stages after the pinned search (after_search, search_alone).
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
