@@ -158,24 +158,12 @@ std::optional<std::vector<RankSplit>> pin_deal(const GdsContext& ctx,
   for (Index i : pool) {
     const int64_t s = b.lengths[i];
     const double c = b.costs[i];
-    bool found = false;
-    double best_key = 0.0, best_added = 0.0, best_t = 0.0;
-    size_t best_k = 0;
-    int best_x = -1;
+    DealChoice best;
     auto offer = [&](size_t k, int x, double t) {
-      const double added = std::max(t, skel[k].top) - skel[k].top;
-      const double key = (rt[rank_of[k]] + added) + 1e-3 * added;
-      if (!found || key < best_key) {
-        found = true;
-        best_key = key;
-        best_k = k;
-        best_x = x;
-        best_added = added;
-        best_t = t;
-      }
+      best.offer(rt[rank_of[k]], skel[k].top, t, k, x);
     };
     for (size_t k = 0; k < skel.size(); ++k) {
-      if (found && rt[rank_of[k]] >= best_key) continue;  // every key here is at least rt
+      if (best.beats(rt[rank_of[k]])) continue;  // every key here is at least rt
       const auto got = skel[k].local(s, c);
       if (got.first >= 0) offer(k, got.first, got.second + overhead);
       if (dist && 2.0 * c >= skel[k].top - overhead) {
@@ -185,9 +173,9 @@ std::optional<std::vector<RankSplit>> pin_deal(const GdsContext& ctx,
         if (ring) offer(k, -1, *ring + overhead);
       }
     }
-    if (!found) return std::nullopt;
-    skel[best_k].put(i, best_x, best_t);
-    rt[rank_of[best_k]] += best_added;
+    if (!best.found) return std::nullopt;
+    skel[best.slot].put(i, best.where, best.t);
+    rt[rank_of[best.slot]] += best.added;
   }
   std::vector<RankSplit> out(splits.size());
   for (size_t k = 0; k < skel.size(); ++k) {

@@ -299,14 +299,11 @@ struct Dealer {
     const int n = ctx.cp_size;
     const int64_t s = b.lengths[i];
     const double c = b.costs[i];
-    bool found = false;
-    double best_key = 0.0, best_added = 0.0, best_t = 0.0;
-    size_t bk = 0;
-    int br = 0;
+    DealChoice best;
     for (size_t k = 0; k < skel.size(); ++k) {
       // Exact pruning: the key is at least the DP rank's time (added >= 0, monotone
       // rounding), and only a strictly lower key wins.
-      if (found && rt[skel[k].first] >= best_key) continue;
+      if (best.beats(rt[skel[k].first])) continue;
       int j = least[k];  // the least loaded CP rank if it has room, else a scan
       if (tok[k][j] + s > ctx.bucket_size) {
         j = -1;
@@ -316,23 +313,16 @@ struct Dealer {
         if (j < 0) continue;
       }
       const double t = rank_time(load[k][j] + c, comm[k], share[k], n, b.objective) + overhead;
-      const double added = std::max(t, top[k]) - top[k];
-      const double key = (rt[skel[k].first] + added) + 1e-3 * added;
-      if (!found || key < best_key) {
-        found = true;
-        best_key = key;
-        best_added = added;
-        best_t = t;
-        bk = k;
-        br = j;
-      }
+      best.offer(rt[skel[k].first], top[k], t, k, j);
     }
-    if (!found) return false;
-    out[bk].local[static_cast<size_t>(br)].push_back(i);
+    if (!best.found) return false;
+    const size_t bk = best.slot;
+    const auto br = static_cast<size_t>(best.where);
+    out[bk].local[br].push_back(i);
     load[bk][br] += c;
     tok[bk][br] += s;
-    top[bk] = std::max(top[bk], best_t);
-    rt[skel[bk].first] += best_added;
+    top[bk] = std::max(top[bk], best.t);
+    rt[skel[bk].first] += best.added;
     int lo = 0;
     for (int x = 1; x < n; ++x) {
       if (load[bk][x] < load[bk][lo]) lo = x;

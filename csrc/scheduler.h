@@ -421,6 +421,31 @@ std::optional<std::vector<RankSplit>> deal_best(const GdsContext& ctx,
                                                 double overhead, int64_t limit,
                                                 int64_t* work);
 
+// Where the deals (resplit.cpp's deal, pindeal.cpp) put a sample: the slot whose key
+// (DP rank time + added) + 1e-3 x added is least, added = max(t, top) - top for a slot
+// whose time goes from `top` to `t` (ties: the first offered).  Inline: per candidate.
+struct DealChoice {
+  bool found = false;
+  double key = 0.0, added = 0.0, t = 0.0;
+  size_t slot = 0;
+  int where = -1;
+
+  void offer(double rank_time, double top, double time, size_t k, int x) {
+    const double a = std::max(time, top) - top;
+    const double kk = (rank_time + a) + 1e-3 * a;
+    if (!found || kk < key) {
+      found = true;
+      key = kk;
+      added = a;
+      t = time;
+      slot = k;
+      where = x;
+    }
+  }
+  // Whether a slot of a DP rank at `rank_time` cannot win (its key is at least that).
+  bool beats(double rank_time) const { return found && rank_time >= key; }
+};
+
 // ---- pindeal.cpp: (ours) every local sample re-dealt around the micro-batches' distributed
 // samples and pinned rings, whole or (dist) on a full ring (reference pindeal.pin_deal);
 // nullopt when a sample fits nowhere or the work would reach `limit` (work added to
