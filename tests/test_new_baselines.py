@@ -169,6 +169,11 @@ def test_megatron_benchmark_setting_is_megatrons(tmp_path, monkeypatch):
             for mb in dynamic_cp_world(padded, d, 4, 2048, 4 * d):
                 assert all(first % size == 0 and size & (size - 1) == 0
                            for first, size, _ in mb)
+    # each aligned group of 2+ ranks counts once, at its first use (D = 2: 4 + 2 + 1 groups)
+    monkeypatch.setattr(bench, "WARMUP", 0)
+    first = bench.groups_first_used(lengths, 8)
+    assert len(first) == bench.MEASURED and 1 <= sum(first) <= 7 and first[0] >= 1
+    monkeypatch.undo()
     # The TE ring's host-time constants are those of the recorded te_ring_host run.
     root = os.path.dirname(os.path.dirname(__file__))
     with open(os.path.join(root, bench.TE_RING_RESULTS), encoding="utf-8") as f:
@@ -187,6 +192,10 @@ def test_megatron_benchmark_setting_is_megatrons(tmp_path, monkeypatch):
         (m, g) for m in ("preset", "te-host", "te-host-all-in", "pcie4-ring", "pcie4-nodes")
         for g in (4, 8)]
     assert all(r["ratio"] > 1.0 and r["skrull_vs_dynamic_cp"] >= 1.0 - 1e-9 for r in rows)
+    assert all(r["published_mean_ratio"] == pytest.approx(
+        bench.PUBLISHED_MEAN[r["gpus"]][0] / bench.PUBLISHED_MEAN[r["gpus"]][1])
+        and r["ratio_of_means"] > 1.0 and len(r["dcp_groups_first_used"]) == bench.MEASURED
+        for r in rows)
     by = {(r["model"], r["gpus"]): r["ms"] for r in rows}
     for g in (4, 8):  # host time added to every ring step never makes an iteration faster
         for policy in ("dp_balanced", "dynamic_cp"):
