@@ -4,8 +4,8 @@ Megatron-LM ``dev`` (d48bd6be) ``examples/dynamic_context_parallel/`` publishes 
 measurements of ``--sequence-packing-scheduler dp_balanced`` against
 ``default_dynamic_cp`` (:data:`PUBLISHED`; 10% trimmed means of 20 iterations after 10 of
 warm-up, four GPUs per node; :data:`PUBLISHED_MEAN` their arithmetic means).  Its authors
-have since dropped these numbers as "not validation for the current implementation" (pull
-request 5811, 2026-07-14, open: the main-stack port, one node only).  This reproduces its setting (:data:`MODEL`: the script's
+have since dropped these numbers: they came from the earlier dev stack and do not validate
+the current code (pull request 5811, 2026-07-14, open: the port to main, one node only).  This reproduces its setting (:data:`MODEL`: the script's
 defaults, 12 layers, hidden 2048, FFN 8192, 16 heads, vocabulary 131072, no SwiGLU, tied
 embeddings; TP 1, CP 4, 8 micro-batches of one sample per DP rank, so GBS = 8 D;
 ``--max-seqlen-per-dp-cp-rank 2048``; lengths of its mock dataset: NumPy's legacy
@@ -63,7 +63,7 @@ CP, BUCKET, PER_RANK = 4, 2048, 8
 PUBLISHED = {4: (195.269, 151.906), 8: (220.119, 155.850), 16: (226.775, 187.125),
              32: (286.206, 208.088), 64: (271.988, 181.912)}
 # The same runs' arithmetic means (ms): dynamic CP's exceed its trimmed means by 18-36 ms at
-# 32-64 GPUs (the README: "large first-use spikes when dynamic groups are exercised").
+# 32-64 GPUs (the README puts that on spikes when dynamic groups are first used).
 PUBLISHED_MEAN = {4: (216.125, 155.150), 8: (226.515, 157.905), 16: (231.620, 189.470),
                   32: (287.780, 225.875), 64: (281.480, 217.620)}
 WARMUP, MEASURED = 10, 20
@@ -200,7 +200,7 @@ def groups_first_used(pool: np.ndarray, gpus: int) -> list:
     """Dynamic CP's groups of two or more ranks first used in each measured iteration.
 
     Megatron builds every aligned group at start-up, but NCCL sets a communicator up on its
-    first use, the README's "first-use spikes" (which the trimmed mean is meant to drop).
+    first use: the README's spikes, which its trimmed mean is meant to drop.
     """
     d, seen, out = gpus // CP, set(), []
     for it in range(WARMUP + MEASURED):
