@@ -43,7 +43,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import results_io  # noqa: E402
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
-        "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
+        "--group-query-attention", "--num-query-groups", "2", "--swiglu",
+        "--normalization", "RMSNorm",
         "--disable-bias-linear", "--seq-length", "96", "--global-batch-size", "6",
         "--lr", "3e-3", "--train-iters", "1", "--skrull-bucket-size", "512", "--device", "cpu",
         "--mock-num-samples", "64"]

@@ -29,11 +29,14 @@ _QWEN = ["--add-qkv-bias", "--swiglu", "--normalization", "RMSNorm", "--norm-eps
          "--disable-bias-linear", "--rotary-base", "1000000", "--vocab-size", "151936"]
 SHAPES = {
     "qwen2.5-0.5b": ["--num-layers", "24", "--hidden-size", "896", "--ffn-hidden-size", "4864",
-                     "--num-attention-heads", "14", "--num-query-groups", "2", *_QWEN],
+                     "--num-attention-heads", "14", "--group-query-attention",
+                     "--num-query-groups", "2", *_QWEN],
     "qwen2.5-1.5b": ["--num-layers", "28", "--hidden-size", "1536", "--ffn-hidden-size", "8960",
-                     "--num-attention-heads", "12", "--num-query-groups", "2", *_QWEN],
+                     "--num-attention-heads", "12", "--group-query-attention",
+                     "--num-query-groups", "2", *_QWEN],
     "tiny": ["--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128",
-             "--num-attention-heads", "4", "--num-query-groups", "2", "--add-qkv-bias",
+             "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2",
+             "--add-qkv-bias",
              "--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear",
              "--vocab-size", "256"],
 }

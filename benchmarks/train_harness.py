@@ -304,7 +304,8 @@ def model_argv(*, layers: int, hidden: int, heads: int, groups: int, seq_length:
                extra: Optional[Sequence[str]] = None) -> list[str]:
     """The launcher flags of a benchmark run (SwiGLU, RMSNorm, no biases, fp32)."""
     return ["--num-layers", str(layers), "--hidden-size", str(hidden),
-            "--num-attention-heads", str(heads), "--num-query-groups", str(groups),
+            "--num-attention-heads", str(heads), "--group-query-attention",
+            "--num-query-groups", str(groups),
             "--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear",
             "--seq-length", str(seq_length), "--max-position-embeddings", str(seq_length),
             "--global-batch-size", str(global_batch), "--lr", "1e-4",

