@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import warnings
 
 import pytest
 import torch
@@ -173,11 +175,26 @@ def test_export_round_trip_bit_identical(job, kind):
     import transformers
     from safetensors.torch import load_file
 
+    from megatron.skrull.errors import CHECKPOINT_DEPRECATIONS, quiet_checkpoint_deprecations
     from megatron.skrull.hf.export import main as export_main
 
     tmp = job[0]
-    assert export_main(["--load", str(tmp / f"ckpt_{kind}"), "--output",
-                        str(tmp / f"out_{kind}")]) == 0
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert export_main(["--load", str(tmp / f"ckpt_{kind}"), "--output",
+                            str(tmp / f"out_{kind}")]) == 0
+    # mcore's deprecated torch checkpoint calls are quiet inside the load (only there)
+    assert not [w for w in seen if issubclass(w.category, FutureWarning)
+                and any(re.search(m, str(w.message)) for m in CHECKPOINT_DEPRECATIONS)], seen
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet_checkpoint_deprecations():
+            warnings.warn("`load_state_dict` is deprecated and will be removed", FutureWarning)
+            warnings.warn("another deprecation", FutureWarning)
+        warnings.warn("Please use DTensor instead and we are deprecating ShardedTensor.",
+                      FutureWarning)
+    assert [str(w.message) for w in seen] == [
+        "another deprecation", "Please use DTensor instead and we are deprecating ShardedTensor."]
     src = load_file(str(tmp / kind / "model.safetensors"))
     got = load_file(str(tmp / f"out_{kind}" / "model.safetensors"))
     assert sorted(got) == sorted(src)

@@ -36,7 +36,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from megatron.skrull import optimizer_state
+from megatron.skrull import errors, optimizer_state
 from megatron.skrull.cpu_compat import cpu_checkpoint_io, cuda_to_cpu
 
 logger = logging.getLogger(__name__)
@@ -473,7 +473,8 @@ def _load_one(path: str, trainer, meta: CheckpointMeta, config: Optional[dict],
         request = _state(trainer, meta, config, is_loading=True, opts=opts, saved_layout=layout)
         other_kind = _other_optimizer_kind(path, trainer.optimizer, request)
         try:
-            loaded = dist_checkpointing.load(request, path)
+            with errors.quiet_checkpoint_deprecations():
+                loaded = dist_checkpointing.load(request, path)
         except CheckpointingException as exc:
             if "shape" in str(exc).lower():
                 raise CheckpointError(f"--load {path} holds a model of other shapes ({exc}); "

@@ -49,6 +49,25 @@ class ConfigError(ValueError):
         super().__init__("\n".join(self.problems))
 
 
+# Megatron-Core 0.16's torch dist-checkpoint strategy still loads through torch's deprecated
+# ``load_state_dict`` and ShardedTensor: FutureWarnings about mcore's code, two per rank on
+# every load, that nothing a user of this stack does can change.
+CHECKPOINT_DEPRECATIONS = (
+    r"`load_state_dict` is deprecated",
+    r"Please use DTensor instead and we are deprecating ShardedTensor",
+)
+
+
+@contextlib.contextmanager
+def quiet_checkpoint_deprecations():
+    """Ignores :data:`CHECKPOINT_DEPRECATIONS` inside the block (a ``dist_checkpointing``
+    load); every other warning, and these outside the block, still show."""
+    with warnings.catch_warnings():
+        for message in CHECKPOINT_DEPRECATIONS:
+            warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+        yield
+
+
 def filter_dependency_warnings() -> None:
     """Ignores :data:`DEPENDENCY_WARNINGS`, only when Megatron-Core's modules raise them."""
     for message in DEPENDENCY_WARNINGS:

@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import torch
 
+from megatron.skrull import errors
 from megatron.skrull.hf.config import hf_config_from_model, read_hf_config
 from megatron.skrull.hf.io import (MAX_SHARD_BYTES, SIDE_FILES, save_safetensors,
                                    staged_directory)
@@ -68,7 +69,8 @@ def read_checkpoint(root: str, iteration: Optional[int] = None
         embedding = dist_checkpointing.load_tensors_metadata(path)[
             "embedding.word_embeddings.weight"]
         model = _tp1_model(ModelArgs(**model_cfg), embedding.global_shape[0], embedding.dtype)
-        loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, path)
+        with errors.quiet_checkpoint_deprecations():
+            loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, path)
         model.load_state_dict(loaded["model"])
     state = {k: v.detach() for k, v in model.state_dict().items()
              if isinstance(v, torch.Tensor) and rule_for(k) is not None}
@@ -238,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """CLI entry point; one ``error:`` line and status 2 on bad input."""
+    errors.filter_dependency_warnings()
     args = build_parser().parse_args(argv)
     try:
         cfg = export(args.load, args.output, iteration=args.iteration,
