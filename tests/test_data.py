@@ -98,6 +98,26 @@ def test_missing_file(built, tmp_path, key):
     assert path in str(exc.value) and "preprocess_sft.py" in str(exc.value)
 
 
+@pytest.mark.parametrize("raw", ["chat.jsonl", "snapshot"])
+def test_raw_chat_data_as_data_path_names_preprocessing(built, tmp_path, raw):
+    """--data-path at chat data itself (a file, or a datasets directory, as Megatron-LM
+    dev's --use-varlen-dataset reads it): the message says how to get a prefix."""
+    path = tmp_path / raw
+    if raw.endswith(".jsonl"):
+        path.write_text('{"messages": []}\n')
+    else:
+        path.mkdir()
+    with pytest.raises(DatasetFormatError, match="raw data, not a preprocessed dataset "
+                                                 "prefix") as exc:
+        SFTDataset(str(path))
+    assert f"--input {path}" in str(exc.value) and "--data-path PREFIX" in str(exc.value)
+    # a real prefix whose files sit beside a same-named directory still opens
+    os.makedirs(tmp_path / "ok")
+    prefix = copy_dataset(built[0], tmp_path / "ok")
+    os.makedirs(prefix)
+    assert len(SFTDataset(prefix)) > 0
+
+
 def _truncate(path, nbytes):
     with open(path, "r+b") as fh:
         fh.truncate(os.path.getsize(path) - nbytes)

@@ -103,6 +103,17 @@ def _read_idx(idx_path: str, bin_path: str) -> _IdxInfo:
     return _IdxInfo(dtype, lengths)
 
 
+def _refuse_raw_data(prefix: str, paths: dict[str, str]) -> None:
+    """A ``--data-path`` naming chat data itself (a file or directory, as Megatron-LM dev's
+    ``--use-varlen-dataset`` reads it) rather than a preprocessed prefix: say how to get one."""
+    if os.path.exists(prefix) and not os.path.isfile(paths["meta"]):
+        raise DatasetFormatError(
+            f"{prefix}: raw data, not a preprocessed dataset prefix; tokenize it first "
+            f"(python tools/preprocess_sft.py --input {prefix} --output-prefix PREFIX "
+            "--tokenizer-type HFTokenizer --tokenizer-model MODEL, docs/data.md), then pass "
+            "--data-path PREFIX")
+
+
 def _read_meta(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise DatasetFormatError(f"{path}: missing (written last by preprocessing, so the "
@@ -134,6 +145,7 @@ class SFTDataset(torch.utils.data.Dataset):
     def __init__(self, path_prefix: str, *, verify_tokens: bool = False) -> None:
         self.path_prefix = path_prefix
         paths = dataset_paths(path_prefix)
+        _refuse_raw_data(path_prefix, paths)
         self.metadata = _read_meta(paths["meta"])
         tok = _read_idx(paths["tokens_idx"], paths["tokens_bin"])
         mask = _read_idx(paths["mask_idx"], paths["mask_bin"])
