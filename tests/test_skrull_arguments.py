@@ -57,6 +57,16 @@ def test_valid_flags_build_a_frozen_config():
     (["--hybrid-context-parallel"], 1, ["needs --max-seqlen-per-dp-cp-rank"]),
     (["--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank", "256",
       "--pipeline-model-parallel-size", "2"], 2, ["pipeline parallelism"]),
+    (["--hybrid-context-parallel", "--dynamic-context-parallel",
+      "--max-seqlen-per-dp-cp-rank", "256"], 1, ["keep --dynamic-context-parallel"]),
+    (["--dynamic-context-parallel", "--sequence-packing-scheduler", "dp_balanced",
+      "--max-seqlen-per-dp-cp-rank", "256"], 1, ["default_dynamic_cp", "got dp_balanced"]),
+    (["--sequence-packing-scheduler", "default_dynamic_cp"], 1,
+     ["needs --dynamic-context-parallel"]),
+    (["--dynamic-context-parallel"], 1,
+     ["--dynamic-context-parallel needs --max-seqlen-per-dp-cp-rank"]),
+    (["--dynamic-context-parallel", "--max-seqlen-per-dp-cp-rank", "256",
+      "--min-dynamic-context-parallel-size", "2"], 1, ["only Megatron's default 1"]),
     (["--overlap-param-gather", "--context-parallel-size", "2"], 2,
      ["--use-distributed-optimizer"]),
     (["--attention-dropout", "0.1"], 1, ["--attention-dropout 0"]),
@@ -110,6 +120,27 @@ def test_megatron_hybrid_context_parallel_flags():
         _without_bucket([], 1)
     assert len(info.value.problems) == 1
     assert "--skrull-bucket-size N is required" in info.value.problems[0]
+
+
+def test_megatron_dev_dynamic_context_parallel_flags():
+    """Megatron-LM dev's names: --dynamic-context-parallel is the hybrid-CP pool run by
+    its DefaultDynamicCPScheduler (dynamic-cp); --sequence-packing-scheduler dp_balanced
+    keeps the layout and packs as its DpBalancedScheduler (dp-balanced)."""
+    dynamic = ["--dynamic-context-parallel", "--max-seqlen-per-dp-cp-rank", "64"]
+    for extra in ([], ["--sequence-packing-scheduler", "default_dynamic_cp"],
+                  ["--min-dynamic-context-parallel-size", "1"]):
+        cfg = _without_bucket(dynamic + extra + ["--context-parallel-size", "2"], 4)
+        assert (cfg.parallel.dp_size, cfg.parallel.context_parallel_size) == (1, 4)
+        assert cfg.parallel.hybrid_context_parallel
+        assert (cfg.skrull.scheduler, cfg.skrull.bucket_size) == ("dynamic-cp", 64)
+    skrull = _without_bucket(dynamic + ["--skrull-scheduler", "skrull"], 4)
+    assert (skrull.skrull.scheduler, skrull.parallel.context_parallel_size) == ("skrull", 4)
+    packed = _without_bucket(["--sequence-packing-scheduler", "dp_balanced",
+                              "--max-seqlen-per-dp-cp-rank", "64",
+                              "--context-parallel-size", "2"], 4)
+    assert not packed.parallel.hybrid_context_parallel
+    assert (packed.parallel.dp_size, packed.parallel.context_parallel_size,
+            packed.skrull.scheduler, packed.skrull.bucket_size) == (2, 2, "dp-balanced", 64)
 
 
 def test_several_problems_are_all_reported():

@@ -144,7 +144,8 @@ class ParallelArgs:
     tensor_model_parallel_size: int = 1
     context_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
-    hybrid_context_parallel: bool = False  # CP is Megatron's DP x CP pool (hybrid_cp.py)
+    # CP is Megatron's DP x CP pool (--hybrid- or --dynamic-context-parallel, hybrid_cp.py)
+    hybrid_context_parallel: bool = False
 
     def __post_init__(self) -> None:
         p = []
@@ -506,7 +507,7 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                       tensor_model_parallel_size=ns.tensor_model_parallel_size,
                       context_parallel_size=hybrid.context_parallel_size,
                       pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
-                      hybrid_context_parallel=ns.hybrid_context_parallel)
+                      hybrid_context_parallel=hybrid.pooled)
     if ns.num_layers_per_virtual_pipeline_stage is not None:
         # Megatron's interleaved schedule needs the same micro-batch shapes per model chunk
         # round; not wired to Skrull's variable per-rank layouts (docs/parallelism.md).

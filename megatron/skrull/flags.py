@@ -122,6 +122,15 @@ def _parallel_flags(ap: argparse.ArgumentParser) -> None:
                         "sample is sharded over a power-of-two group of them (policy "
                         "hybrid-cp; add --skrull-scheduler skrull for Skrull on the same "
                         "pool); needs --max-seqlen-per-dp-cp-rank")
+    g.add_argument("--dynamic-context-parallel", action="store_true",
+                   help="Megatron-LM dev's name for --hybrid-context-parallel (the same pool), "
+                        "with its DefaultDynamicCPScheduler as the policy (dynamic-cp)")
+    g.add_argument("--sequence-packing-scheduler", choices=("dp_balanced", "default_dynamic_cp"),
+                   help="Megatron-LM dev's packing: dp_balanced (policy dp-balanced) or "
+                        "default_dynamic_cp (needs --dynamic-context-parallel); "
+                        "--skrull-scheduler overrides either")
+    g.add_argument("--min-dynamic-context-parallel-size", type=int, default=1,
+                   help="Megatron's smallest dynamic CP group: 1 only")
     g.add_argument("--max-seqlen-per-dp-cp-rank", type=int, metavar="N",
                    help="Megatron's name for --skrull-bucket-size: tokens one rank holds per "
                         "micro-batch")
@@ -225,7 +234,9 @@ def _skrull_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--skrull-bucket-size", type=int, help="tokens per CP rank per micro-batch "
                    "(required; Megatron's --max-seqlen-per-dp-cp-rank is the same)")
     g.add_argument("--skrull-scheduler", choices=SCHEDULERS,
-                   help="default skrull (hybrid-cp with --hybrid-context-parallel)")
+                   help="default skrull (hybrid-cp with --hybrid-context-parallel, dynamic-cp "
+                        "with --dynamic-context-parallel, dp-balanced with "
+                        "--sequence-packing-scheduler dp_balanced)")
     g.add_argument("--skrull-objective", default="ring", choices=("paper", "ring"),
                    help="micro-batch time the scheduler minimises: paper (docs/design.md section 3) "
                         "or ring (ours: step by step as the DACP ring runs)")

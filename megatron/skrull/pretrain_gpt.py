@@ -368,9 +368,9 @@ def run(cfg: RunConfig, *, init_method: Optional[str] = None,
 
             printer(f" skrull: {describe(cfg.model, cfg.model.max_position_embeddings)}")
         if cfg.parallel.hybrid_context_parallel:
-            printer(f" skrull: --hybrid-context-parallel: the DP x CP ranks form one pool of "
-                    f"{cfg.parallel.context_parallel_size} (CP here, as Megatron's hybrid CP "
-                    f"shards each sample over a power-of-two group of them), "
+            printer(f" skrull: Megatron's hybrid/dynamic CP: the DP x CP ranks form one pool "
+                    f"of {cfg.parallel.context_parallel_size} (CP here, as Megatron shards each "
+                    f"sample over a power-of-two group of them), "
                     f"{cfg.skrull.bucket_size} tokens per rank, policy {cfg.skrull.scheduler}")
         if cfg.sequence_parallel and not cfg.sequence_parallel_active:
             # Megatron's arguments.py does the same at TP = 1.
