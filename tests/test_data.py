@@ -111,6 +111,8 @@ def test_raw_chat_data_as_data_path_names_preprocessing(built, tmp_path, raw):
                                                  "prefix") as exc:
         SFTDataset(str(path))
     assert f"--input {path}" in str(exc.value) and "--data-path PREFIX" in str(exc.value)
+    with pytest.raises(DatasetFormatError, match="no preprocessed dataset there"):
+        SFTDataset(str(tmp_path / "nvidia" / "Nemotron-SFT-Math-v3"))  # a hub id, say
     # a real prefix whose files sit beside a same-named directory still opens
     os.makedirs(tmp_path / "ok")
     prefix = copy_dataset(built[0], tmp_path / "ok")

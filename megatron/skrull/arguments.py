@@ -245,11 +245,15 @@ class DataArgs:
     data_args_path: Optional[str] = None  # a file holding the --data-path list
     train_data_path: tuple[str, ...] = ()  # the training blend, per-split style
     per_split_data_args_path: Optional[str] = None  # JSON {"train", "valid", "test"} blends
+    use_varlen_dataset: bool = False  # Megatron-LM dev's flag: its mock lengths (varlen_mock)
+    varlen_mock_config: Optional[str] = None  # --varlen-mock-dataset-config-json
+    varlen_sbhd_validation: bool = False  # refused
 
     def __post_init__(self) -> None:
         p = []
         if self.data_path and self.mock_data:
             p.append("--data-path and --mock-data are exclusive; drop one of them")
+        p += self._varlen_problems()
         p += blend_flag_problems(self)
         if self.split is not None:
             from megatron.skrull.samples import parse_split
@@ -264,6 +268,23 @@ class DataArgs:
         if self.mock_num_samples < 1:
             p.append(f"--mock-num-samples must be >= 1, got {self.mock_num_samples}")
         _raise_if(p)
+
+    def _varlen_problems(self) -> list[str]:
+        from megatron.skrull import varlen_mock
+
+        if self.varlen_sbhd_validation:
+            return ["--varlen-sbhd-validation: Megatron's padded SBHD reference mode is not "
+                    "implemented (samples always run as packed documents); drop the flag"]
+        if self.varlen_mock_config is None:
+            return []
+        if not (self.use_varlen_dataset and self.use_mock):
+            return [f"{varlen_mock.FLAG} applies to --use-varlen-dataset --mock-data (as in "
+                    "Megatron); add them, or drop it"]
+        try:
+            varlen_mock.check(varlen_mock.read_config(self.varlen_mock_config, 1))
+        except ValueError as exc:
+            return [str(exc)]
+        return []
 
     @property
     def use_mock(self) -> bool:
@@ -529,7 +550,10 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> RunConfig:
                   split=ns.split, valid_data_path=tuple(ns.valid_data_path or ()),
                   data_args_path=ns.data_args_path,
                   train_data_path=tuple(ns.train_data_path or ()),
-                  per_split_data_args_path=ns.per_split_data_args_path)
+                  per_split_data_args_path=ns.per_split_data_args_path,
+                  use_varlen_dataset=ns.use_varlen_dataset,
+                  varlen_mock_config=ns.varlen_mock_dataset_config_json,
+                  varlen_sbhd_validation=ns.varlen_sbhd_validation)
     validation = _group(ValidationArgs, p, eval_interval=ns.eval_interval,
                         eval_iters=ns.eval_iters)
     skrull = _group(SkrullArgs, p, bucket_size=hybrid.bucket_size,

@@ -106,12 +106,17 @@ def _read_idx(idx_path: str, bin_path: str) -> _IdxInfo:
 def _refuse_raw_data(prefix: str, paths: dict[str, str]) -> None:
     """A ``--data-path`` naming chat data itself (a file or directory, as Megatron-LM dev's
     ``--use-varlen-dataset`` reads it) rather than a preprocessed prefix: say how to get one."""
+    how = ("--output-prefix PREFIX --tokenizer-type HFTokenizer --tokenizer-model MODEL, "
+           "docs/data.md), then pass --data-path PREFIX")
     if os.path.exists(prefix) and not os.path.isfile(paths["meta"]):
         raise DatasetFormatError(
             f"{prefix}: raw data, not a preprocessed dataset prefix; tokenize it first "
-            f"(python tools/preprocess_sft.py --input {prefix} --output-prefix PREFIX "
-            "--tokenizer-type HFTokenizer --tokenizer-model MODEL, docs/data.md), then pass "
-            "--data-path PREFIX")
+            f"(python tools/preprocess_sft.py --input {prefix} {how}")
+    if not any(os.path.exists(p) for p in paths.values()):
+        raise DatasetFormatError(
+            f"{prefix}: no preprocessed dataset there (no {prefix}.bin, .idx or .json); "
+            "tokenize your chat data (a file or a datasets directory; a hub id once "
+            f"downloaded) first (python tools/preprocess_sft.py --input DATA {how}")
 
 
 def _read_meta(path: str) -> dict[str, Any]:
@@ -329,9 +334,16 @@ def build_sample_sources(cfg: Any) -> SampleSources:
     if blend is not None and len(blend.prefixes) > 1:
         return _blended_sources(cfg, blend, valid_blend, tokenizer)
     if d.use_mock:
+        lengths = None
+        if d.use_varlen_dataset:  # Megatron-LM dev's MockVarlenDataset lengths
+            from megatron.skrull import varlen_mock
+
+            lengths = varlen_mock.sample_positions(
+                varlen_mock.read_config(d.varlen_mock_config, cfg.seq_length),
+                d.mock_num_samples, cfg.seq_length)
         base = samples.SyntheticSFTSource(d.mock_num_samples, cfg.seq_length,
                                           vocab_size=cfg.model.vocab_size or 64,
-                                          seed=cfg.optim.seed)
+                                          seed=cfg.optim.seed, lengths=lengths)
     else:
         base = samples.DatasetSource(load_sft_dataset(blend.prefixes[0], tokenizer=tokenizer,
                                                       seq_length=cfg.seq_length))

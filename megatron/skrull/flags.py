@@ -194,6 +194,14 @@ def _data_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--mock-data", action="store_true", help="synthetic learnable task (default "
                    "when --data-path is not given)")
     g.add_argument("--mock-num-samples", type=int, default=4096)
+    g.add_argument("--use-varlen-dataset", action="store_true",
+                   help="Megatron-LM dev's variable-length (THD) dataset: always so here; with "
+                        "--mock-data the task takes Megatron's mock lengths")
+    g.add_argument("--varlen-mock-dataset-config-json", metavar="JSON_OR_FILE",
+                   help="Megatron's mock length config for --use-varlen-dataset --mock-data "
+                        "(lognormal distribution or a CSV file; megatron/skrull/varlen_mock.py)")
+    g.add_argument("--varlen-sbhd-validation", action="store_true",
+                   help="refused: Megatron's padded SBHD reference mode is not implemented")
     g.add_argument("--split", help="train,validation,test weights over --data-path (or "
                    "--mock-data), e.g. 969,30,1; default: all samples train")
     g.add_argument("--valid-data-path", nargs="+", help="separate validation datasets, one "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
 
 import numpy as np
 
@@ -64,25 +64,32 @@ class SyntheticSFTSource:
     span + first`` -- the model must look back to the key of *its own* sample to predict,
     so the loss only falls when attention respects document boundaries.  The prompt
     (``BOS, key, x_0``) carries no loss.  Lengths are log-normal (median ``max_length / 8``)
-    clipped to ``[min_length, max_length]``; every sample is a pure function of ``seed``.
+    clipped to ``[min_length, max_length]``, or ``lengths`` where given (Megatron's varlen
+    mock, :mod:`megatron.skrull.varlen_mock`); every sample is a pure function of ``seed``.
     """
 
     BOS = 1
     NUM_KEYS = 8
 
     def __init__(self, num_samples: int, max_length: int, *, vocab_size: int = 64,
-                 seed: int = 1234, min_length: int = 8):
+                 seed: int = 1234, min_length: int = 8, lengths: Optional[np.ndarray] = None):
         if max_length < min_length or min_length < 4:
             raise ValueError(f"need 4 <= min_length ({min_length}) <= max_length ({max_length})")
         if vocab_size < 2 + self.NUM_KEYS + 8:
             raise ValueError(f"vocab_size must be >= {2 + self.NUM_KEYS + 8}")
         self._vocab = vocab_size
         self._seed = seed
-        rng = np.random.default_rng(seed)
-        median = max(min_length, max_length / 8)
-        raw = np.exp(rng.normal(np.log(median), 0.9, size=num_samples))
-        self.lengths = np.clip(raw, min_length, max_length).astype(np.int64)
-        self.lengths[int(rng.integers(num_samples))] = max_length  # always span the range
+        if lengths is not None:  # given (megatron.skrull.varlen_mock): [num_samples], in [4, max]
+            self.lengths = np.asarray(lengths, dtype=np.int64).copy()
+            if len(self.lengths) != num_samples or self.lengths.min() < 4 or \
+                    self.lengths.max() > max_length:
+                raise ValueError(f"lengths: need {num_samples} values in [4, {max_length}]")
+        else:
+            rng = np.random.default_rng(seed)
+            median = max(min_length, max_length / 8)
+            raw = np.exp(rng.normal(np.log(median), 0.9, size=num_samples))
+            self.lengths = np.clip(raw, min_length, max_length).astype(np.int64)
+            self.lengths[int(rng.integers(num_samples))] = max_length  # always span the range
         # Positions 2.. predict x_1..: labels of positions 0..S-2 exist, prompt ends at x_0.
         self._loss_tokens = self.lengths - 3
 
