@@ -4,7 +4,8 @@ Transcribed from Megatron-LM d98e8a64ddf3 (the commit of megatron/skrull/megatro
 ``examples/llama/train_llama3_8b_h100_fp8.sh`` (its MOCK data branch),
 ``examples/gpt3/train_gpt3_175b_distributed.sh`` and
 ``examples/post_training/modelopt/conf/Qwen/Qwen2.5-7B-Instruct.sh`` (MODEL_ARGS; the
-training flags come from its finetune.sh, so a minimal set is added).  Only sizes change
+training flags come from its finetune.sh, so a minimal set is added); and from Megatron-LM
+dev d48bd6be ``examples/dynamic_context_parallel/benchmark_dcp.sh`` (both of its cases).  Only sizes change
 (layers, widths, heads, sequence, batch, samples, vocabulary, parallel sizes to 1) and paths;
 every flag is kept (the GPT-3 script's --step-batch-size-schedule scaled with them, and its
 --log-interval 100 made 1 so each iteration's global batch size is logged).  The torchrun
@@ -108,6 +109,40 @@ def qwen25_7b(tmp: str) -> list[str]:
     return model + finetune + SKRULL
 
 
+def dynamic_cp_benchmark(tmp: str, *, dynamic: bool) -> list[str]:
+    """Megatron-LM dev d48bd6be examples/dynamic_context_parallel/benchmark_dcp.sh: its
+    common flags, then the baseline (dp_balanced) or the dynamic-CP case's; the mock
+    length mix scaled as the sequence (128 tokens, one rank in one process), --transformer-impl local
+    (no Transformer Engine on CPU; as written it is one error line naming that fix)."""
+    lengths = ('{"mode":"distribution","type":"lognormal","format":"thd","min_seq_len":8,'
+               '"max_seq_len":128,"mean_seq_len":32,"lognormal_sigma":1.5}')
+    model = ["--use-mcore-models", "--num-layers", "2", "--hidden-size", "64",
+             "--ffn-hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "128",
+             "--max-position-embeddings", "128", "--attention-dropout", "0.0",
+             "--hidden-dropout", "0.0", "--transformer-impl", "local",
+             "--attention-backend", "flash", "--moe-token-dispatcher-type", "alltoall"]
+    training = ["--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", "3",
+                "--lr-decay-iters", "3", "--lr", "1.5e-4", "--min-lr", "1.0e-5",
+                "--lr-decay-style", "cosine", "--lr-warmup-iters", "0", "--weight-decay",
+                "1.0e-2", "--clip-grad", "1.0", "--bf16", "--calculate-per-token-loss",
+                "--no-gradient-accumulation-fusion"]
+    parallel = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
+                "--context-parallel-size", "1"]
+    data = ["--use-varlen-dataset", "--mock-data", "--varlen-mock-dataset-config-json",
+            lengths, "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
+            "--null-tokenizer-pad-id", "0", "--split", "99,1,0", "--data-cache-path",
+            f"{tmp}/data_cache", "--dataloader-type", "single", "--num-workers", "0"]
+    logging = ["--log-interval", "1", "--log-throughput", "--timing-log-level", "0",
+               "--eval-interval", "1000000", "--eval-iters", "1", "--save-interval", "1000000",
+               "--distributed-backend", "nccl", "--distributed-timeout-minutes", "60",
+               "--cuda-graph-impl", "none"]
+    case = (["--dynamic-context-parallel", "--sequence-packing-scheduler", "default_dynamic_cp",
+             "--min-dynamic-context-parallel-size", "1"] if dynamic else
+            ["--sequence-packing-scheduler", "dp_balanced"])
+    return (model + training + parallel + data + logging + case +
+            ["--max-seqlen-per-dp-cp-rank", "128", "--device", "cpu"])
+
+
 def _run(argv: list[str]) -> dict:
     from megatron.core import parallel_state
 
@@ -138,7 +173,9 @@ def main(tmp: str) -> None:
                        "--synthetic-max-tokens", "129", "--output-prefix", prefix]) == 0
     _gpt2_files(tmp)
     runs = {"llama_fp8": llama3_8b_fp8(tmp, fp8=True), "llama": llama3_8b_fp8(tmp, fp8=False),
-            "gpt3": gpt3_175b(tmp, prefix), "qwen": qwen25_7b(tmp)}
+            "gpt3": gpt3_175b(tmp, prefix), "qwen": qwen25_7b(tmp),
+            "dcp_baseline": dynamic_cp_benchmark(tmp, dynamic=False),
+            "dcp": dynamic_cp_benchmark(tmp, dynamic=True)}
     results = {name: _run(argv) for name, argv in runs.items()}
     with open(os.path.join(tmp, "results.json"), "w") as f:
         json.dump(results, f)

@@ -1,9 +1,10 @@
 """Megatron-LM's example scripts run as written (sizes scaled) on CPU in one process.
 
-One launch (tests/_megatron_scripts.py) runs four command lines through the launcher:
+One launch (tests/_megatron_scripts.py) runs six command lines through the launcher:
 the Llama-3 8B fp8 script (one refusal line: no fp8 here), the same with its DTYPE switch
 off, the GPT-3 175B script (its --step-batch-size-schedule scaled so the global batch grows
-1, 1, 2, 3, 4 over six iterations) and the Qwen2.5-7B model flags.  The log shows the
+1, 1, 2, 3, 4 over six iterations), the Qwen2.5-7B model flags and both cases of
+Megatron-LM dev's dynamic-CP benchmark.  The log shows the
 accepted flags' notes once, the mapped attention back-end, Megatron-LM's sample-based LR
 schedule and the global batch size of each iteration.
 """
@@ -63,7 +64,8 @@ def test_gpt3_script_ramps_the_global_batch_as_written(runs):
     assert saved == ["iter_0000002", "iter_0000003", "iter_0000004", "iter_0000006"]
 
 
-@pytest.mark.parametrize("name,iters", [("llama", "2"), ("gpt3", "6"), ("qwen", "2")])
+@pytest.mark.parametrize("name,iters", [("llama", "2"), ("gpt3", "6"), ("qwen", "2"),
+                                        ("dcp_baseline", "3"), ("dcp", "3")])
 def test_script_trains(runs, name, iters):
     results, _ = runs
     run = results[name]
@@ -96,3 +98,17 @@ def test_gpt3_and_qwen_details(runs):
     assert "--attention-backend auto -> --skrull-attention-kernel auto on cpu" in gpt3
     assert "--no-masked-softmax-fusion, --no-bias-swiglu-fusion: fusion" in qwen
     assert "without --group-query-attention" not in qwen  # the script says GQA
+
+
+def test_dynamic_cp_benchmark_cases_map_to_megatrons_schedulers(runs):
+    """Megatron-LM dev's dynamic-CP example: its baseline runs dp-balanced, its dynamic-CP
+    case the DP x CP pool with dynamic-cp, on Megatron's mock lengths; the first iteration's
+    loss does not depend on the packing (the same samples, per-token loss)."""
+    results, _ = runs
+    base, dcp = results["dcp_baseline"]["stdout"], results["dcp"]["stdout"]
+    assert "scheduler dp-balanced" in base and "scheduler dynamic-cp" in dcp
+    assert "Megatron's hybrid/dynamic CP: the DP x CP ranks form one pool" in dcp
+    assert "--save-interval 1000000 without --save: no checkpoints" in base
+    first = [re.search(r"iteration +1/ +3 \| loss ([0-9.E+-]+)", out).group(1)
+             for out in (base, dcp)]
+    assert float(first[0]) == pytest.approx(float(first[1]), rel=1e-3), first

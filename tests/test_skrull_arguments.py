@@ -41,7 +41,6 @@ def test_valid_flags_build_a_frozen_config():
      ["--tensor-model-parallel-size 2"]),
     (["--min-lr", "1.0"], 1, ["--min-lr"]),
     (["--lr-warmup-iters", "50"], 1, ["--lr-warmup-iters 50"]),
-    (["--save-interval", "5"], 1, ["--save"]),
     (["--mock-data", "--data-path", "x"], 1, ["exclusive"]),
     (["--skrull-cost-model-config", "/nonexistent.json"], 1, ["no such file"]),
     (["--hidden-size", "66"], 1, ["--hidden-size 66", "--num-attention-heads 4"]),
@@ -141,6 +140,15 @@ def test_megatron_dev_dynamic_context_parallel_flags():
     assert not packed.parallel.hybrid_context_parallel
     assert (packed.parallel.dp_size, packed.parallel.context_parallel_size,
             packed.skrull.scheduler, packed.skrull.bucket_size) == (2, 2, "dp-balanced", 64)
+
+
+def test_save_interval_without_save_is_a_note_as_in_megatron():
+    """Megatron's example scripts pass --save-interval 1000000 alone (never save)."""
+    cfg = tiny_config(["--save-interval", "5"])
+    assert cfg.checkpoint.save is None
+    assert any("--save-interval 5 without --save: no checkpoints" in n for n in cfg.run.notes)
+    assert not any("--save-interval" in n for n in tiny_config(
+        ["--save-interval", "5", "--save", "/tmp/x"]).run.notes)
 
 
 def test_several_problems_are_all_reported():

@@ -331,8 +331,6 @@ class CheckpointArgs:
                      "to start from scratch)")
         if self.exit_signal_handler and not self.save:
             p.append("--exit-signal-handler saves a checkpoint on SIGTERM: give --save DIR")
-        if self.save_interval is not None and not self.save:
-            p.append("--save-interval needs --save DIR to write checkpoints to")
         _raise_if(p)
 
 

@@ -200,6 +200,11 @@ def from_namespace(ns: argparse.Namespace) -> MegatronKwargs:
     kernel = attention_kernel(ns, notes)
     if (gqa := _gqa_note(ns)) is not None:
         notes.append(gqa)
+    if ns.save_interval is not None and not ns.save:
+        # Megatron saves only with --save; its own example scripts pass --save-interval
+        # 1000000 alone to mean "never", so this is a note, not an error.
+        notes.append(f"--save-interval {ns.save_interval} without --save: no checkpoints "
+                     "are written (as in Megatron-LM); add --save DIR to keep them")
     problems += wandb_problems(ns.wandb_project, ns.wandb_exp_name, ns.wandb_save_dir, ns.save)
     return MegatronKwargs(
         optim=dict(schedule, lr_warmup_fraction=ns.lr_warmup_fraction,
