@@ -3,7 +3,8 @@
 Runs the CPU demo (``examples/run_cpu_demo.sh``: 2 gloo ranks, CP = 2, the 128-wide demo
 model, its synthetic long-tail corpus) once per seed cost model with
 ``--skrull-online-cost-model`` on and once with it off, ``--log-interval 1``, and reads
-every iteration's ``iteration time X ms (predicted Y ms)`` from the log.  The prediction
+every iteration's ``elapsed time per iteration (ms): X`` and ``predicted (ms): Y`` from
+the log.  The prediction
 of iteration ``i`` is the one the scheduler planned it with (made before ``i`` ran; with
 plan-ahead the refit it used had seen iterations up to ``i - 2``).
 
@@ -29,8 +30,8 @@ import numpy as np
 import results_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?iteration time ([\d.]+) ms "
-                  r"\(predicted ([\d.]+) ms\)")
+LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?elapsed time per iteration \(ms\): ([\d.]+) "
+                  r".*?predicted \(ms\): ([\d.]+) ")
 SEEDS = {"cpu": ("", "--skrull-hardware cpu"), "h100": ("", "--skrull-hardware h100"),
          "file": ("examples/configs/tiny_cpu_cost_model.json", "")}
 

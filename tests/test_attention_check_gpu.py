@@ -144,8 +144,9 @@ def test_timing_section_through_fakes(monkeypatch):
 
 
 def test_loss_parsing_report_and_summary(tmp_path):
-    line = (" iteration        3/       8 | loss 4.848500E+00 | lr 5.000E-04 | grad norm 1.9\n"
-            " iteration        4/       8 | loss 4.7E+00 | lr 0")
+    line = (" [2026-11-27 10:00:00.000000] iteration        3/       8 | consumed samples:"
+            "           48 | lm loss: 4.848500E+00 | grad norm: 1.9\n"
+            " iteration        4/       8 | lm loss: 4.7E+00 | loss scale: 1.0")
     assert check_gpu.parse_losses(line) == [4.8485, 4.7]
     out = io.StringIO()
     rep = check_gpu.Reporter(str(tmp_path / "r.json"), str(tmp_path / "r.log"), out)
@@ -251,8 +252,8 @@ def test_cp_worker_parity_and_order_at_world_2(tmp_path):
 
 
 def _loss_log(losses, extra=""):
-    return extra + "".join(f" iteration {i + 1:8d}/{len(losses):8d} | loss {x:.6E} | lr 1E-04 |"
-                           f" tokens/s {5000 + i}\n" for i, x in enumerate(losses))
+    return extra + "".join(f" iteration {i + 1:8d}/{len(losses):8d} | lm loss: {x:.6E} |"
+                           f" tokens/s: {5000 + i} |\n" for i, x in enumerate(losses))
 
 
 def test_section_results_from_their_outputs(monkeypatch):

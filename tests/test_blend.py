@@ -133,8 +133,8 @@ def test_a_weighted_blend_trains_reports_counts_validates_each_dataset_and_resum
                 "--train-iters", "3"], timeout=300)
     assert "training blend of 2 datasets (weight, size): chat 0.250 (48 samples), " \
            "code 0.750 (32 samples)" in out, out
-    lines = re.findall(r"iteration +(\d+)/.*consumed samples: chat (\d+) \(([\d.]+)%\), "
-                       r"code (\d+)", out)
+    lines = re.findall(r"iteration +(\d+)/.*consumed samples per dataset: chat (\d+) "
+                       r"\(([\d.]+)%\), code (\d+)", out)
     assert [(int(i), int(a), int(b)) for i, a, _, b in lines] == [
         (1, 2, 6), (2, 4, 12), (3, 6, 18)], out
     assert re.search(r"validation-chat loss at iteration 3 on validation set \| lm loss", out)
@@ -151,5 +151,5 @@ def test_a_weighted_blend_trains_reports_counts_validates_each_dataset_and_resum
                     "megatron.skrull.pretrain_gpt", *flags, "--train-iters", "5", "--load",
                     ckpt, "--override-opt_param-scheduler"], timeout=300)
     assert "starting at iteration 3" in resumed and "DP 2 x CP 1" in resumed
-    assert re.search(r"iteration +5/.*consumed samples: chat 10 \(25\.0%\), code 30 \(75\.0%\)",
-                     resumed), resumed
+    assert re.search(r"iteration +5/.*consumed samples per dataset: chat 10 \(25\.0%\), "
+                     r"code 30 \(75\.0%\)", resumed), resumed

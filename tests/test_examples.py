@@ -37,7 +37,7 @@ def _bash(script, env, timeout=300):  # hang guard, not a timing claim
 
 
 def _iterations(stdout):
-    return [int(m) for m in re.findall(r" iteration +(\d+)/ *\d+ \| loss ", stdout)]
+    return [int(m) for m in re.findall(r" iteration +(\d+)/ *\d+ \|.*? lm loss: ", stdout)]
 
 
 def _fake_venv(path):

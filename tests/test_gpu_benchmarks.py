@@ -79,7 +79,7 @@ def test_calibration_writes_a_launcher_cost_model_and_checks_it_on_a_held_out_ru
     assert len(rows) == 3 and all(r["predicted"] > 0 and r["measured"] > 0 for r in rows)
     assert cal["validation"]["summary"]["n"] == 1  # the first two are warm-up
     assert len(cal["online"]["h100"]["iterations"]) == 6
-    assert "(predicted" in outputs["stdout"]
+    assert "predicted (ms):" in outputs["stdout"]
     assert "throughput per GPU (TFLOP/s/GPU):" in outputs["stdout"]
     assert cal["budget"]["used"] < 300 and not cal["budget"]["skipped"]
 

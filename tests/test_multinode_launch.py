@@ -44,7 +44,7 @@ def _free_port() -> int:
 
 def _losses(text: str) -> dict[int, float]:
     return {int(it): float(loss) for it, loss in
-            re.findall(r" iteration +(\d+)/ *\d+ \| loss ([-+.\dE]+)", text)}
+            re.findall(r" iteration +(\d+)/ *\d+ \|.*? lm loss: ([-+.\dE]+)", text)}
 
 
 def _kill(proc: subprocess.Popen) -> None:

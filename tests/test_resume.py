@@ -241,7 +241,8 @@ def test_launcher_one_process_with_the_distributed_optimizer(runs, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "world 1 = DP 1 x CP 1" in proc.stdout and "distributed optimizer on" in proc.stdout
     got = {int(it): float(loss) for it, loss in
-           re.findall(r" iteration +(\d+)/ *\d+ \| loss ([-+.\dE]+)", proc.stdout)}
+           re.findall(r" iteration +(\d+)/ *\d+ \|.*? lm loss: ([-+.\dE]+)",
+                      proc.stdout)}
     full = _losses(runs["ranks"][0]["full"])
     assert sorted(got) == [3, 4]
     assert [got[3], got[4]] == pytest.approx(full[2:], rel=2e-6)  # 7 printed digits

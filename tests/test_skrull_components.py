@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -106,18 +107,37 @@ def test_dataset_source_adapts_sft_examples():
 
 
 def test_log_line_has_every_field():
+    """Megatron-LM's fields with its labels, in its order (its log parsers read them), then
+    Skrull's."""
     lines = []
     log = MetricsLogger(log_interval=2, train_iters=4, enabled=True, printer=lines.append)
     for it in (1, 2):
         log.record(IterationStats(iteration=it, loss=2.0 * it, lr=1e-3, grad_norm=0.5,
                                   seconds=0.5, predicted_seconds=0.25, tokens=1000,
-                                  micro_batches=3, local_share=0.75))
+                                  micro_batches=3, local_share=0.75, global_batch_size=8,
+                                  consumed_samples=8 * it, skipped=it == 1))
     assert len(lines) == 1
     line = lines[0]
-    for needle in ("iteration        2/       4", "loss 3.000000E+00", "lr 1.000E-03",
-                   "iteration time 500.0 ms (predicted 250.0 ms)", "tokens/s 2000",
-                   "micro-batches 3.0", "local tokens 75.0%"):
-        assert needle in line, line
+    megatron = ("iteration        2/       4 |", "consumed samples:           16 |",
+                "elapsed time per iteration (ms): 500.0 |", "learning rate: 1.000000E-03 |",
+                "global batch size:     8 |", "lm loss: 3.000000E+00 |", "loss scale: 1.0 |",
+                "grad norm: 0.500 |", "number of skipped iterations:   1 |",
+                "number of nan iterations:   0 |")
+    at = [line.index(needle) for needle in megatron]
+    assert at == sorted(at), line
+    assert re.match(r" \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}\] iteration", line), line
+    for needle in ("predicted (ms): 250.0 |", "tokens/s: 2000 |", "micro-batches: 3.0 |",
+                   "local tokens: 75.0% |"):
+        assert line.index(needle) > at[-1], line
+    # what a Megatron log parser looks for (e.g. Megatron-LM's dynamic-CP benchmark script)
+    number = r"([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[Ee][+-]?\d+)?)"
+    found = re.search(r"iteration\s+(\d+)/\s*(\d+)\s*\|.*?consumed samples:\s*(\d+)\s*\|", line)
+    assert found.groups() == ("2", "4", "16")
+    assert float(re.search(r"elapsed time per iteration \(ms\): " + number, line)[1]) == 500.0
+    assert float(re.search(r"lm loss:\s*" + number, line)[1]) == 3.0
+    nan = IterationStats(iteration=3, loss=float("nan"), lr=1e-3, grad_norm=0.5, seconds=0.5,
+                         predicted_seconds=None, tokens=1000, micro_batches=3, local_share=0.75)
+    assert "number of nan iterations:   1 |" in log.format([nan])
     assert math.isfinite(IterationStats(iteration=1, loss=1, lr=1, grad_norm=1, seconds=0,
                                         predicted_seconds=None, tokens=1, micro_batches=1,
                                         local_share=0).tokens_per_second)

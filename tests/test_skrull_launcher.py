@@ -47,7 +47,7 @@ def test_single_process_train_save_tensorboard_and_resume(tmp_path):
     assert _iterations(first) == [1, 2, 3]
     assert "starting at iteration 0" in first
     assert f"on the {skrull_ext.BACKEND} backend" in first  # the scheduler backend is logged
-    assert "(predicted" in first and "local tokens" in first
+    assert "predicted (ms):" in first and "local tokens:" in first
     assert open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).read() == "3"
     assert os.path.isfile(os.path.join(ckpt, "iter_0000002", "metadata.json"))  # torch_dist
     assert glob.glob(os.path.join(tb, "events.out.tfevents.*"))
@@ -68,7 +68,7 @@ def test_torchrun_two_ranks_context_parallel(tmp_path):
                 "--train-iters", "2", "--skrull-bucket-size", "48"], timeout=180)
     assert "world 2 = DP 1 x CP 2 x TP 1" in out
     assert _iterations(out) == [1, 2]
-    local = [float(x) for x in re.findall(r"local tokens ([\d.]+)%", out)]
+    local = [float(x) for x in re.findall(r"local tokens: ([\d.]+)%", out)]
     # Samples over 48 tokens cannot be local in a 48-token bucket: the ring must run.
     assert local and min(local) < 100.0
 
@@ -82,7 +82,7 @@ def test_preprocessed_data_path(tmp_path):
                 "2", "--data-path", prefix, "--tokenizer-type", "ByteLevelTokenizer"])
     assert _iterations(out) == [1, 2]
     # ByteLevelTokenizer has 262 ids -> padded to 384 (multiple of 128).
-    assert re.search(r"loss [5-6]\.\d+E\+00", out), out
+    assert re.search(r"lm loss: [5-6]\.\d+E\+00", out), out
 
 
 def test_bad_data_path_exits_2_with_one_line(tmp_path):

@@ -125,7 +125,8 @@ def training_commands(kernel: str = "auto", python: str = sys.executable) -> dic
 
 def parse_losses(stdout: str) -> list[float]:
     """Per-iteration losses of the launcher's log lines."""
-    return [float(x) for x in re.findall(r" iteration +\d+/ *\d+ \| loss ([-+.\dEe]+)", stdout)]
+    return [float(x) for x in re.findall(r" iteration +\d+/ *\d+ \|.*? lm loss: ([-+.\dEe]+)",
+                                         stdout)]
 
 
 def _spawn(argv, timeout: float, extra_env: Optional[dict] = None) -> dict:
@@ -228,7 +229,7 @@ def section_cp_timing(kernels, dtypes, timeout) -> dict:
 def section_train(kernels, dtypes, timeout) -> dict:
     run = _spawn(torchrun(1) + ["-m", "megatron.skrull.pretrain_gpt", *QWEN_FLAGS], timeout - 5)
     losses = parse_losses(run["out"])
-    tokens = [float(x) for x in re.findall(r"tokens/s (\d+)", run["out"])]
+    tokens = [float(x) for x in re.findall(r"tokens/s: (\d+)", run["out"])]
     auto = re.findall(r"attention kernel auto -> (\w+) on cuda", run["out"])
     ok = run["rc"] == 0 and len(losses) >= 2 and all(map(math.isfinite, losses)) and \
         losses[-1] < losses[0]

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import functools
 import logging
+import math
 import time
 from typing import Any, Callable, Iterator, Optional
 
@@ -147,6 +149,9 @@ class IterationStats:
     optimizer_seconds: float = 0.0  # clip, step, LR schedule
     flops: Optional[float] = None  # model FLOPs of the global batch (skrull_ext.costmodel.flops)
     global_batch_size: int = 0  # samples of the global batch (a batch-size schedule varies it)
+    consumed_samples: int = 0  # samples of iterations 1 .. this one (Megatron's counter)
+    skipped: bool = False  # the optimizer skipped the update (fp16 overflow)
+    loss_scale: float = 1.0  # the optimizer's loss scale (fp16; 1 otherwise)
 
     @property
     def tokens_per_second(self) -> float:
@@ -331,6 +336,8 @@ class Trainer:
         if updated:  # fp16 skips the update (and the schedule) on overflow, as Megatron
             self.scheduler.step(increment=len(batch_ids) if self.batch_sizes else 1)
         self._iteration += 1
+        consumed = (self.batch_sizes.consumed_before(self._iteration) if self.batch_sizes
+                    else self._iteration * len(batch_ids))  # constant size: exact on resume
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return IterationStats(
@@ -340,16 +347,18 @@ class Trainer:
             local_share=plan.local_token_share(), forward_backward_seconds=forward_backward,
             optimizer_seconds=time.perf_counter() - start - forward_backward,
             flops=self.flops_fn(plan.lengths) if self.flops_fn is not None else None,
-            global_batch_size=len(batch_ids))
+            global_batch_size=len(batch_ids), consumed_samples=consumed, skipped=not updated,
+            loss_scale=float(self.optimizer.get_loss_scale()))
 
 
 class MetricsLogger:
     """Prints one line per ``log_interval`` and writes TensorBoard scalars (logging rank).
 
-    The line shows the iteration, mean loss over the interval, LR, mean iteration time
-    (measured and predicted by the cost model), tokens/s, micro-batches and the share of
-    tokens kept local; with ``log_throughput`` (``--log-throughput``) also Megatron's model
-    TFLOP/s per GPU (``world_size`` GPUs) from the iterations' FLOPs.
+    The line is Megatron-LM's (timestamp, iteration, consumed samples, elapsed time per
+    iteration, learning rate, global batch size, lm loss, loss scale, grad norm, skipped and
+    nan iterations; with ``log_throughput`` (``--log-throughput``) its model TFLOP/s per GPU
+    over ``world_size`` GPUs), then Skrull's: the cost model's predicted time, tokens/s,
+    micro-batches, the share of tokens kept local and the planning the loop waited for.
     """
 
     def __init__(self, *, log_interval: int, train_iters: int, enabled: bool,
@@ -405,19 +414,31 @@ class MetricsLogger:
             self.writer.add_scalar(f"{name}-time", value, stats.iteration)
 
     def format(self, window: list[IterationStats]) -> str:
+        """Megatron-LM's training log line (its fields, labels and order at d98e8a64, so its
+        log parsers read it), then Skrull's fields; means over the window."""
         last, n = window[-1], len(window)
         seconds = sum(s.seconds for s in window) / n
         predicted = [s.predicted_seconds for s in window if s.predicted_seconds is not None]
-        pred = f"{1e3 * sum(predicted) / len(predicted):.1f} ms" if predicted else "n/a"
+        pred = f"{1e3 * sum(predicted) / len(predicted):.1f}" if predicted else "n/a"
         tokens = sum(s.tokens for s in window) / sum(s.seconds for s in window)
-        return (f" iteration {last.iteration:8d}/{self.train_iters:8d} |"
-                f" loss {sum(s.loss for s in window) / n:.6E} | lr {last.lr:.3E} |"
+        nans = sum(not math.isfinite(s.loss) for s in window)
+        return (f" [{datetime.datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]"
+                f" iteration {last.iteration:8d}/{self.train_iters:8d} |"
+                f" consumed samples: {last.consumed_samples:12d} |"
+                f" elapsed time per iteration (ms): {1e3 * seconds:.1f} |"
+                f"{self._throughput(window)}"
+                f" learning rate: {last.lr:.6E} |"
                 f" global batch size: {last.global_batch_size:5d} |"
-                f" grad norm {last.grad_norm:.3f} | iteration time {1e3 * seconds:.1f} ms"
-                f" (predicted {pred}) |{self._throughput(window)} tokens/s {tokens:.0f} |"
-                f" micro-batches {sum(s.micro_batches for s in window) / n:.1f} |"
-                f" local tokens {100 * sum(s.local_share for s in window) / n:.1f}% |"
-                f" planning exposed {1e3 * sum(s.planning_seconds for s in window) / n:.1f} ms")
+                f" lm loss: {sum(s.loss for s in window) / n:.6E} |"
+                f" loss scale: {last.loss_scale:.1f} |"
+                f" grad norm: {last.grad_norm:.3f} |"
+                f" number of skipped iterations: {sum(s.skipped for s in window):3d} |"
+                f" number of nan iterations: {nans:3d} |"
+                f" predicted (ms): {pred} | tokens/s: {tokens:.0f} |"
+                f" micro-batches: {sum(s.micro_batches for s in window) / n:.1f} |"
+                f" local tokens: {100 * sum(s.local_share for s in window) / n:.1f}% |"
+                f" planning exposed (ms): "
+                f"{1e3 * sum(s.planning_seconds for s in window) / n:.1f} |")
 
     def _throughput(self, window: list[IterationStats]) -> str:
         """Megatron's ``throughput per GPU (TFLOP/s/GPU)`` field over the window, or ``""``."""
@@ -433,12 +454,12 @@ class MetricsLogger:
 
 
 def _dataset_counts(counts: list[tuple[str, int]]) -> str:
-    """`` | consumed samples: a 30 (25.0%), b 90 (75.0%)`` of a blend ('' otherwise)."""
+    """`` consumed samples per dataset: a 30 (25.0%), b 90 (75.0%) |`` of a blend ('' otherwise)."""
     total = sum(c for _, c in counts)
     if not total:
         return ""
-    return " | consumed samples: " + ", ".join(f"{name} {c} ({100 * c / total:.1f}%)"
-                                               for name, c in counts)
+    return " consumed samples per dataset: " + ", ".join(
+        f"{name} {c} ({100 * c / total:.1f}%)" for name, c in counts) + " |"
 
 
 def _batch_size_changes(trainer: Trainer, train_iters: int) -> bool:
