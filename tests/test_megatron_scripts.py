@@ -94,6 +94,12 @@ def test_llama_script_details(runs):
 def test_gpt3_and_qwen_details(runs):
     results, _ = runs
     gpt3, qwen = results["gpt3"]["stdout"], results["qwen"]["stdout"]
+    # Megatron's health fields: fp16's dynamic scaler (2^32 at start, hysteresis 2) skips
+    # the overflowing steps and halves; bf16 never scales or skips.
+    health = r"loss scale: ([\d.]+) \| grad norm: [\d.]+ \| number of skipped iterations: +(\d+)"
+    scales = [(float(x), int(k)) for x, k in re.findall(health, gpt3)]
+    assert scales[:3] == [(2.0 ** 32, 1), (2.0 ** 31, 1), (2.0 ** 30, 1)], scales
+    assert re.findall(health, qwen) == [("1.0", "0")]
     assert "accepted Megatron-LM flags --vocab-file, --merge-file: tokenizer files" in gpt3
     assert "--attention-backend auto -> --skrull-attention-kernel auto on cpu" in gpt3
     assert "--no-masked-softmax-fusion, --no-bias-swiglu-fusion: fusion" in qwen

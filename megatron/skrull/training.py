@@ -348,7 +348,16 @@ class Trainer:
             optimizer_seconds=time.perf_counter() - start - forward_backward,
             flops=self.flops_fn(plan.lengths) if self.flops_fn is not None else None,
             global_batch_size=len(batch_ids), consumed_samples=consumed, skipped=not updated,
-            loss_scale=float(self.optimizer.get_loss_scale()))
+            loss_scale=_loss_scale(self.optimizer))
+
+
+def _loss_scale(optimizer) -> float:
+    """The fp16 grad scaler's scale, 1.0 without one (bf16 and fp32 never scale, and reading
+    mcore's constant would be one more device sync per step: tests/test_host_syncs.py)."""
+    parts = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    if all(getattr(o, "grad_scaler", None) is None for o in parts):
+        return 1.0
+    return float(optimizer.get_loss_scale())
 
 
 class MetricsLogger:
