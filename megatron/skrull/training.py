@@ -424,7 +424,8 @@ class MetricsLogger:
 
     def format(self, window: list[IterationStats]) -> str:
         """Megatron-LM's training log line (its fields, labels and order at d98e8a64, so its
-        log parsers read it), then Skrull's fields; means over the window."""
+        log parsers read it), then Skrull's fields; means over the window (``lm loss`` over
+        every iteration: Megatron's leaves out fp16's skipped ones, 0 when all are)."""
         last, n = window[-1], len(window)
         seconds = sum(s.seconds for s in window) / n
         predicted = [s.predicted_seconds for s in window if s.predicted_seconds is not None]
