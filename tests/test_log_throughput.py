@@ -36,7 +36,9 @@ def test_log_line_and_tensorboard_report_tflops_per_gpu():
     log.record(_stats(1, 1.0, 4e12))
     log.record(_stats(2, 2.0, 2e12))
     # (4 + 2) TFLOP over 3 s on 2 GPUs: 1.0 TFLOP/s per GPU for the interval.
-    assert " throughput per GPU (TFLOP/s/GPU): 1.0 | tokens/s" in lines[0], lines[0]
+    # Megatron's place: right after the elapsed time per iteration
+    assert "elapsed time per iteration (ms): 1500.0 | throughput per GPU (TFLOP/s/GPU): 1.0 |" \
+        " learning rate:" in lines[0], lines[0]
     assert log.writer.scalars[("throughput", 1)] == pytest.approx(2.0)
     assert log.writer.scalars[("throughput", 2)] == pytest.approx(0.5)
 
