@@ -17,7 +17,7 @@ from skrull_ext.scheduler.lookahead import MAX_LOOKAHEAD
 from skrull_ext.scheduler.refine import DEFAULT_BUDGET_MS
 from skrull_ext.sharding import shard_tokens
 
-from megatron.skrull import hybrid_cp
+from megatron.skrull import hybrid_cp, varlen_mock
 from megatron.skrull.blend import blend_flag_problems
 from megatron.skrull.errors import ConfigError  # public here too
 from megatron.skrull.flags import SCHEDULERS, build_parser  # noqa: F401 - public here too
@@ -253,7 +253,9 @@ class DataArgs:
         p = []
         if self.data_path and self.mock_data:
             p.append("--data-path and --mock-data are exclusive; drop one of them")
-        p += self._varlen_problems()
+        p += varlen_mock.flag_problems(
+            use_varlen_dataset=self.use_varlen_dataset, use_mock=self.use_mock,
+            config=self.varlen_mock_config, sbhd_validation=self.varlen_sbhd_validation)
         p += blend_flag_problems(self)
         if self.split is not None:
             from megatron.skrull.samples import parse_split
@@ -268,23 +270,6 @@ class DataArgs:
         if self.mock_num_samples < 1:
             p.append(f"--mock-num-samples must be >= 1, got {self.mock_num_samples}")
         _raise_if(p)
-
-    def _varlen_problems(self) -> list[str]:
-        from megatron.skrull import varlen_mock
-
-        if self.varlen_sbhd_validation:
-            return ["--varlen-sbhd-validation: Megatron's padded SBHD reference mode is not "
-                    "implemented (samples always run as packed documents); drop the flag"]
-        if self.varlen_mock_config is None:
-            return []
-        if not (self.use_varlen_dataset and self.use_mock):
-            return [f"{varlen_mock.FLAG} applies to --use-varlen-dataset --mock-data (as in "
-                    "Megatron); add them, or drop it"]
-        try:
-            varlen_mock.check(varlen_mock.read_config(self.varlen_mock_config, 1))
-        except ValueError as exc:
-            return [str(exc)]
-        return []
 
     @property
     def use_mock(self) -> bool:

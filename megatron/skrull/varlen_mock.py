@@ -115,6 +115,24 @@ def _csv_lengths(path: Any) -> np.ndarray:
     return out
 
 
+def flag_problems(*, use_varlen_dataset: bool, use_mock: bool, config: Optional[str],
+                  sbhd_validation: bool) -> list[str]:
+    """The varlen flags' problems, one line each naming the fix (``DataArgs``' check)."""
+    if sbhd_validation:
+        return ["--varlen-sbhd-validation: Megatron's padded SBHD reference mode is not "
+                "implemented (samples always run as packed documents); drop the flag"]
+    if config is None:
+        return []
+    if not (use_varlen_dataset and use_mock):
+        return [f"{FLAG} applies to --use-varlen-dataset --mock-data (as in Megatron); add "
+                "them, or drop it"]
+    try:
+        check(read_config(config, 1))
+    except ValueError as exc:
+        return [str(exc)]
+    return []
+
+
 def sample_positions(config: dict[str, Any], num_samples: int, seq_length: int) -> np.ndarray:
     """Training positions of our samples ``0 .. num_samples - 1``: ``[num_samples]`` int64."""
     if seq_length < SHORTEST:
@@ -123,4 +141,5 @@ def sample_positions(config: dict[str, Any], num_samples: int, seq_length: int) 
     return np.clip(lengths[np.arange(num_samples) % len(lengths)] - 1, SHORTEST, seq_length)
 
 
-__all__ = ["FLAG", "check", "megatron_lengths", "read_config", "sample_positions"]
+__all__ = ["FLAG", "check", "flag_problems", "megatron_lengths", "read_config",
+           "sample_positions"]
