@@ -48,6 +48,7 @@ import sys
 import numpy as np
 
 import results_io
+from megatron.skrull import varlen_mock
 from skrull_ext.costmodel.hardware import Hardware, get_hardware, linear_comm
 from skrull_ext.costmodel.model import ModelSpec
 from skrull_ext.planner.simulator import simulate
@@ -93,12 +94,15 @@ PCIE4_P2P_LATENCY_S = 10e-6
 GPUS_PER_NODE = 4
 
 
+# The example's --varlen-mock-dataset-config-json (its default).
+MOCK = {"mode": "distribution", "type": "lognormal", "min_seq_len": 128, "max_seq_len": 8192,
+        "mean_seq_len": 1024, "lognormal_sigma": 1.5}
+
+
 def mock_lengths(count: int) -> np.ndarray:
-    """The mock dataset's sample lengths after the shift (``MockSFTLowLevelDataset``)."""
-    sigma, mean = 1.5, 1024
-    rng = np.random.RandomState(0)
-    drawn = rng.lognormal(math.log(mean) - sigma ** 2 / 2, sigma, count)
-    return np.clip(drawn, 128, 8192).astype(np.int64) - 1
+    """The mock dataset's first ``count`` sample lengths after the shift (the launcher's
+    ``--use-varlen-dataset --mock-data`` draw, :mod:`megatron.skrull.varlen_mock`)."""
+    return varlen_mock.megatron_lengths(MOCK)[:count] - 1
 
 
 def global_batch(pool: np.ndarray, iteration: int, dp_size: int) -> np.ndarray:
